@@ -1,0 +1,1 @@
+"""Generic batching and scheduling of items under a policy. Knows nothing of MCP or torch."""

@@ -1,0 +1,1 @@
+"""The in-process inference engine: continuous batching over a paged KV cache."""

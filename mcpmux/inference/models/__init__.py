@@ -1,0 +1,1 @@
+"""Model definitions run by the engine (our own forward, weights from transformers)."""

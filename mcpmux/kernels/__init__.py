@@ -1,0 +1,1 @@
+"""Attention, KV-write, norm and rotary kernels: Triton on CUDA, torch reference on CPU."""

@@ -1,0 +1,34 @@
+"""Session-scoped tiny model folders shared by every inference test (built once, ~0.1 s each)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.inference.tiny_models import TINY_ARCHS, build_tiny_model
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """All three tiny architectures, by arch name: ``{"llama": Path, "qwen2": Path, "mistral": Path}``."""
+    root = tmp_path_factory.mktemp("tiny_models")
+    return {arch: build_tiny_model(arch, root / arch) for arch in TINY_ARCHS}
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tiny_model_dirs: dict[str, Path]) -> Path:
+    """A tiny random Llama folder (tied embeddings)."""
+    return tiny_model_dirs["llama"]
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2(tiny_model_dirs: dict[str, Path]) -> Path:
+    """A tiny random Qwen2 folder (q/k/v bias, tied embeddings)."""
+    return tiny_model_dirs["qwen2"]
+
+
+@pytest.fixture(scope="session")
+def tiny_mistral(tiny_model_dirs: dict[str, Path]) -> Path:
+    """A tiny random Mistral folder (untied head, sliding window equal to the context)."""
+    return tiny_model_dirs["mistral"]

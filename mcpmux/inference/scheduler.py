@@ -1,0 +1,205 @@
+"""Iteration-level scheduling: which tokens of which requests the next step computes.
+
+Each step has a budget of `max_num_batched_tokens`. Running requests go first, in effective
+priority order (see `EngineConfig`), each taking what it still needs (one token when decoding, a
+chunk of at most `prefill_chunk_size` when prefilling). When a running request cannot get a KV
+block, the lowest-priority, latest-arrived running request is preempted by recompute: its blocks
+are freed, its progress reset, and it waits again (its generated tokens are kept and recomputed,
+so its output is unchanged). Only in a step without preemption are waiting requests admitted, in
+effective priority order, strictly (a head that does not fit blocks those behind it, so a large
+request is never starved by small ones), up to `max_num_seqs` running.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from mcpmux.inference.block_manager import BlockManager, PrefixMatch
+from mcpmux.inference.config import EngineConfig, QueueFullError, RequestTooLargeError
+from mcpmux.inference.sequence import Sequence, SequenceStatus
+
+
+@dataclass(slots=True)
+class ScheduledSeq:
+    """`num_new_tokens` tokens of `seq`, starting at its `num_computed_tokens`, go in this step."""
+
+    seq: Sequence
+    num_new_tokens: int
+
+    @property
+    def samples(self) -> bool:
+        """Whether this step reaches the end of the sequence, so its last row is sampled."""
+        return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    scheduled: list[ScheduledSeq] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+    num_batched_tokens: int = 0
+
+
+class Scheduler:
+    """Owns the waiting and running queues and the block manager."""
+
+    def __init__(
+        self, config: EngineConfig, num_blocks: int, eos_token_ids: Iterable[int], max_model_len: int
+    ) -> None:
+        self.config = config
+        self.max_model_len = max_model_len
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.waiting: list[Sequence] = []
+        self.running: list[Sequence] = []
+        self._by_id: dict[str, Sequence] = {}
+        self._arrivals = itertools.count()
+        self.num_preemptions = 0
+        self.prefix_query_tokens = 0
+        self.prefix_hit_tokens = 0
+
+    def add(self, seq: Sequence) -> None:
+        """Queue a new request, or raise if it can never run or the waiting queue is full."""
+        if seq.request_id in self._by_id:
+            raise ValueError(f"request id {seq.request_id!r} is already in use; pick a unique id")
+        if seq.num_prompt_tokens >= self.max_model_len:
+            raise RequestTooLargeError(
+                f"request {seq.request_id!r}: the prompt has {seq.num_prompt_tokens} tokens but the model's "
+                f"context is {self.max_model_len} (max_model_len); shorten the prompt"
+            )
+        seq.max_tokens = min(seq.params.max_tokens, self.max_model_len - seq.num_prompt_tokens)
+        # The last sampled token is never fed back, so it needs no KV slot.
+        need = self.block_manager.blocks_for(seq.num_prompt_tokens + seq.max_tokens - 1)
+        if need > self.block_manager.num_blocks:
+            raise RequestTooLargeError(
+                f"request {seq.request_id!r} needs up to {need} KV blocks ({seq.num_prompt_tokens} prompt + "
+                f"{seq.max_tokens} max_tokens tokens, {self.config.block_size} per block) but the whole KV "
+                f"pool has {self.block_manager.num_blocks} blocks; lower max_tokens, shorten the prompt, "
+                "or raise num_blocks / kv_cache_memory_mb"
+            )
+        if len(self.waiting) >= self.config.max_waiting:
+            raise QueueFullError(
+                f"request {seq.request_id!r} rejected: the waiting queue is full "
+                f"(max_waiting={self.config.max_waiting}); retry later or raise max_waiting"
+            )
+        seq.arrival = next(self._arrivals)
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+        self._by_id[seq.request_id] = seq
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def get(self, request_id: str) -> Sequence | None:
+        return self._by_id.get(request_id)
+
+    def schedule(self) -> SchedulerOutput:
+        """Pick this step's tokens: running requests first, then admissions."""
+        out = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+        chunk = self.config.prefill_chunk_size
+        self.running.sort(key=self._order)
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            n = min(seq.num_tokens - seq.num_computed_tokens, chunk, budget)
+            if not self._make_room(seq, n, out.preempted):
+                break  # seq itself was the victim, and it was the last one
+            self.block_manager.allocate(seq, n)
+            out.scheduled.append(ScheduledSeq(seq, n))
+            budget -= n
+            i += 1
+        if not out.preempted:
+            budget = self._admit(budget, out)
+        for seq in self.waiting:
+            seq.waited_steps += 1
+        out.num_batched_tokens = self.config.max_num_batched_tokens - budget
+        return out
+
+    def postprocess(self, out: SchedulerOutput, sampled: list[int | None]) -> list[Sequence]:
+        """Record the step's progress and sampled tokens; return the sequences that got a token."""
+        advanced = []
+        for item, token in zip(out.scheduled, sampled, strict=True):
+            seq = item.seq
+            seq.num_computed_tokens += item.num_new_tokens
+            self.block_manager.cache_full_blocks(seq)
+            if token is None:
+                continue  # a prefill chunk that stops short of the prompt's end samples nothing
+            seq.token_ids.append(token)
+            advanced.append(seq)
+            reason = self._stop_reason(seq, token)
+            if reason is not None:
+                self.finish(seq, reason)
+        return advanced
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """End `seq` (stop, length or abort) and free its blocks."""
+        if seq.is_finished:
+            return
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        else:
+            self.waiting.remove(seq)
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        del self._by_id[seq.request_id]
+
+    def abort(self, request_id: str) -> Sequence | None:
+        """Abort a queued or running request; None when it is unknown or already finished."""
+        seq = self._by_id.get(request_id)
+        if seq is not None:
+            self.finish(seq, "abort")
+        return seq
+
+    def _order(self, seq: Sequence) -> tuple[int, int]:
+        return (-seq.effective_priority(self.config.aging_interval), seq.arrival)
+
+    def _make_room(self, seq: Sequence, num_new_tokens: int, preempted: list[Sequence]) -> bool:
+        while not self.block_manager.can_allocate(seq, num_new_tokens):
+            victim = self.running.pop()  # running is sorted: the last is the least entitled
+            self._preempt(victim)
+            preempted.append(victim)
+            if victim is seq:
+                return False
+        return True
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.block_manager.free(seq)
+        seq.num_computed_tokens = 0
+        seq.num_preemptions += 1
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+        self.num_preemptions += 1
+
+    def _admit(self, budget: int, out: SchedulerOutput) -> int:
+        self.waiting.sort(key=self._order)
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting[0]
+            match = self.block_manager.match_prefix(seq.token_ids)
+            cached = match.num_blocks * self.config.block_size
+            n = min(seq.num_tokens - cached, self.config.prefill_chunk_size, budget)
+            if not self.block_manager.can_allocate(seq, n, match):
+                break
+            self.waiting.pop(0)
+            self._start(seq, n, match)
+            out.scheduled.append(ScheduledSeq(seq, n))
+            budget -= n
+        return budget
+
+    def _start(self, seq: Sequence, num_new_tokens: int, match: PrefixMatch) -> None:
+        self.block_manager.allocate(seq, num_new_tokens, match)
+        if seq.num_cached_tokens < 0:  # count the prompt once, not again after a preemption
+            seq.num_cached_tokens = seq.num_computed_tokens
+            self.prefix_query_tokens += seq.num_prompt_tokens
+            self.prefix_hit_tokens += seq.num_cached_tokens
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
+
+    def _stop_reason(self, seq: Sequence, token: int) -> str | None:
+        if token in seq.params.stop_token_ids or (not seq.params.ignore_eos and token in self.eos_token_ids):
+            return "stop"
+        if seq.num_output_tokens >= seq.max_tokens:
+            return "length"
+        return None

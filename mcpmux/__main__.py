@@ -1,0 +1,5 @@
+"""`python -m mcpmux` is the `mcpmux` command."""
+
+from mcpmux.cli import main
+
+main()

@@ -1,0 +1,160 @@
+"""`mcpmux serve | tools | call | check`. Logs go to stderr; stdout carries results (and, for stdio, MCP)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from mcpmux import __version__
+from mcpmux.config import Config, config_from_dict, load_config
+from mcpmux.errors import MuxError
+from mcpmux.frontend import Frontend, bind
+from mcpmux.mux import Mux
+
+EXAMPLES = """examples:
+  mcpmux serve --config mcpmux.toml                      serve over stdio (what MCP clients launch)
+  mcpmux serve --config mcpmux.toml --transport http     streamable HTTP on http://127.0.0.1:8765/mcp
+  mcpmux serve -- npx -y @modelcontextprotocol/server-everything stdio
+                                                         wrap one server, no config file
+  mcpmux tools --config ~/Library/Application\\ Support/Claude/claude_desktop_config.json
+  mcpmux call --config mcpmux.toml time__get_current_time '{"timezone": "UTC"}'
+  mcpmux check --config .vscode/mcp.json
+
+--config defaults to $MCPMUX_CONFIG, then ./mcpmux.toml. Accepted formats: mcpmux.toml, Claude
+Desktop / Cursor / Claude Code JSON ({"mcpServers": ...}) and VS Code JSON ({"servers": ...}).
+"""
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper()),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        config = _resolve_config(args)
+        code = anyio.run(_COMMANDS[args.command], args, config)
+    except MuxError as err:
+        print(f"mcpmux: {err}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        code = 0
+    sys.exit(code)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mcpmux",
+        description="One MCP server in front of many: a namespaced catalog, routing, supervision.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"mcpmux {__version__}")
+    parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="run the multiplexer as an MCP server")
+    serve.add_argument("--transport", choices=["stdio", "http"], default="stdio")
+    serve.add_argument("--host", default=None, help="HTTP host (default: [http] host, 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=None, help="HTTP port (default: [http] port, 8765)")
+    serve.add_argument("wrapped", nargs=argparse.REMAINDER, help="-- CMD ARGS...: wrap one stdio server")
+    commands.add_parser("tools", help="list the aggregated catalog and each upstream's status")
+    call = commands.add_parser("call", help="call one tool and print its result as JSON")
+    call.add_argument("tool")
+    call.add_argument("arguments", nargs="?", default="{}", help="the arguments as a JSON object")
+    commands.add_parser("check", help="validate the config and print the resolved upstreams")
+    for sub in commands.choices.values():
+        sub.add_argument("--config", "-c", default=None, help="config file (TOML or client JSON)")
+    return parser
+
+
+def _resolve_config(args: argparse.Namespace) -> Config:
+    wrapped = [part for part in getattr(args, "wrapped", []) if part != "--"]
+    if wrapped:
+        name = Path(wrapped[0]).name.split(".")[0] or "server"
+        return config_from_dict(
+            {"servers": {name: {"command": wrapped[0], "args": wrapped[1:]}}, "mux": {"prefix_single": False}},
+            source=f"command line: {shlex.join(wrapped)}",
+        )
+    path = args.config or os.environ.get("MCPMUX_CONFIG") or "mcpmux.toml"
+    if not Path(path).exists() and args.config is None:
+        raise MuxError("no config given: pass --config FILE, set MCPMUX_CONFIG, or create ./mcpmux.toml")
+    return load_config(path)
+
+
+async def _serve(args: argparse.Namespace, config: Config) -> int:
+    async with Mux(config) as mux:
+        frontend = Frontend(mux)
+        if args.transport == "stdio":
+            await frontend.serve_stdio()
+            return 0
+        host = args.host or config.http.host
+        sock = bind(host, config.http.port if args.port is None else args.port)
+        port = sock.getsockname()[1]
+        _announce_http(host, port, config)
+        await frontend.serve_http(sock, config.http.path)
+    return 0
+
+
+def _announce_http(host: str, port: int, config: Config) -> None:
+    url = f"http://{host}:{port}{config.http.path}"
+    stdio_entry = {
+        "mcpServers": {
+            "mcpmux": {
+                "command": str(Path(sys.argv[0]).resolve()),
+                "args": ["serve", "--config", str(Path(config.source).resolve())],
+            }
+        }
+    }
+    sys.stderr.write(
+        f"mcpmux {__version__} serving {len(config.enabled_servers)} upstream(s) at {url}\n\n"
+        f"Claude Desktop (stdio; claude_desktop_config.json):\n{json.dumps(stdio_entry, indent=2)}\n\n"
+        f"Claude Code:  claude mcp add --transport http mcpmux {url}\n"
+        f'VS Code:      {{"servers": {{"mcpmux": {{"type": "http", "url": "{url}"}}}}}}\n\n'
+    )
+    sys.stderr.flush()
+
+
+async def _tools(args: argparse.Namespace, config: Config) -> int:
+    async with Mux(config) as mux:
+        for status in mux.status():
+            error = f"  ({status.last_error})" if status.last_error else ""
+            print(f"# {status.name}: {status.state.value}, {status.transport}, {status.protocol_version or '-'}{error}")
+        for tool in mux.list_tools():
+            summary = (tool.description or "").strip().splitlines()[0] if tool.description else ""
+            print(f"{tool.name}\t{summary}")
+        failed = [s for s in mux.status() if s.state.value != "ready"]
+    return 1 if failed else 0
+
+
+async def _call(args: argparse.Namespace, config: Config) -> int:
+    try:
+        arguments: Any = json.loads(args.arguments)
+    except json.JSONDecodeError as err:
+        raise MuxError(f"arguments are not valid JSON ({err.msg} at column {err.colno}): {args.arguments}") from None
+    if not isinstance(arguments, dict):
+        raise MuxError(f"arguments must be a JSON object, got {type(arguments).__name__}")
+    async with Mux(config) as mux:
+        result = await mux.call_tool(args.tool, arguments)
+    print(json.dumps(result.model_dump(mode="json", by_alias=True, exclude_none=True), indent=2))
+    return 1 if result.is_error else 0
+
+
+async def _check(args: argparse.Namespace, config: Config) -> int:
+    print(f"{config.source}: OK, {len(config.servers)} server(s)")
+    for name, server in config.servers.items():
+        where = shlex.join([server.command or "", *server.args]) if server.transport == "stdio" else server.url
+        flags = "" if server.enabled else "  [disabled]"
+        print(f"  {name}: {server.transport} {where}{flags}")
+    return 0
+
+
+_COMMANDS = {"serve": _serve, "tools": _tools, "call": _call, "check": _check}

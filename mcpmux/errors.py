@@ -1,0 +1,32 @@
+"""Errors a user of mcpmux can hit, each worded so the reader knows what to do next."""
+
+from __future__ import annotations
+
+
+class MuxError(Exception):
+    """Base class of mcpmux's own errors."""
+
+
+class ConfigError(MuxError):
+    """The configuration is invalid; the message names the file, the key path and what was expected."""
+
+
+class UnknownToolError(MuxError):
+    """No tool, prompt or resource of that name is in the catalog."""
+
+
+class UpstreamUnavailableError(MuxError):
+    """The upstream that owns the tool is not connected (starting, restarting or failed)."""
+
+
+class UpstreamTimeoutError(MuxError):
+    """The upstream did not answer within its call timeout."""
+
+
+class UpstreamError(MuxError):
+    """The upstream answered with a JSON-RPC error; `code` and `data` are passed through unchanged."""
+
+    def __init__(self, message: str, code: int, data: object = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.data = data

@@ -1,0 +1,219 @@
+"""The MCP server clients talk to: a thin adapter from protocol messages to `Mux` methods.
+
+Both protocol eras are served from one `Server`: 2025 clients (initialize, sessions) get
+list_changed as notifications on their session; 2026-07-28 clients get them on
+`subscriptions/listen` streams. Progress from an upstream rides back on the request it belongs to;
+a client's cancellation cancels the handler, which cancels the upstream request.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import weakref
+from typing import Any
+
+import mcp_types as types
+import uvicorn
+from mcp.server.lowlevel.server import NotificationOptions, Server
+from mcp.server.models import InitializationOptions
+from mcp.server.session import ServerSession
+from mcp.server.stdio import stdio_server
+from mcp.server.subscriptions import (
+    InMemorySubscriptionBus,
+    ListenHandler,
+    PromptsListChanged,
+    ResourcesListChanged,
+    ToolsListChanged,
+)
+from mcp.shared.exceptions import MCPError
+from starlette.applications import Starlette
+
+from mcpmux import __version__
+from mcpmux.errors import MuxError, UnknownToolError, UpstreamError
+from mcpmux.mux import Mux
+
+logger = logging.getLogger(__name__)
+
+
+class _MuxServer(Server[Any]):
+    """Advertises listChanged for tools, prompts and resources on every transport."""
+
+    def create_initialization_options(
+        self,
+        notification_options: NotificationOptions | None = None,
+        experimental_capabilities: dict[str, dict[str, Any]] | None = None,
+        extensions: dict[str, dict[str, Any]] | None = None,
+    ) -> InitializationOptions:
+        everything = NotificationOptions(prompts_changed=True, resources_changed=True, tools_changed=True)
+        return super().create_initialization_options(
+            notification_options or everything, experimental_capabilities, extensions
+        )
+
+
+def _page(items: list[Any], cursor: str | None, size: int) -> tuple[list[Any], str | None]:
+    """Offset pagination with opaque-looking cursors; a bad cursor is the client's error."""
+    try:
+        start = int(cursor) if cursor else 0
+    except ValueError:
+        raise MCPError(types.INVALID_PARAMS, f"invalid cursor {cursor!r}") from None
+    end = start + size
+    return items[start:end], (str(end) if end < len(items) else None)
+
+
+def _cursor(params: types.PaginatedRequestParams | None) -> str | None:
+    return params.cursor if params is not None else None
+
+
+def _as_mcp_error(err: MuxError) -> MCPError:
+    if isinstance(err, UpstreamError):
+        return MCPError(err.code, str(err), err.data)
+    if isinstance(err, UnknownToolError):
+        return MCPError(types.INVALID_PARAMS, str(err))
+    return MCPError(types.INTERNAL_ERROR, str(err))
+
+
+class Frontend:
+    """Serves one `Mux` to any number of clients over stdio or streamable HTTP."""
+
+    def __init__(self, mux: Mux, page_size: int = 500) -> None:
+        self.mux = mux
+        self.page_size = page_size
+        self.bus = InMemorySubscriptionBus()
+        self._sessions: weakref.WeakSet[ServerSession] = weakref.WeakSet()
+        self._callers: dict[str, weakref.WeakSet[ServerSession]] = {}
+        self.server = _MuxServer(
+            "mcpmux",
+            version=__version__,
+            instructions="mcpmux: tools from several MCP servers, named server__tool.",
+            on_list_tools=self._list_tools,
+            on_call_tool=self._call_tool,
+            on_list_resources=self._list_resources,
+            on_list_resource_templates=self._list_resource_templates,
+            on_read_resource=self._read_resource,
+            on_list_prompts=self._list_prompts,
+            on_get_prompt=self._get_prompt,
+            on_completion=self._complete,
+            on_subscriptions_listen=ListenHandler(self.bus),
+        )
+        mux.on_catalog_changed(self._announce_changes)
+        mux.on_log(self._relay_log)
+
+    def _seen(self, ctx: Any) -> ServerSession:
+        session: ServerSession = ctx.session
+        self._sessions.add(session)
+        return session
+
+    async def _list_tools(self, ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
+        self._seen(ctx)
+        tools, next_cursor = _page(self.mux.list_tools(), _cursor(params), self.page_size)
+        return types.ListToolsResult(tools=tools, next_cursor=next_cursor)
+
+    async def _list_prompts(self, ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListPromptsResult:
+        self._seen(ctx)
+        prompts, next_cursor = _page(self.mux.list_prompts(), _cursor(params), self.page_size)
+        return types.ListPromptsResult(prompts=prompts, next_cursor=next_cursor)
+
+    async def _list_resources(self, ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListResourcesResult:
+        self._seen(ctx)
+        resources, next_cursor = _page(self.mux.list_resources(), _cursor(params), self.page_size)
+        return types.ListResourcesResult(resources=resources, next_cursor=next_cursor)
+
+    async def _list_resource_templates(
+        self, ctx: Any, params: types.PaginatedRequestParams | None
+    ) -> types.ListResourceTemplatesResult:
+        self._seen(ctx)
+        templates, next_cursor = _page(self.mux.list_resource_templates(), _cursor(params), self.page_size)
+        return types.ListResourceTemplatesResult(resource_templates=templates, next_cursor=next_cursor)
+
+    async def _call_tool(self, ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+        session = self._seen(ctx)
+
+        async def relay_progress(progress: float, total: float | None, message: str | None) -> None:
+            await session.report_progress(progress, total, message)
+
+        try:
+            upstream = self.mux.catalog.resolve_tool(params.name).upstream
+        except MuxError as err:
+            raise _as_mcp_error(err) from None
+        callers = self._callers.setdefault(upstream, weakref.WeakSet())
+        callers.add(session)
+        try:
+            return await self.mux.call_tool(params.name, params.arguments, progress=relay_progress)
+        except MuxError as err:
+            raise _as_mcp_error(err) from None
+        finally:
+            callers.discard(session)
+
+    async def _read_resource(self, ctx: Any, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
+        self._seen(ctx)
+        try:
+            return await self.mux.read_resource(str(params.uri))
+        except MuxError as err:
+            raise _as_mcp_error(err) from None
+
+    async def _get_prompt(self, ctx: Any, params: types.GetPromptRequestParams) -> types.GetPromptResult:
+        self._seen(ctx)
+        try:
+            return await self.mux.get_prompt(params.name, params.arguments)
+        except MuxError as err:
+            raise _as_mcp_error(err) from None
+
+    async def _complete(self, ctx: Any, params: types.CompleteRequestParams) -> types.CompleteResult:
+        self._seen(ctx)
+        context = params.context.arguments if params.context is not None else None
+        try:
+            return await self.mux.complete(params.ref, params.argument.model_dump(), context)
+        except MuxError as err:
+            raise _as_mcp_error(err) from None
+
+    async def _announce_changes(self) -> None:
+        for event in (ToolsListChanged(), PromptsListChanged(), ResourcesListChanged()):
+            await self.bus.publish(event)
+        for session in list(self._sessions):
+            if session.protocol_version and session.protocol_version >= "2026":
+                continue  # reached through subscriptions/listen above
+            try:
+                await session.send_tool_list_changed()
+                await session.send_prompt_list_changed()
+                await session.send_resource_list_changed()
+            except Exception as err:  # a client that went away must not stop the others hearing of it
+                logger.debug("could not notify a client of list changes: %s", err)
+                self._sessions.discard(session)
+
+    async def _relay_log(self, upstream: str, params: types.LoggingMessageNotificationParams) -> None:
+        """Upstream logs go to the clients with a call in flight on that upstream (or every client if none)."""
+        targets = list(self._callers.get(upstream, ())) or list(self._sessions)
+        for session in targets:
+            try:
+                await session.send_log_message(params.level, params.data, logger=params.logger or upstream)
+            except Exception as err:  # see _announce_changes
+                logger.debug("could not relay a log message: %s", err)
+
+    # -- transports ------------------------------------------------------------------------------
+
+    async def serve_stdio(self) -> None:
+        """Serve one client on this process's stdin/stdout until stdin closes."""
+        async with stdio_server() as (read_stream, write_stream):
+            await self.server.run(read_stream, write_stream, self.server.create_initialization_options())
+
+    def http_app(self, host: str, path: str = "/mcp") -> Starlette:
+        """The streamable HTTP app (Host/Origin checks on for loopback hosts)."""
+        return self.server.streamable_http_app(streamable_http_path=path, host=host)
+
+    async def serve_http(self, sock: socket.socket, path: str = "/mcp") -> None:
+        """Serve streamable HTTP on an already-bound socket until cancelled or signalled (SIGINT/SIGTERM)."""
+        host = sock.getsockname()[0]
+        config = uvicorn.Config(self.http_app(host, path), log_level="warning", lifespan="on")
+        await uvicorn.Server(config).serve(sockets=[sock])
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening TCP socket; port 0 picks a free one (read it back with `getsockname()`)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(1024)
+    sock.setblocking(False)
+    return sock

@@ -1,0 +1,166 @@
+"""`Mux`: owns the upstreams and the catalog, routes every request. The library entry point.
+
+    async with Mux.from_config("mcpmux.toml") as mux:
+        result = await mux.call_tool("time__get_current_time", {"timezone": "UTC"})
+
+Entering starts every upstream concurrently and waits until each has connected or failed (at most
+`[mux] startup_timeout`); one that is slow or broken never delays or breaks the others, it is
+simply absent from the catalog (see `status()`) until its supervisor connects it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import anyio
+import mcp_types as types
+from anyio.abc import TaskGroup
+
+from mcpmux.catalog import Catalog
+from mcpmux.config import Config, load_config
+from mcpmux.errors import MuxError, UpstreamTimeoutError, UpstreamUnavailableError
+from mcpmux.upstream import ProgressFn, Upstream, UpstreamEvents, UpstreamStatus
+
+logger = logging.getLogger(__name__)
+
+ChangeListener = Callable[[], Awaitable[None]]
+LogListener = Callable[[str, types.LoggingMessageNotificationParams], Awaitable[None]]
+
+
+class Mux:
+    """One catalog over many MCP servers, with every call routed to its upstream."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.catalog = Catalog(separator=config.mux.separator, prefix_single=config.mux.prefix_single)
+        events = UpstreamEvents(listing_changed=self._on_listing_changed, log=self._on_log)
+        self.upstreams = {
+            name: Upstream(name, server, config.mux, events) for name, server in config.enabled_servers.items()
+        }
+        self._change_listeners: list[ChangeListener] = []
+        self._log_listeners: list[LogListener] = []
+        self._tasks: TaskGroup | None = None
+
+    @classmethod
+    def from_config(cls, config: str | Path | Config) -> Mux:
+        """A Mux for a config file path (TOML or client JSON) or an already-loaded `Config`."""
+        return cls(config if isinstance(config, Config) else load_config(config))
+
+    async def __aenter__(self) -> Mux:
+        self._tasks = anyio.create_task_group()
+        await self._tasks.__aenter__()
+        for upstream in self.upstreams.values():
+            self._tasks.start_soon(upstream.run, name=f"upstream {upstream.name}")
+        with anyio.move_on_after(self.config.mux.startup_timeout):
+            for upstream in self.upstreams.values():
+                await upstream.settled.wait()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool | None:
+        assert self._tasks is not None, "Mux was not entered"
+        self._tasks.cancel_scope.cancel()
+        return await self._tasks.__aexit__(exc_type, exc, tb)
+
+    # -- listeners -------------------------------------------------------------------------------
+
+    def on_catalog_changed(self, listener: ChangeListener) -> None:
+        """Call `listener` whenever an upstream's tools, resources or prompts change."""
+        self._change_listeners.append(listener)
+
+    def on_log(self, listener: LogListener) -> None:
+        """Call `listener(upstream, params)` for every log message an upstream sends."""
+        self._log_listeners.append(listener)
+
+    async def _on_listing_changed(self, upstream: str) -> None:
+        self.catalog.rebuild(self.upstreams.values())
+        for listener in list(self._change_listeners):
+            await listener()
+
+    async def _on_log(self, upstream: str, params: types.LoggingMessageNotificationParams) -> None:
+        logger.info("[%s] %s: %s", upstream, params.level, params.data)
+        for listener in list(self._log_listeners):
+            await listener(upstream, params)
+
+    # -- catalog ---------------------------------------------------------------------------------
+
+    def list_tools(self) -> list[types.Tool]:
+        return list(self.catalog.tools)
+
+    def list_prompts(self) -> list[types.Prompt]:
+        return list(self.catalog.prompts)
+
+    def list_resources(self) -> list[types.Resource]:
+        return list(self.catalog.resources)
+
+    def list_resource_templates(self) -> list[types.ResourceTemplate]:
+        return list(self.catalog.resource_templates)
+
+    def status(self) -> list[UpstreamStatus]:
+        """Each upstream's connection state, protocol version, restarts and last error."""
+        return [upstream.status() for upstream in self.upstreams.values()]
+
+    # -- routing ---------------------------------------------------------------------------------
+
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any] | None = None, *, progress: ProgressFn | None = None
+    ) -> types.CallToolResult:
+        """Call a tool by its public name.
+
+        Upstream `isError` results and JSON-RPC errors (`UpstreamError`) come back unchanged. An
+        unavailable or timed-out upstream gives an `isError` result whose text says what happened,
+        so a model sees it and can carry on; an unknown name raises `UnknownToolError`.
+        """
+        route = self.catalog.resolve_tool(name)
+        upstream = self.upstreams[route.upstream]
+        try:
+            result: types.CallToolResult = await upstream.request(
+                f"tool {route.name!r}",
+                lambda client: client.call_tool(route.name, arguments or {}, progress_callback=progress),
+            )
+        except (UpstreamUnavailableError, UpstreamTimeoutError) as err:
+            return types.CallToolResult(content=[types.TextContent(type="text", text=str(err))], is_error=True)
+        return result
+
+    async def read_resource(self, uri: str) -> types.ReadResourceResult:
+        upstream = self.upstreams[self.catalog.resolve_resource(uri)]
+        result: types.ReadResourceResult = await upstream.request(
+            f"resource {uri!r}", lambda client: client.read_resource(uri, cache_mode="bypass")
+        )
+        return result
+
+    async def get_prompt(self, name: str, arguments: dict[str, str] | None = None) -> types.GetPromptResult:
+        route = self.catalog.resolve_prompt(name)
+        result: types.GetPromptResult = await self.upstreams[route.upstream].request(
+            f"prompt {route.name!r}", lambda client: client.get_prompt(route.name, arguments)
+        )
+        return result
+
+    async def complete(
+        self,
+        ref: types.PromptReference | types.ResourceTemplateReference,
+        argument: dict[str, str],
+        context_arguments: dict[str, str] | None = None,
+    ) -> types.CompleteResult:
+        """Argument completion, routed by the prompt's public name or the template's owner."""
+        upstream_ref: types.PromptReference | types.ResourceTemplateReference = ref
+        if isinstance(ref, types.PromptReference):
+            route = self.catalog.resolve_prompt(ref.name)
+            owner, upstream_ref = route.upstream, ref.model_copy(update={"name": route.name})
+        else:
+            owner = self._template_owner(ref.uri)
+        result: types.CompleteResult = await self.upstreams[owner].request(
+            "completion", lambda client: client.complete(upstream_ref, argument, context_arguments)
+        )
+        return result
+
+    def _template_owner(self, uri_template: str) -> str:
+        for name, upstream in self.upstreams.items():
+            if any(t.uri_template == uri_template for t in upstream.listing.resource_templates):
+                return name
+        raise MuxError(f"no upstream offers the resource template {uri_template!r}")

@@ -1,0 +1,130 @@
+"""Plumbing under `Upstream`: a transport that reports its own end, paginated listing, change listening."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+import anyio
+import mcp_types as types
+from mcp import Client
+from mcp.shared.exceptions import MCPError
+
+logger = logging.getLogger(__name__)
+
+MAX_PAGES = 1000  # a paginator that never ends must not hang the listing
+
+
+@dataclass(slots=True)
+class Listing:
+    """Everything one upstream offers, as it last reported it."""
+
+    tools: list[types.Tool] = field(default_factory=list)
+    resources: list[types.Resource] = field(default_factory=list)
+    resource_templates: list[types.ResourceTemplate] = field(default_factory=list)
+    prompts: list[types.Prompt] = field(default_factory=list)
+
+
+class _WatchedReadStream:
+    """Delegates to the transport's read stream and sets `ended` when the stream ends."""
+
+    def __init__(self, inner: Any, ended: anyio.Event) -> None:
+        self._inner = inner
+        self._ended = ended
+
+    def __getattr__(self, name: str) -> Any:  # e.g. `last_context`, read by the SDK's dispatcher
+        return getattr(self._inner, name)
+
+    async def receive(self) -> Any:
+        try:
+            return await self._inner.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            self._ended.set()
+            raise
+
+    async def aclose(self) -> None:
+        self._ended.set()
+        await self._inner.aclose()
+
+    def __aiter__(self) -> _WatchedReadStream:
+        return self
+
+    async def __anext__(self) -> Any:
+        try:
+            return await self.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            raise StopAsyncIteration from None
+
+    async def __aenter__(self) -> _WatchedReadStream:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+
+class WatchedTransport:
+    """Wraps an SDK transport so that the end of its read stream (a dead child, a dropped server) is seen."""
+
+    def __init__(self, inner: AbstractAsyncContextManager[Any], ended: anyio.Event) -> None:
+        self._inner = inner
+        self._ended = ended
+
+    async def __aenter__(self) -> tuple[Any, Any]:
+        read_stream, write_stream = await self._inner.__aenter__()
+        return _WatchedReadStream(read_stream, self._ended), write_stream
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool | None:
+        self._ended.set()
+        return await self._inner.__aexit__(exc_type, exc, tb)
+
+
+async def _all_pages(fetch: Callable[[str | None], Awaitable[Any]], attr: str) -> list[Any]:
+    items: list[Any] = []
+    cursor: str | None = None
+    for _ in range(MAX_PAGES):
+        page = await fetch(cursor)
+        items.extend(getattr(page, attr))
+        cursor = page.next_cursor
+        if not cursor:
+            break
+    return items
+
+
+async def fetch_listing(client: Client) -> Listing:
+    """Every page of tools, resources, templates and prompts the server advertises."""
+    caps = client.server_capabilities
+    listing = Listing()
+    if caps.tools is not None:
+        listing.tools = await _all_pages(lambda c: client.list_tools(cursor=c, cache_mode="refresh"), "tools")
+    if caps.resources is not None:
+        listing.resources = await _all_pages(
+            lambda c: client.list_resources(cursor=c, cache_mode="refresh"), "resources"
+        )
+        listing.resource_templates = await _all_pages(
+            lambda c: client.list_resource_templates(cursor=c, cache_mode="refresh"), "resource_templates"
+        )
+    if caps.prompts is not None:
+        listing.prompts = await _all_pages(lambda c: client.list_prompts(cursor=c, cache_mode="refresh"), "prompts")
+    return listing
+
+
+async def listen_for_changes(client: Client, refresh: Callable[[], Awaitable[None]]) -> None:
+    """On a 2026-07-28 session, list changes arrive on a `subscriptions/listen` stream."""
+    try:
+        async with client.listen(
+            tools_list_changed=True, prompts_list_changed=True, resources_list_changed=True
+        ) as subscription:
+            events: AsyncIterator[Any] = subscription.__aiter__()
+            async for _event in events:
+                await refresh()
+    except (MCPError, RuntimeError) as err:
+        # Servers that do not implement listen simply never announce changes; that is their right.
+        logger.debug("upstream does not offer subscriptions/listen: %s", err)

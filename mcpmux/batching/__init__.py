@@ -1,1 +1,60 @@
-"""Generic batching and scheduling of items under a policy. Knows nothing of MCP or torch."""
+"""Generic batching and scheduling of items under a policy. Knows nothing of MCP or torch.
+
+- `AgingQueue`: bounded priority queue with aging and deadlines (`QueuePolicy`).
+- `AdmissionGate`: `async with gate.slot(priority=, deadline=)`: concurrency cap + token bucket (`GatePolicy`).
+- `DynamicBatcher`: `await batcher.submit(item, priority=, deadline=)`; fixed or adaptive flushing (`BatchPolicy`).
+- `SingleFlight`: identical concurrent keys share one call.
+- `ResultCache`: TTL + LRU result cache with scopes, tags and prefix invalidation (`CachePolicy`).
+- `canonical_json` / `call_key`: equal JSON arguments give equal keys.
+"""
+
+from mcpmux.batching.batcher import BatcherStats, BatchFn, DynamicBatcher
+from mcpmux.batching.cache import CacheKey, CachePolicy, CacheStats, ResultCache
+from mcpmux.batching.coalesce import SingleFlight, SingleFlightStats
+from mcpmux.batching.errors import (
+    BatchingError,
+    BatchResultError,
+    ClosedError,
+    DeadlineExceededError,
+    QueueFullError,
+    RejectedError,
+)
+from mcpmux.batching.flush import CostModel, FlushDecision, RecentArrivals, decide_adaptive, decide_fixed
+from mcpmux.batching.gate import AdmissionGate, GateStats
+from mcpmux.batching.keys import call_key, canonical_json
+from mcpmux.batching.policy import BatchPolicy, GatePolicy, QueuePolicy, deadline_in
+from mcpmux.batching.queue import AgingQueue, EntryState, QueueEntry
+
+__all__ = [
+    "AdmissionGate",
+    "AgingQueue",
+    "BatchFn",
+    "BatchPolicy",
+    "BatchResultError",
+    "BatcherStats",
+    "BatchingError",
+    "CacheKey",
+    "CachePolicy",
+    "CacheStats",
+    "ClosedError",
+    "CostModel",
+    "DeadlineExceededError",
+    "DynamicBatcher",
+    "EntryState",
+    "FlushDecision",
+    "GatePolicy",
+    "GateStats",
+    "QueueEntry",
+    "QueueFullError",
+    "QueuePolicy",
+    "RecentArrivals",
+    "RejectedError",
+    "ResultCache",
+    "SingleFlight",
+    "SingleFlightStats",
+    "call_key",
+    "canonical_json",
+    "deadline_in",
+    "decide_adaptive",
+    "decide_fixed",
+]

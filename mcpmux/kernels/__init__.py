@@ -2,7 +2,8 @@
 
 Every public function here dispatches per call (see :mod:`mcpmux.kernels.dispatch`): Triton kernels
 when :func:`backend` says ``"triton"``, the torch reference in :mod:`mcpmux.kernels.reference`
-otherwise. Both follow the same contract, documented on each function.
+otherwise. Both follow the same contract, documented on each function. The Triton modules are
+imported on first use, so CPU-only processes never import triton.
 """
 
 from __future__ import annotations
@@ -21,7 +22,12 @@ def write_kv(key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_
     ``key``/``value``: [T, num_kv_heads, head_dim]; caches: [num_blocks, block_size, num_kv_heads,
     head_dim]; ``slot_mapping``: [T] int64, ``block_id * block_size + offset``, negative = skip.
     """
-    reference.write_kv(key, value, k_cache, v_cache, slot_mapping)
+    if backend(key) == "triton":
+        from mcpmux.kernels.triton_kv import write_kv as triton_write_kv
+
+        triton_write_kv(key, value, k_cache, v_cache, slot_mapping)
+    else:
+        reference.write_kv(key, value, k_cache, v_cache, slot_mapping)
 
 
 def paged_attention(
@@ -45,6 +51,13 @@ def paged_attention(
     :func:`write_kv` has already stored. Returns [T, num_heads, head_dim] in q's dtype (into ``out``
     when given); the softmax runs in fp32.
     """
+    if backend(q) == "triton":
+        from mcpmux.kernels.triton_attention import paged_attention as triton_attention
+
+        return triton_attention(
+            q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
+            max_query_len, max_seq_len, out,
+        )
     return reference.paged_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out)
 
 
@@ -56,6 +69,10 @@ def rms_norm(
     Without residual: ``weight * normalize(x)``. With residual: ``h = x + residual`` and the result is
     ``(weight * normalize(h), h)``.
     """
+    if backend(x) == "triton":
+        from mcpmux.kernels.triton_norm import rms_norm as triton_rms_norm
+
+        return triton_rms_norm(x, weight, eps, residual)
     return reference.rms_norm(x, weight, eps, residual)
 
 
@@ -63,6 +80,10 @@ def rotary_embedding(positions: Tensor, q: Tensor, k: Tensor, cos_sin_cache: Ten
     """NeoX/HF-Llama rotary embedding of q [T, H, D] and k [T, Hkv, D] at ``positions`` [T] int64.
 
     ``cos_sin_cache``: [max_position, rotary_dim] fp32, cos in the first half of the columns, sin in
-    the second. Returns the rotated (q, k).
+    the second. Returns the rotated (q, k); the Triton path rotates q and k in place.
     """
+    if backend(q) == "triton":
+        from mcpmux.kernels.triton_rotary import rotary_embedding as triton_rotary
+
+        return triton_rotary(positions, q, k, cos_sin_cache)
     return reference.rotary_embedding(positions, q, k, cos_sin_cache)

@@ -143,10 +143,16 @@ class DynamicBatcher(Generic[T, R]):
             raise
         if self.policy.mode == "adaptive":
             self._recent.record(anyio.current_time())
-        await self._wait(job, entry, deadline)
+        try:
+            with anyio.CancelScope(deadline=deadline if deadline is not None else float("inf")):
+                await job.done.wait()
+        finally:
+            # Leaving early (deadline or cancellation): a queued item is withdrawn and never sent;
+            # for an item already sent this is a no-op and its result is dropped.
+            was_queued = self._queue.remove(entry)
         if job.done.is_set():
             return job.outcome()
-        stage = "waiting in the queue" if self._queue.remove(entry) else "in a batch still running"
+        stage = "waiting in the queue" if was_queued else "in a batch still running"
         self._rejections[DeadlineExceededError.reason] += 1
         assert deadline is not None
         raise DeadlineExceededError(self.name, deadline - now, stage)
@@ -166,15 +172,6 @@ class DynamicBatcher(Generic[T, R]):
             cost_fixed=self._cost.b,
         )
 
-    async def _wait(self, job: _Job[T, R], entry: QueueEntry[_Job[T, R]], deadline: float | None) -> None:
-        with anyio.CancelScope(deadline=deadline if deadline is not None else float("inf")):
-            try:
-                await job.done.wait()
-            except BaseException:
-                # Cancelled from outside: a queued item is withdrawn; a sent one has its result dropped.
-                self._queue.remove(entry)
-                raise
-
     def _close(self) -> None:
         self._closed = True
         if self._loop_scope is not None:
@@ -182,7 +179,8 @@ class DynamicBatcher(Generic[T, R]):
         drained = self._queue.close()
         for entry in drained:
             entry.value.settle(ClosedError(self.name, "waiting in the queue"))
-        self._rejections[ClosedError.reason] += len(drained)
+        if drained:
+            self._rejections[ClosedError.reason] += len(drained)
 
     async def _flush_loop(self, task_group: TaskGroup, scope: anyio.CancelScope) -> None:
         with scope:

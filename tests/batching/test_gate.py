@@ -1,0 +1,127 @@
+"""AdmissionGate: concurrency cap, token-bucket rate, priority order, deadlines and cancellation."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from mcpmux.batching import AdmissionGate, DeadlineExceededError, GatePolicy, QueueFullError, QueuePolicy
+
+
+@pytest.mark.anyio
+async def test_never_more_holders_than_max_concurrency() -> None:
+    gate = AdmissionGate(GatePolicy(max_concurrency=3))
+    holding = 0
+    peak = 0
+    done = 0
+
+    async def call() -> None:
+        nonlocal holding, peak, done
+        async with gate.slot():
+            holding += 1
+            peak = max(peak, holding)
+            await anyio.sleep(0.005)
+            holding -= 1
+        done += 1
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(20):
+            tg.start_soon(call)
+    assert (peak, done) == (3, 20)
+    stats = gate.stats()
+    assert (stats.active, stats.waiting, stats.admitted) == (0, 0, 20)
+
+
+@pytest.mark.anyio
+async def test_rate_limit_spaces_admissions_after_the_burst() -> None:
+    gate = AdmissionGate(GatePolicy(max_concurrency=None, rate=100.0, burst=2))
+    admitted_at: list[float] = []
+    start = anyio.current_time()
+
+    async def call() -> None:
+        async with gate.slot():
+            admitted_at.append(anyio.current_time() - start)
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(7):
+            tg.start_soon(call)
+    assert len(admitted_at) == 7
+    assert admitted_at[1] < 0.01  # the burst goes at once
+    # Five more at 100/s need at least 50 ms, and a working timer does not take much longer.
+    assert 0.045 <= admitted_at[-1] < 0.5
+
+
+@pytest.mark.anyio
+async def test_waiters_are_admitted_by_priority() -> None:
+    gate = AdmissionGate(GatePolicy(max_concurrency=1, queue=QueuePolicy(aging_interval=60.0)))
+    order: list[str] = []
+
+    async def call(name: str, priority: int) -> None:
+        async with gate.slot(priority=priority):
+            order.append(name)
+
+    async with anyio.create_task_group() as tg:
+        await gate.acquire()  # hold the only slot while the others line up
+        for name, priority in [("low", 0), ("high", 5), ("mid", 2), ("high2", 5)]:
+            tg.start_soon(call, name, priority)
+            await anyio.sleep(0.002)
+        gate.release()
+    assert order == ["high", "high2", "mid", "low"]
+
+
+@pytest.mark.anyio
+async def test_cancelled_waiter_leaves_and_the_next_one_gets_the_slot() -> None:
+    gate = AdmissionGate(GatePolicy(max_concurrency=1))
+    served: list[str] = []
+
+    async def call(name: str) -> None:
+        async with gate.slot():
+            served.append(name)
+
+    async with anyio.create_task_group() as tg:
+        await gate.acquire()
+        with anyio.CancelScope() as scope:
+            tg.start_soon(call, "stays")
+            async with anyio.create_task_group() as inner:
+                inner.start_soon(call, "cancelled")
+                await anyio.sleep(0.01)
+                inner.cancel_scope.cancel()
+        assert not scope.cancelled_caught
+        assert gate.stats().waiting == 1
+        gate.release()
+    assert served == ["stays"]
+    assert gate.stats().active == 0
+
+
+@pytest.mark.anyio
+async def test_deadline_while_waiting_is_a_clear_counted_error() -> None:
+    gate = AdmissionGate(GatePolicy(max_concurrency=1), name="github")
+    await gate.acquire()
+    started = anyio.current_time()
+    with pytest.raises(DeadlineExceededError, match=r"'github' was not answered within timeout=0\.030s") as info:
+        await gate.acquire(deadline=started + 0.03)
+    assert 0.025 <= anyio.current_time() - started < 0.5
+    assert "waiting for admission" in str(info.value)
+    gate.release()
+    stats = gate.stats()
+    assert (stats.active, stats.waiting, stats.rejections) == (0, 0, {"deadline": 1})
+    async with gate.slot():  # the gate still works
+        assert gate.stats().active == 1
+
+
+@pytest.mark.anyio
+async def test_full_waiting_line_rejects() -> None:
+    gate = AdmissionGate(GatePolicy(max_concurrency=1, queue=QueuePolicy(max_queue=1)), name="slack")
+
+    async def wait_in_line() -> None:
+        async with gate.slot():
+            pass
+
+    async with anyio.create_task_group() as tg:
+        await gate.acquire()
+        tg.start_soon(wait_in_line)
+        await anyio.sleep(0.005)
+        with pytest.raises(QueueFullError, match=r"max_queue=1"):
+            await gate.acquire()
+        gate.release()
+    assert gate.stats().rejections == {"queue_full": 1}

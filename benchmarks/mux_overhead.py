@@ -1,0 +1,378 @@
+"""What mcpmux costs per call: `echo` direct to an upstream vs through mcpmux, over stdio and HTTP.
+
+    .venv/bin/python benchmarks/mux_overhead.py            # full run (a few minutes)
+    .venv/bin/python benchmarks/mux_overhead.py --quick    # fewer calls, for a smoke run
+
+For each transport the benchmark keeps two real `mcp.Client` connections open, one straight to the
+echo upstream (`benchmarks/echo_upstream.py`) and one to mcpmux in front of the same kind of
+upstream, and for N = 1, 16, 64 concurrent callers times a fixed number of `echo` calls: one
+warm-up pass (discarded), then `--repeats` passes alternating direct/mux, medians reported.
+
+- stdio: the client spawns the upstream (direct) or `mcpmux serve` (which spawns the upstream).
+- http: the upstream serves streamable HTTP on one loopback port, mcpmux on another.
+
+Prints a side-by-side table (added p50 latency in ms, throughput kept in %) and writes JSON to
+`benchmarks/results/mux_overhead.json`. Target: under 1 ms added at p50 (read at N=1, where no
+queueing hides it) and at least 90% of direct throughput at N=64. Client, mcpmux and upstream
+share this machine's cores, so on a small or busy machine the figures are noisy: compare ratios.
+
+Every process started here carries MUXBENCH_RUN=<id> in its environment; on exit (also on Ctrl-C or
+an error) any process still carrying it is reported as a leak and killed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import asdict, dataclass, field
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+import anyio
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters
+
+HERE = Path(__file__).resolve().parent
+ECHO = str(HERE / "echo_upstream.py")
+RUN_ID = uuid.uuid4().hex[:12]
+TAG_ENV = {"MUXBENCH_RUN": RUN_ID}
+CALL_TIMEOUT = 30.0  # a hung call must fail the run, not hang it
+CONCURRENCY = (1, 16, 64)
+FULL_CALLS = {1: 500, 16: 2000, 64: 2000}
+QUICK_CALLS = {1: 100, 16: 300, 64: 300}
+
+
+@dataclass(slots=True)
+class PassResult:
+    """One timed pass: `calls` echo calls from `concurrency` concurrent callers."""
+
+    p50_ms: float
+    p99_ms: float
+    calls_per_s: float
+
+
+@dataclass(slots=True)
+class Summary:
+    """Medians over the repeats of one (transport, route, concurrency) cell."""
+
+    p50_ms: float
+    p99_ms: float
+    calls_per_s: float
+    passes: list[PassResult] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, passes: list[PassResult]) -> Summary:
+        return cls(
+            p50_ms=statistics.median(p.p50_ms for p in passes),
+            p99_ms=statistics.median(p.p99_ms for p in passes),
+            calls_per_s=statistics.median(p.calls_per_s for p in passes),
+            passes=passes,
+        )
+
+
+@dataclass(slots=True)
+class Row:
+    """Direct vs mux for one transport and concurrency."""
+
+    transport: str
+    concurrency: int
+    calls: int
+    direct: Summary
+    mux: Summary
+
+    @property
+    def added_p50_ms(self) -> float:
+        return self.mux.p50_ms - self.direct.p50_ms
+
+    @property
+    def kept_pct(self) -> float:
+        return 100.0 * self.mux.calls_per_s / self.direct.calls_per_s
+
+
+def _percentile(sorted_values: list[float], q: float) -> float:
+    """Nearest-rank percentile of an already sorted list."""
+    rank = max(1, round(q / 100 * len(sorted_values)))
+    return sorted_values[min(rank, len(sorted_values)) - 1]
+
+
+async def timed_pass(client: Client, tool: str, concurrency: int, calls: int) -> PassResult:
+    """`calls` echo calls, `concurrency` in flight at a time; each answer is checked against its request."""
+    latencies: list[float] = []
+    remaining = iter(range(calls))
+
+    async def caller() -> None:
+        for index in remaining:
+            text = f"call {index}"
+            started = time.perf_counter()
+            with anyio.fail_after(CALL_TIMEOUT):
+                result = await client.call_tool(tool, {"text": text})
+            latencies.append(time.perf_counter() - started)
+            answer = getattr(result.content[0], "text", None) if result.content else None
+            if result.is_error or answer != text:
+                raise RuntimeError(f"{tool}: asked to echo {text!r}, got {result.model_dump(exclude_none=True)}")
+
+    started = time.perf_counter()
+    async with anyio.create_task_group() as tasks:
+        for _ in range(concurrency):
+            tasks.start_soon(caller)
+    wall = time.perf_counter() - started
+    latencies.sort()
+    return PassResult(
+        p50_ms=1000 * _percentile(latencies, 50), p99_ms=1000 * _percentile(latencies, 99), calls_per_s=calls / wall
+    )
+
+
+# -- processes -------------------------------------------------------------------------------------
+
+
+def _mcpmux_command() -> list[str]:
+    script = Path(sys.executable).with_name("mcpmux")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "mcpmux"]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the process group, then SIGKILL what is left after 5 s (the process is its group's leader)."""
+    for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+        if process.poll() is not None:
+            break
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(wait)
+
+
+@contextlib.contextmanager
+def http_server(command: list[str], port: int, log: Path) -> Iterator[str]:
+    """Start an HTTP MCP server, wait until its port accepts connections, and stop it on exit."""
+    with log.open("wb") as log_file:
+        process = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **TAG_ENV},
+            start_new_session=True,  # Ctrl-C in the terminal reaches only us; we stop it ourselves
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                if process.poll() is not None:
+                    raise RuntimeError(f"{command[-1]} exited with {process.returncode}:\n{log.read_text()[-2000:]}")
+                with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+                    break
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{' '.join(command)} did not listen on port {port} within 60 s")
+                time.sleep(0.1)
+            yield f"http://127.0.0.1:{port}/mcp"
+        finally:
+            _stop(process)
+
+
+def _tagged_pids() -> list[int]:
+    """Processes other than this one whose environment carries this run's tag."""
+    marker = f"MUXBENCH_RUN={RUN_ID}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        with contextlib.suppress(OSError):
+            if marker in (entry / "environ").read_bytes().split(b"\0"):
+                found.append(int(entry.name))
+    return found
+
+
+def sweep_leaks() -> list[int]:
+    """Kill and return any process of this run still alive (a process that outlived its owner)."""
+    if not Path("/proc").is_dir():
+        return []
+    leaked = _tagged_pids()
+    for pid in leaked:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return leaked
+
+
+# -- the two routes per transport ------------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def stdio_routes(workdir: Path, era: str) -> AsyncIterator[dict[str, tuple[Client, str]]]:
+    """Connected clients: the echo upstream on stdio, and mcpmux on stdio spawning the same upstream."""
+    config = workdir / "stdio.json"
+    config.write_text(json.dumps({"mcpServers": {"echo": {"command": sys.executable, "args": [ECHO, "stdio"]}}}))
+    env = {"PATH": os.environ.get("PATH", ""), **TAG_ENV}
+    direct = StdioServerParameters(command=sys.executable, args=[ECHO, "stdio"], env=env)
+    mux_command = _mcpmux_command()
+    mux = StdioServerParameters(
+        command=mux_command[0], args=[*mux_command[1:], "serve", "--config", str(config)], env=env
+    )
+    async with Client(direct, mode=era) as direct_client, Client(mux, mode=era) as mux_client:
+        yield {"direct": (direct_client, "echo"), "mux": (mux_client, "echo__echo")}
+
+
+@contextlib.asynccontextmanager
+async def http_routes(workdir: Path, era: str) -> AsyncIterator[dict[str, tuple[Client, str]]]:
+    """Connected clients: the echo upstream on HTTP, and mcpmux on HTTP in front of a second one."""
+    direct_port, upstream_port, mux_port = _free_port(), _free_port(), _free_port()
+    config = workdir / "http.json"
+    config.write_text(json.dumps({"mcpServers": {"echo": {"url": f"http://127.0.0.1:{upstream_port}/mcp"}}}))
+    mux_serve = [*_mcpmux_command(), "serve", "--config", str(config), "--transport", "http", "--port", str(mux_port)]
+    echo_http = [sys.executable, ECHO, "http"]
+    with (
+        http_server([*echo_http, str(direct_port)], direct_port, workdir / "echo-direct.log") as direct_url,
+        http_server([*echo_http, str(upstream_port)], upstream_port, workdir / "echo-upstream.log"),
+        http_server(mux_serve, mux_port, workdir / "mcpmux-http.log") as mux_url,
+    ):
+        async with Client(direct_url, mode=era) as direct_client, Client(mux_url, mode=era) as mux_client:
+            yield {"direct": (direct_client, "echo"), "mux": (mux_client, "echo__echo")}
+
+
+async def measure(
+    transport: str, routes: dict[str, tuple[Client, str]], calls: dict[int, int], repeats: int
+) -> list[Row]:
+    rows = []
+    for concurrency, count in calls.items():
+        for client, tool in routes.values():  # warm-up: imports, caches, connection pools
+            await timed_pass(client, tool, concurrency, max(concurrency * 2, count // 4))
+        passes: dict[str, list[PassResult]] = {"direct": [], "mux": []}
+        for repeat in range(repeats):
+            # Alternate which route goes first so that drift in the machine's load hits both alike.
+            for route in ("direct", "mux") if repeat % 2 == 0 else ("mux", "direct"):
+                client, tool = routes[route]
+                passes[route].append(await timed_pass(client, tool, concurrency, count))
+        row = Row(transport, concurrency, count, Summary.of(passes["direct"]), Summary.of(passes["mux"]))
+        print(_format_row(row), flush=True)
+        rows.append(row)
+    return rows
+
+
+# -- report ----------------------------------------------------------------------------------------
+
+HEADER = (
+    f"{'transport':<9} {'N':>3} {'calls':>5} | {'p50 direct':>10} {'p50 mux':>8} {'+p50 ms':>8} | "
+    f"{'p99 direct':>10} {'p99 mux':>8} | {'calls/s direct':>14} {'calls/s mux':>11} {'kept':>6}"
+)
+
+
+def _format_row(row: Row) -> str:
+    d, m = row.direct, row.mux
+    return (
+        f"{row.transport:<9} {row.concurrency:>3} {row.calls:>5} | {d.p50_ms:>10.2f} {m.p50_ms:>8.2f} "
+        f"{row.added_p50_ms:>+8.2f} | {d.p99_ms:>10.2f} {m.p99_ms:>8.2f} | "
+        f"{d.calls_per_s:>14.0f} {m.calls_per_s:>11.0f} {row.kept_pct:>5.0f}%"
+    )
+
+
+def _targets(rows: list[Row]) -> dict[str, dict[str, Any]]:
+    verdicts: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        if row.concurrency == 1:
+            verdicts[f"{row.transport}_added_p50_ms_at_1"] = {
+                "value": round(row.added_p50_ms, 3),
+                "target": "< 1.0",
+                "met": row.added_p50_ms < 1.0,
+            }
+        if row.concurrency == 64:
+            verdicts[f"{row.transport}_throughput_kept_pct_at_64"] = {
+                "value": round(row.kept_pct, 1),
+                "target": ">= 90",
+                "met": row.kept_pct >= 90.0,
+            }
+    return verdicts
+
+
+def _meta(args: argparse.Namespace, load_before: tuple[float, ...]) -> dict[str, Any]:
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE).stdout
+    return {
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "git_commit": commit.strip(),
+        "python": platform.python_version(),
+        "mcp": version("mcp"),
+        "mcpmux": version("mcpmux"),
+        "cpus": os.cpu_count(),
+        "loadavg_before": load_before,
+        "loadavg_after": os.getloadavg(),
+        "client_era": args.era,
+        "repeats": args.repeats,
+        "quick": args.quick,
+        "note": "client, mcpmux and upstream share this machine's cores (with any other work on it)",
+    }
+
+
+async def run(args: argparse.Namespace, workdir: Path) -> list[Row]:
+    calls = QUICK_CALLS if args.quick else FULL_CALLS
+    calls = {n: c for n, c in calls.items() if n in args.concurrency}
+    rows: list[Row] = []
+    print(f"mux_overhead: {os.cpu_count()} CPU(s), load {os.getloadavg()[0]:.2f}; shared cores make figures noisy")
+    print(HEADER)
+    print("-" * len(HEADER), flush=True)
+    opener = {"stdio": stdio_routes, "http": http_routes}
+    for transport in args.transport:
+        async with opener[transport](workdir, args.era) as routes:
+            rows += await measure(transport, routes, calls, args.repeats)
+    return rows
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="fewer calls per pass (100/300/300)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed passes per cell; medians are reported")
+    parser.add_argument("--transport", nargs="+", choices=["stdio", "http"], default=["stdio", "http"])
+    parser.add_argument("--concurrency", nargs="+", type=int, choices=CONCURRENCY, default=list(CONCURRENCY))
+    parser.add_argument("--era", choices=["auto", "legacy"], default="auto", help="the benchmark client's handshake")
+    parser.add_argument("--out", type=Path, default=HERE / "results" / "mux_overhead.json")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    load_before = os.getloadavg()
+    try:
+        with tempfile.TemporaryDirectory(prefix="muxbench-") as workdir:
+            rows = anyio.run(run, args, Path(workdir))
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    finally:
+        leaked = sweep_leaks()
+        if leaked:
+            print(f"LEAK: {len(leaked)} process(es) of this run outlived their owner and were killed: {leaked}")
+    targets = _targets(rows)
+    print()
+    for name, verdict in targets.items():
+        print(f"{name}: {verdict['value']} (target {verdict['target']}): {'met' if verdict['met'] else 'MISSED'}")
+    report = {
+        "meta": {**_meta(args, load_before), "leaked_processes": leaked},
+        "targets": targets,
+        "rows": [
+            {**asdict(row), "added_p50_ms": row.added_p50_ms, "throughput_kept_pct": row.kept_pct} for row in rows
+        ],
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2))
+    print(f"wrote {args.out}")
+    return 1 if leaked else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

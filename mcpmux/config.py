@@ -47,6 +47,8 @@ class ServerConfig(_Model):
     deny_tools: list[str] = Field(default_factory=list)
     timeout: float | None = Field(default=None, gt=0)
     """Per-call timeout in seconds; None takes `[mux] call_timeout`."""
+    protocol: Literal["auto", "legacy"] = "auto"
+    """`auto` probes for 2026-07-28 and falls back; `legacy` forces the 2025 initialize handshake."""
 
     @model_validator(mode="before")
     @classmethod

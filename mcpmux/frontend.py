@@ -15,6 +15,7 @@ from typing import Any
 
 import mcp_types as types
 import uvicorn
+from mcp.server.connection import Connection
 from mcp.server.lowlevel.server import NotificationOptions, Server
 from mcp.server.models import InitializationOptions
 from mcp.server.session import ServerSession
@@ -27,6 +28,7 @@ from mcp.server.subscriptions import (
     ToolsListChanged,
 )
 from mcp.shared.exceptions import MCPError
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.applications import Starlette
 
 from mcpmux import __version__
@@ -80,8 +82,9 @@ class Frontend:
         self.mux = mux
         self.page_size = page_size
         self.bus = InMemorySubscriptionBus()
-        self._sessions: weakref.WeakSet[ServerSession] = weakref.WeakSet()
-        self._callers: dict[str, weakref.WeakSet[ServerSession]] = {}
+        self._connections: weakref.WeakSet[Connection] = weakref.WeakSet()
+        # Per upstream, the requests in flight on it (and their ids): where that upstream's logs belong.
+        self._callers: dict[str, weakref.WeakKeyDictionary[ServerSession, types.RequestId]] = {}
         self.server = _MuxServer(
             "mcpmux",
             version=__version__,
@@ -101,7 +104,8 @@ class Frontend:
 
     def _seen(self, ctx: Any) -> ServerSession:
         session: ServerSession = ctx.session
-        self._sessions.add(session)
+        # A ServerSession lives for one request; list_changed needs the connection behind it.
+        self._connections.add(session._connection)
         return session
 
     async def _list_tools(self, ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
@@ -136,14 +140,14 @@ class Frontend:
             upstream = self.mux.catalog.resolve_tool(params.name).upstream
         except MuxError as err:
             raise _as_mcp_error(err) from None
-        callers = self._callers.setdefault(upstream, weakref.WeakSet())
-        callers.add(session)
+        callers = self._callers.setdefault(upstream, weakref.WeakKeyDictionary())
+        callers[session] = ctx.request_id
         try:
             return await self.mux.call_tool(params.name, params.arguments, progress=relay_progress)
         except MuxError as err:
             raise _as_mcp_error(err) from None
         finally:
-            callers.discard(session)
+            callers.pop(session, None)
 
     async def _read_resource(self, ctx: Any, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
         self._seen(ctx)
@@ -170,25 +174,30 @@ class Frontend:
     async def _announce_changes(self) -> None:
         for event in (ToolsListChanged(), PromptsListChanged(), ResourcesListChanged()):
             await self.bus.publish(event)
-        for session in list(self._sessions):
-            if session.protocol_version and session.protocol_version >= "2026":
+        for connection in list(self._connections):
+            if connection.protocol_version in MODERN_PROTOCOL_VERSIONS:
                 continue  # reached through subscriptions/listen above
             try:
-                await session.send_tool_list_changed()
-                await session.send_prompt_list_changed()
-                await session.send_resource_list_changed()
+                await connection.send_tool_list_changed()
+                await connection.send_prompt_list_changed()
+                await connection.send_resource_list_changed()
             except Exception as err:  # a client that went away must not stop the others hearing of it
                 logger.debug("could not notify a client of list changes: %s", err)
-                self._sessions.discard(session)
+                self._connections.discard(connection)
 
     async def _relay_log(self, upstream: str, params: types.LoggingMessageNotificationParams) -> None:
         """Upstream logs go to the clients with a call in flight on that upstream (or every client if none)."""
-        targets = list(self._callers.get(upstream, ())) or list(self._sessions)
-        for session in targets:
-            try:
-                await session.send_log_message(params.level, params.data, logger=params.logger or upstream)
-            except Exception as err:  # see _announce_changes
-                logger.debug("could not relay a log message: %s", err)
+        name = params.logger or upstream
+        try:
+            callers = list(self._callers.get(upstream, {}).items())
+            for session, request_id in callers:
+                await session.send_log_message(params.level, params.data, logger=name, related_request_id=request_id)
+            if not callers:
+                for connection in list(self._connections):
+                    if connection.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+                        await connection.log(params.level, params.data, logger=name)
+        except Exception as err:  # see _announce_changes
+            logger.debug("could not relay a log message: %s", err)
 
     # -- transports ------------------------------------------------------------------------------
 

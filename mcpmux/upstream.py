@@ -189,7 +189,9 @@ class Upstream:
             transport = WatchedTransport(streamable_http_client(self.config.url or "", http_client=http), health.lost)
         client = Client(
             transport,
+            mode=self.config.protocol,
             logging_callback=self._on_log,
+            log_level="debug",  # 2026 servers log only to requests that opt in; mcpmux relays what clients want
             message_handler=self._on_message,
             cache=None,
         )

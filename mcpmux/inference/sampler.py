@@ -51,6 +51,8 @@ def make_generator(seed: int | None, device: torch.device) -> torch.Generator:
 
 def sample(logits: torch.Tensor, requests: list[SampleRequest]) -> SampleResult:
     """Sample one token per row of float32 `logits` [N, vocab]."""
+    if not requests:
+        return SampleResult([], [])
     tokens = torch.argmax(logits, dim=-1)
     for row, req in enumerate(requests):
         if not req.params.greedy:

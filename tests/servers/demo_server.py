@@ -38,9 +38,13 @@ def add(a: int, b: int) -> int:
 async def sleep(seconds: float, ctx: Context, steps: int = 1) -> str:
     """Sleep, reporting progress `steps` times."""
     calls["sleep"] += 1
-    for step in range(steps):
-        await anyio.sleep(seconds / steps)
-        await ctx.report_progress(step + 1, steps, f"step {step + 1}")
+    try:
+        for step in range(steps):
+            await anyio.sleep(seconds / steps)
+            await ctx.report_progress(step + 1, steps, f"step {step + 1}")
+    except anyio.get_cancelled_exc_class():
+        calls["sleep_cancelled"] += 1
+        raise
     return f"slept {seconds}"
 
 

@@ -1,0 +1,111 @@
+"""Real parts for end-to-end tests: upstream servers as subprocesses, mcpmux as a subprocess, real clients."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO = ROOT / "tests" / "servers" / "demo_server.py"
+EVERYTHING = ROOT / ".npm" / "node_modules" / "@modelcontextprotocol" / "server-everything" / "dist" / "index.js"
+PY = sys.executable
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def demo(name: str) -> dict[str, Any]:
+    """Config entry for the demo server over stdio."""
+    return {"command": PY, "args": [str(DEMO), name]}
+
+
+def everything_available() -> bool:
+    return EVERYTHING.exists() and shutil.which("node") is not None
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for_port(port: int, process: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"process exited with {process.returncode} before listening on {port}")
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise TimeoutError(f"nothing listened on port {port} within {timeout}s")
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@contextmanager
+def http_upstream(name: str, port: int | None = None) -> Iterator[str]:
+    """The demo server over streamable HTTP on loopback; yields its URL."""
+    port = port or free_port()
+    process = subprocess.Popen([PY, str(DEMO), name, "http", str(port)], stderr=subprocess.DEVNULL)
+    try:
+        wait_for_port(port, process)
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        stop(process)
+
+
+def write_config(path: Path, servers: dict[str, dict[str, Any]], **mux: Any) -> Path:
+    """A client-format JSON config (mcpmux accepts it unchanged), plus optional [mux] settings."""
+    path.write_text(json.dumps({"mcpServers": servers, "mux": mux}))
+    return path
+
+
+@asynccontextmanager
+async def mux_over_stdio(config: Path, mode: str = "auto", **client: Any) -> AsyncIterator[Client]:
+    """mcpmux launched the way Claude Desktop launches it, with a real client on its stdio."""
+    params = StdioServerParameters(command=PY, args=["-m", "mcpmux", "serve", "--config", str(config)], env=dict(os.environ))
+    async with Client(params, mode=mode, **client) as connected:
+        yield connected
+
+
+@contextmanager
+def mux_over_http(config: Path) -> Iterator[str]:
+    """`mcpmux serve --transport http` as a subprocess; yields the MCP endpoint URL."""
+    port = free_port()
+    process = subprocess.Popen(
+        [PY, "-m", "mcpmux", "serve", "--config", str(config), "--transport", "http", "--port", str(port)],
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for_port(port, process)
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        stop(process)
+
+
+def text_of(result: Any) -> str:
+    return "".join(getattr(block, "text", "") for block in result.content)

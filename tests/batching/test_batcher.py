@@ -17,6 +17,7 @@ from mcpmux.batching import (
     QueueFullError,
     QueuePolicy,
 )
+from mcpmux.batching.signal import Signal
 
 
 @dataclass
@@ -27,9 +28,11 @@ class Upstream:
     batches: list[list[int]] = field(default_factory=list)
     running: int = 0
     peak_running: int = 0
+    batch_started: Signal = field(default_factory=Signal)
 
     async def __call__(self, items: list[int]) -> Sequence[int | BaseException]:
         self.batches.append(list(items))
+        self.batch_started.fire()
         self.running += 1
         self.peak_running = max(self.peak_running, self.running)
         try:
@@ -37,6 +40,12 @@ class Upstream:
         finally:
             self.running -= 1
         return [ValueError(f"item {i} is negative") if i < 0 else 2 * i for i in items]
+
+    async def wait_for_batches(self, count: int) -> None:
+        """Return once `count` batches have started (fail after a second)."""
+        with anyio.fail_after(1):
+            while len(self.batches) < count:
+                await self.batch_started.wait()
 
 
 async def submit_all(batcher: DynamicBatcher[int, int], items: list[int]) -> dict[int, int | str]:
@@ -188,7 +197,7 @@ async def test_default_timeout_applies_to_items_without_a_deadline() -> None:
 
 @pytest.mark.anyio
 async def test_cancelled_items_leave_their_batch_cleanly() -> None:
-    upstream = Upstream(latency=0.03)
+    upstream = Upstream(latency=0.05)
     async with DynamicBatcher(upstream, BatchPolicy(max_batch_size=2, max_delay=0.0)) as batcher:
         results: dict[int, int] = {}
 
@@ -198,17 +207,18 @@ async def test_cancelled_items_leave_their_batch_cleanly() -> None:
         async with anyio.create_task_group() as tg:
             tg.start_soon(one, 1)
             tg.start_soon(one, 2)
-            await anyio.sleep(0.005)  # batch [1, 2] is running; 3 and 4 queue behind it
+            await upstream.wait_for_batches(1)  # [1, 2] runs; 3 and 4 queue behind it
             async with anyio.create_task_group() as doomed:
                 doomed.start_soon(one, 3)
                 doomed.start_soon(one, 4)
                 await anyio.sleep(0.005)
+                assert batcher.stats().queue_depth == 2
                 doomed.cancel_scope.cancel()  # 3 and 4 leave before they are sent
+            assert batcher.stats().queue_depth == 0
             tg.start_soon(one, 5)
-            await anyio.sleep(0.005)
             async with anyio.create_task_group() as late:
                 late.start_soon(one, 6)
-                await anyio.sleep(0.04)  # [5, 6] is now running
+                await upstream.wait_for_batches(2)  # [5, 6] is now running
                 late.cancel_scope.cancel()  # 6's result is dropped, 5 still gets its own
     assert results == {1: 2, 2: 4, 5: 10}
     assert upstream.batches == [[1, 2], [5, 6]]
@@ -233,8 +243,9 @@ async def test_close_answers_every_queued_item_and_finishes_running_batches() ->
         with pytest.raises(ClosedError, match="'b' was closed while the item was being submitted"):
             await batcher.submit(9)
     assert [results[i] for i in (0, 1)] == [0, 2]  # the running batch finished
-    assert {results[i] for i in (2, 3, 4)} == {"'b' was closed while the item was waiting in the queue; "
-                                               "it was not answered, submit it again to a running one"}
+    assert {results[i] for i in (2, 3, 4)} == {
+        "'b' was closed while the item was waiting in the queue; it was not answered, submit it again to a running one"
+    }
     assert batcher.stats().rejections == {"closed": 4}
 
 

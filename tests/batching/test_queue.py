@@ -11,6 +11,7 @@ from mcpmux.batching import AgingQueue, ClosedError, DeadlineExceededError, Queu
 
 T = TypeVar("T")
 
+
 def drain(queue: AgingQueue[T]) -> list[T]:
     """Everything queued, in the order the queue hands it out."""
     return [entry.value for entry in queue.take(len(queue))]

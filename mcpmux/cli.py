@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import shlex
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -91,17 +92,31 @@ def _resolve_config(args: argparse.Namespace) -> Config:
 
 
 async def _serve(args: argparse.Namespace, config: Config) -> int:
-    async with Mux(config) as mux:
+    """Serve until stdin closes (stdio) or SIGINT/SIGTERM arrives; upstream children end with the Mux."""
+    async with Mux(config) as mux, anyio.create_task_group() as tasks:
         frontend = Frontend(mux)
+        stop = anyio.Event()
+        tasks.start_soon(_stop_on_signal, stop, None if args.transport == "http" else tasks.cancel_scope)
         if args.transport == "stdio":
             await frontend.serve_stdio()
-            return 0
-        host = args.host or config.http.host
-        sock = bind(host, config.http.port if args.port is None else args.port)
-        port = sock.getsockname()[1]
-        _announce_http(host, port, config)
-        await frontend.serve_http(sock, config.http.path)
+        else:
+            host = args.host or config.http.host
+            sock = bind(host, config.http.port if args.port is None else args.port)
+            _announce_http(host, sock.getsockname()[1], config)
+            await frontend.serve_http(sock, config.http.path, stop)
+        tasks.cancel_scope.cancel()
     return 0
+
+
+async def _stop_on_signal(stop: anyio.Event, cancel: anyio.CancelScope | None) -> None:
+    """HTTP winds down through `stop` (uvicorn finishes open responses); stdio is cancelled at once."""
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for signum in signals:
+            logging.getLogger("mcpmux").info("%s received: shutting down", signal.Signals(signum).name)
+            stop.set()
+            if cancel is not None:
+                cancel.cancel()
+            return
 
 
 def _announce_http(host: str, port: int, config: Config) -> None:

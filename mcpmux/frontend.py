@@ -8,11 +8,14 @@ a client's cancellation cancels the handler, which cancels the upstream request.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
+import anyio
 import mcp_types as types
 import uvicorn
 from mcp.server.connection import Connection
@@ -210,11 +213,29 @@ class Frontend:
         """The streamable HTTP app (Host/Origin checks on for loopback hosts)."""
         return self.server.streamable_http_app(streamable_http_path=path, host=host)
 
-    async def serve_http(self, sock: socket.socket, path: str = "/mcp") -> None:
-        """Serve streamable HTTP on an already-bound socket until cancelled or signalled (SIGINT/SIGTERM)."""
+    async def serve_http(self, sock: socket.socket, path: str = "/mcp", stop: anyio.Event | None = None) -> None:
+        """Serve streamable HTTP on an already-bound socket until `stop` is set (or cancelled)."""
         host = sock.getsockname()[0]
         config = uvicorn.Config(self.http_app(host, path), log_level="warning", lifespan="on")
-        await uvicorn.Server(config).serve(sockets=[sock])
+        server = _UvicornServer(config)
+        async with anyio.create_task_group() as tasks:
+            if stop is not None:
+
+                async def stop_when_asked() -> None:
+                    await stop.wait()
+                    server.should_exit = True
+
+                tasks.start_soon(stop_when_asked)
+            await server.serve(sockets=[sock])
+            tasks.cancel_scope.cancel()
+
+
+class _UvicornServer(uvicorn.Server):
+    """Leaves signals to the CLI, which owns the process (uvicorn would re-raise them after shutdown)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
 
 
 def bind(host: str, port: int) -> socket.socket:

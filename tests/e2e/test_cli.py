@@ -1,0 +1,142 @@
+"""The `mcpmux` command as a user runs it, and third-party servers through it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters
+
+from tests.e2e.conftest import (
+    DEMO,
+    EVERYTHING,
+    PY,
+    demo,
+    everything_available,
+    free_port,
+    mux_over_stdio,
+    text_of,
+    wait_for_port,
+    write_config,
+)
+
+MCPMUX = [PY, "-m", "mcpmux"]
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*MCPMUX, *args], capture_output=True, text=True, timeout=120)
+
+
+def _gone(pid: int, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        stat = Path(f"/proc/{pid}/stat")
+        if stat.exists() and stat.read_text().split(")")[-1].split()[0] == "Z":
+            return True  # a zombie waiting for its reaper has already ended
+        time.sleep(0.05)
+    return False
+
+
+def test_version_and_help() -> None:
+    assert run("--version").stdout.startswith("mcpmux ")
+    help_text = run("--help").stdout
+    assert "examples:" in help_text and "mcpmux serve -- npx" in help_text
+
+
+def test_check_prints_resolved_upstreams_and_rejects_bad_files(tmp_path: Path) -> None:
+    good = write_config(tmp_path / "good.json", {"alpha": demo("alpha"), "web": {"url": "http://127.0.0.1:1/mcp"}})
+    checked = run("check", "--config", str(good))
+    assert checked.returncode == 0
+    assert "alpha: stdio" in checked.stdout and "web: http http://127.0.0.1:1/mcp" in checked.stdout
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[servers.x]\ncommand = "a"\nargz = []\n')
+    rejected = run("check", "--config", str(bad))
+    assert rejected.returncode == 2
+    assert f"{bad}: invalid configuration" in rejected.stderr and "servers.x.argz: unknown key" in rejected.stderr
+    assert run("tools", "--config", str(tmp_path / "nope.toml")).stderr.strip().endswith("no such file")
+
+
+def test_tools_and_call(tmp_path: Path) -> None:
+    config = write_config(tmp_path / "c.json", {"alpha": demo("alpha"), "ghost": {"command": "no-such-binary-here"}})
+    listed = run("tools", "--config", str(config))
+    assert "# alpha: ready, stdio, 2026-07-28" in listed.stdout
+    assert "# ghost: down" in listed.stdout and "cannot run command" in listed.stdout
+    assert "alpha__echo\tReturn the text unchanged." in listed.stdout
+    called = run("call", "--config", str(config), "alpha__add", '{"a": 20, "b": 22}')
+    assert called.returncode == 0
+    assert json.loads(called.stdout)["content"][0]["text"] == "42"
+    bad_args = run("call", "--config", str(config), "alpha__add", "{not json")
+    assert bad_args.returncode == 2 and "arguments are not valid JSON" in bad_args.stderr
+
+
+@pytest.mark.anyio
+async def test_serve_wraps_one_command_without_a_config() -> None:
+    params = StdioServerParameters(command=PY, args=["-m", "mcpmux", "serve", "--", PY, str(DEMO), "solo"])
+    async with Client(params) as client:
+        names = {tool.name for tool in (await client.list_tools()).tools}
+        assert {"echo", "add"} <= names
+        assert text_of(await client.call_tool("echo", {"text": "wrapped"})) == "solo: wrapped"
+
+
+@pytest.mark.anyio
+async def test_closing_stdin_ends_mcpmux_and_its_children(tmp_path: Path) -> None:
+    config = write_config(tmp_path / "c.json", {"alpha": demo("alpha")})
+    async with mux_over_stdio(config) as client:
+        pid = int(text_of(await client.call_tool("alpha__pid", {})))
+    assert _gone(pid)
+
+
+@pytest.mark.anyio
+async def test_sigterm_ends_the_http_server_and_its_children(tmp_path: Path) -> None:
+    config = write_config(tmp_path / "c.json", {"alpha": demo("alpha")})
+    port = free_port()
+    process = subprocess.Popen(
+        [*MCPMUX, "serve", "--config", str(config), "--transport", "http", "--port", str(port)],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    wait_for_port(port, process)
+    async with Client(f"http://127.0.0.1:{port}/mcp") as client:
+        pid = int(text_of(await client.call_tool("alpha__pid", {})))
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=20)
+    assert process.returncode == 0
+    assert f"http://127.0.0.1:{port}/mcp" in stderr and '"mcpServers"' in stderr
+    assert _gone(pid)
+
+
+@pytest.mark.anyio
+async def test_third_party_servers_through_mcpmux(tmp_path: Path) -> None:
+    servers = {"time": {"command": str(Path(PY).parent / "mcp-server-time")}}
+    if everything_available():
+        servers["everything"] = {"command": "node", "args": [str(EVERYTHING), "stdio"]}
+    config = write_config(tmp_path / "c.json", servers)
+    progress: list[float] = []
+
+    async def on_progress(value: float, total: float | None, message: str | None) -> None:
+        progress.append(value)
+
+    async with mux_over_stdio(config) as client:
+        now = await client.call_tool("time__get_current_time", {"timezone": "UTC"})
+        assert json.loads(text_of(now))["timezone"] == "UTC"
+        if everything_available():  # the 2025-11-25 npm reference server
+            assert text_of(await client.call_tool("everything__echo", {"message": "hi"})) == "Echo: hi"
+            assert "30" in text_of(await client.call_tool("everything__get-sum", {"a": 10, "b": 20}))
+            with anyio.fail_after(30):
+                await client.call_tool(
+                    "everything__trigger-long-running-operation",
+                    {"duration": 1, "steps": 3},
+                    progress_callback=on_progress,
+                )
+            assert progress == [1, 2, 3]

@@ -1,0 +1,143 @@
+"""Every config format resolves to the same model; every mistake is named with its file and key."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mcpmux.config import Config, config_from_dict, load_config
+from mcpmux.errors import ConfigError
+
+ENV = {"HOME": "/home/u", "API_KEY": "sekret", "EMPTY": ""}
+
+TOML = """
+[mux]
+separator = "__"
+
+[servers.files]
+command = "npx"
+args = ["-y", "@modelcontextprotocol/server-filesystem", "${HOME}/docs"]
+env = { API_KEY = "${API_KEY}" }
+
+[servers.remote]
+url = "https://example.com/mcp"
+headers = { Authorization = "Bearer ${TOKEN:-none}" }
+"""
+
+CLAUDE = {
+    "mcpServers": {
+        "files": {
+            "command": "npx",
+            "args": ["-y", "@modelcontextprotocol/server-filesystem", "${HOME}/docs"],
+            "env": {"API_KEY": "${API_KEY}"},
+        },
+        "remote": {"url": "https://example.com/mcp", "headers": {"Authorization": "Bearer ${TOKEN:-none}"}},
+    }
+}
+
+VSCODE = {
+    "inputs": [{"id": "token", "type": "promptString"}],
+    "servers": {
+        "files": {
+            "type": "stdio",
+            "command": "npx",
+            "args": ["-y", "@modelcontextprotocol/server-filesystem", "${HOME}/docs"],
+            "env": {"API_KEY": "${API_KEY}"},
+        },
+        "remote": {
+            "type": "http",
+            "url": "https://example.com/mcp",
+            "headers": {"Authorization": "Bearer ${TOKEN:-none}"},
+        },
+    },
+}
+
+CODEX = """
+[mcp_servers.files]
+command = "npx"
+args = ["-y", "@modelcontextprotocol/server-filesystem", "${HOME}/docs"]
+env = { API_KEY = "${API_KEY}" }
+
+[mcp_servers.remote]
+url = "https://example.com/mcp"
+headers = { Authorization = "Bearer ${TOKEN:-none}" }
+"""
+
+
+def _servers(config: Config) -> dict[str, object]:
+    return {name: server.model_dump() for name, server in config.servers.items()}
+
+
+def test_every_format_resolves_to_the_same_servers(tmp_path: Path) -> None:
+    files = {
+        "mcpmux.toml": TOML,
+        "claude_desktop_config.json": json.dumps(CLAUDE),
+        "mcp.json": json.dumps(VSCODE),
+        "codex.toml": CODEX,
+    }
+    resolved = []
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+        resolved.append(_servers(load_config(tmp_path / name, environ=ENV)))
+    assert all(r == resolved[0] for r in resolved)
+    files_server = load_config(tmp_path / "mcpmux.toml", environ=ENV).servers["files"]
+    assert files_server.transport == "stdio"
+    assert files_server.args[-1] == "/home/u/docs"
+    assert files_server.env == {"API_KEY": "sekret"}
+    remote = load_config(tmp_path / "mcp.json", environ=ENV).servers["remote"]
+    assert remote.transport == "http"
+    assert remote.headers == {"Authorization": "Bearer none"}
+
+
+def test_variables_defaults_and_literal_dollar() -> None:
+    config = config_from_dict(
+        {"servers": {"s": {"command": "x", "args": ["${EMPTY:-fallback}", "$${HOME}", "${HOME}"]}}}, environ=ENV
+    )
+    assert config.servers["s"].args == ["fallback", "${HOME}", "/home/u"]
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ({"servers": {"s": {"command": "x", "args": ["${NOPE}"]}}}, "servers.s.args[0]: environment variable NOPE"),
+        ({"servers": {"s": {"args": ["a"]}}}, "servers.s: a stdio server needs 'command'"),
+        ({"servers": {"s": {"url": "ftp://x"}}}, "servers.s: 'url' must start with http:// or https://"),
+        ({"servers": {"s": {"command": "x", "arg": []}}}, "servers.s.arg: unknown key"),
+        ({"servers": {"s": {"command": "x", "args": "a b"}}}, "servers.s.args: Input should be a valid list"),
+        ({"servers": {"s": {"command": "x", "timeout": -1}}}, "servers.s.timeout: Input should be greater than 0"),
+        ({"servers": {"s": {"type": "sse", "url": "http://x"}}}, "type 'sse' (the deprecated HTTP+SSE transport)"),
+        ({"servers": {"bad name": {"command": "x"}}}, "server name 'bad name' must be 1-64 characters"),
+        ({"mux": {"separator": "::"}}, "mux.separator: separator must be non-empty"),
+        ({"servers": {}, "mcpServers": {}}, "use one of servers, mcpServers, not several"),
+    ],
+)
+def test_bad_configs_name_the_key_and_what_was_expected(raw: dict[str, object], expected: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        config_from_dict(raw, source="my.toml", environ=ENV)
+    assert str(caught.value).startswith("my.toml: ")
+    assert expected in str(caught.value)
+
+
+def test_unreadable_files_are_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no such file"):
+        load_config(tmp_path / "missing.toml")
+    (tmp_path / "broken.json").write_text('{"mcpServers": {')
+    with pytest.raises(ConfigError, match=r"broken.json: invalid JSON at line 1"):
+        load_config(tmp_path / "broken.json")
+    (tmp_path / "broken.toml").write_text("[servers\n")
+    with pytest.raises(ConfigError, match=r"broken.toml: invalid TOML"):
+        load_config(tmp_path / "broken.toml")
+
+
+def test_disabled_servers_are_parsed_but_not_started() -> None:
+    config = config_from_dict({"mcpServers": {"a": {"command": "x", "disabled": True}, "b": {"command": "y"}}})
+    assert set(config.servers) == {"a", "b"}
+    assert set(config.enabled_servers) == {"b"}
+
+
+def test_example_config_is_valid() -> None:
+    example = Path(__file__).resolve().parents[1] / "examples" / "mcpmux.toml"
+    config = load_config(example)
+    assert config.enabled_servers

@@ -156,7 +156,9 @@ class Engine:
             tokens += delta.token_ids
             logprobs += delta.logprobs
             last = delta
-        assert last is not None and last.finish_reason is not None  # generate ends on a finished delta
+        # generate always ends on a finished delta (or raises), so `last` carries the totals.
+        assert last is not None
+        assert last.finish_reason is not None
         wants_logprobs = params is not None and params.logprobs is not None
         return Completion(
             last.request_id,

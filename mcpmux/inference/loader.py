@@ -170,7 +170,9 @@ def load_model(spec: str, dtype: str = "auto", device: str = "auto") -> LoadedMo
     eos = _eos_ids(hf_model, tokenizer)
     model = build_causal_lm(hf_model, where)
     del hf_model
-    log.info("loaded %s from %s: %s on %s, context %d", source.name, where, torch_dtype, torch_device, model.max_position)
+    log.info(
+        "loaded %s from %s: %s on %s, context %d", source.name, where, torch_dtype, torch_device, model.max_position
+    )
     return LoadedModel(
         name=source.name,
         model=model,

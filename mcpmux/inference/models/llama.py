@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.nn import functional as F  # noqa: N812
+from torch.nn import functional as F
 from transformers.activations import ACT2FN
 
 from mcpmux import kernels
@@ -49,7 +49,7 @@ class DecoderLayer(nn.Module):
         attn_bias = [take(f"self_attn.{p}_proj.bias") for p in "qkv"]
         self.qkv_weight = _frozen(torch.cat([w for w in attn if w is not None]))
         biases = [b for b in attn_bias if b is not None]
-        self.qkv_bias = None
+        self.qkv_bias = _optional(torch.cat(biases) if biases else None)
         self.o_weight = _frozen(_required(take("self_attn.o_proj.weight"), prefix + "self_attn.o_proj"))
         self.o_bias = _optional(take("self_attn.o_proj.bias"))
 
@@ -143,9 +143,7 @@ class LlamaCausalLM(nn.Module):
         # A tied head is the embedding itself (HF may list it under both names): share it, never copy.
         tied = bool(getattr(config, "tie_word_embeddings", False))
         self.lm_head = self.embed if tied else _frozen(_required(head, "lm_head"))
-        self.register_buffer(
-            "cos_sin_cache", build_cos_sin_cache(config, max_position, embed.device), persistent=False
-        )
+        self.register_buffer("cos_sin_cache", build_cos_sin_cache(config, max_position, embed.device), persistent=False)
 
     @property
     def dtype(self) -> torch.dtype:

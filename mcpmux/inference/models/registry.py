@@ -56,8 +56,7 @@ def context_limit(config: Any) -> int:
     window = sliding_window_of(config)
     if window is not None and window < limit:
         log.warning(
-            "sliding window %d is shorter than the %d positions the model supports; contexts are "
-            "limited to %d tokens",
+            "sliding window %d is shorter than the %d positions the model supports; contexts are limited to %d tokens",
             window,
             limit,
             window,

@@ -48,8 +48,7 @@ def _inverse_frequencies(config: Any, device: torch.device) -> tuple[torch.Tenso
     rope_type = params["rope_type"]
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise ValueError(
-            f"RoPE scaling type {rope_type!r} is not supported; supported types: "
-            f"{', '.join(SUPPORTED_ROPE_TYPES)}"
+            f"RoPE scaling type {rope_type!r} is not supported; supported types: {', '.join(SUPPORTED_ROPE_TYPES)}"
         )
     if rope_type != "default":
         inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, device)
@@ -68,4 +67,4 @@ def build_cos_sin_cache(config: Any, max_position: int, device: torch.device) ->
     inv_freq, attention_scaling = _inverse_frequencies(config, device)
     positions = torch.arange(max_position, device=device, dtype=torch.int64).float()
     freqs = positions[:, None] * inv_freq[None, :]
-    return torch.cat((freqs.cos(), freqs.sin()), dim=-1)
+    return torch.cat((freqs.cos() * attention_scaling, freqs.sin() * attention_scaling), dim=-1)

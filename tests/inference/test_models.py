@@ -1,0 +1,244 @@
+"""Our Llama-family forward equals transformers' in fp32, through a real paged KV cache.
+
+This is the ground the engine stands on: full-prompt logits, step-by-step greedy decoding and one
+ragged mixed batch must all give what HF gives for the same weights.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, PreTrainedModel
+
+from mcpmux.inference.forward_batch import ForwardBatch
+from mcpmux.inference.loader import LoadedModel, load_model
+from tests.inference.tiny_models import TINY_ARCHS, build_tiny_model
+
+BLOCK_SIZE = 4  # tiny, so even short prompts cross several blocks
+NUM_BLOCKS = 64
+PROMPTS = ["The capital of France is", "def add(a, b):", "Hello, world! How are you today?"]
+
+
+@dataclass(slots=True)
+class PagedSequence:
+    """One sequence's tokens so far and its blocks, drawn in shuffled order from a shared pool."""
+
+    tokens: list[int]
+    blocks: list[int] = field(default_factory=list)
+    cached: int = 0  # tokens whose K/V is already in the cache
+
+
+@dataclass(slots=True)
+class PagedCache:
+    """A hand-built paged KV cache: what the engine's block manager and runner do, minus scheduling."""
+
+    loaded: LoadedModel
+    free: list[int]
+    kv: list[tuple[torch.Tensor, torch.Tensor]]
+
+    @classmethod
+    def create(cls, loaded: LoadedModel, seed: int = 0) -> PagedCache:
+        free = list(range(NUM_BLOCKS))
+        random.Random(seed).shuffle(free)
+        shape = (NUM_BLOCKS, BLOCK_SIZE, loaded.num_kv_heads, loaded.head_dim)
+        # NaN-poisoned: a read of any slot not written this run would poison the logits.
+        nan = float("nan")
+        kv = [
+            (torch.full(shape, nan, dtype=loaded.dtype), torch.full(shape, nan, dtype=loaded.dtype))
+            for _ in range(loaded.num_layers)
+        ]
+        return cls(loaded, free, kv)
+
+    def step(self, seqs: list[PagedSequence], query_lens: list[int]) -> torch.Tensor:
+        """Run ``query_lens[i]`` uncached tokens of each sequence in ONE forward; logits of each last row."""
+        input_ids, positions, slots, starts, logits_rows = [], [], [], [0], []
+        for seq, q_len in zip(seqs, query_lens, strict=True):
+            end = seq.cached + q_len
+            while len(seq.blocks) * BLOCK_SIZE < end:
+                seq.blocks.append(self.free.pop())
+            for pos in range(seq.cached, end):
+                input_ids.append(seq.tokens[pos])
+                positions.append(pos)
+                slots.append(seq.blocks[pos // BLOCK_SIZE] * BLOCK_SIZE + pos % BLOCK_SIZE)
+            starts.append(starts[-1] + q_len)
+            logits_rows.append(starts[-1] - 1)
+            seq.cached = end
+        width = max(len(s.blocks) for s in seqs)
+        tables = [s.blocks + [0] * (width - len(s.blocks)) for s in seqs]
+        seq_lens = [s.cached for s in seqs]
+        batch = ForwardBatch(
+            input_ids=torch.tensor(input_ids),
+            positions=torch.tensor(positions),
+            slot_mapping=torch.tensor(slots),
+            block_tables=torch.tensor(tables, dtype=torch.int32),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+            query_start_loc=torch.tensor(starts, dtype=torch.int32),
+            logits_indices=torch.tensor(logits_rows),
+            max_query_len=max(query_lens),
+            max_seq_len=max(seq_lens),
+        )
+        with torch.inference_mode():
+            return self.loaded.model(batch, self.kv)
+
+
+def full_prompt_logits(loaded: LoadedModel, tokens: list[int]) -> torch.Tensor:
+    """Every row's logits of one prompt prefilled in one step through shuffled blocks."""
+    cache = PagedCache.create(loaded)
+    seq = PagedSequence(tokens)
+    seq.blocks = [cache.free.pop() for _ in range(-(-len(tokens) // BLOCK_SIZE))]
+    slots = [seq.blocks[p // BLOCK_SIZE] * BLOCK_SIZE + p % BLOCK_SIZE for p in range(len(tokens))]
+    n = len(tokens)
+    batch = ForwardBatch(
+        input_ids=torch.tensor(tokens),
+        positions=torch.arange(n),
+        slot_mapping=torch.tensor(slots),
+        block_tables=torch.tensor([seq.blocks], dtype=torch.int32),
+        seq_lens=torch.tensor([n], dtype=torch.int32),
+        query_start_loc=torch.tensor([0, n], dtype=torch.int32),
+        logits_indices=torch.arange(n),
+        max_query_len=n,
+        max_seq_len=n,
+    )
+    with torch.inference_mode():
+        return loaded.model(batch, cache.kv)
+
+
+def greedy(loaded: LoadedModel, tokens: list[int], max_new_tokens: int) -> list[int]:
+    """Prefill, then decode one token per step through the cache; stop on eos like generate()."""
+    cache = PagedCache.create(loaded, seed=1)
+    seq = PagedSequence(list(tokens))
+    logits = cache.step([seq], [len(tokens)])
+    out: list[int] = []
+    while True:
+        token = int(logits[0].argmax())
+        out.append(token)
+        if token in loaded.eos_token_ids or len(out) == max_new_tokens:
+            return out
+        seq.tokens.append(token)
+        logits = cache.step([seq], [1])
+
+
+def hf_greedy(hf: PreTrainedModel, tokens: list[int], max_new_tokens: int) -> list[int]:
+    with torch.inference_mode():
+        out = hf.generate(torch.tensor([tokens]), max_new_tokens=max_new_tokens, do_sample=False)
+    return out[0, len(tokens) :].tolist()
+
+
+@pytest.fixture(scope="module", params=TINY_ARCHS)
+def pair(request: pytest.FixtureRequest, tiny_model_dirs: dict[str, Path]) -> tuple[LoadedModel, PreTrainedModel]:
+    path = tiny_model_dirs[request.param]
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    return load_model(str(path), dtype="float32", device="cpu"), hf
+
+
+def test_prefill_logits_equal_hf(pair: tuple[LoadedModel, PreTrainedModel]) -> None:
+    loaded, hf = pair
+    for prompt in PROMPTS:
+        tokens = loaded.encode_prompt(prompt)
+        ours = full_prompt_logits(loaded, tokens)
+        with torch.inference_mode():
+            ref = hf(torch.tensor([tokens])).logits[0].float()
+        assert ours.shape == ref.shape == (len(tokens), loaded.vocab_size)
+        torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_greedy_decode_equals_hf_generate(pair: tuple[LoadedModel, PreTrainedModel]) -> None:
+    loaded, hf = pair
+    for prompt in PROMPTS:
+        tokens = loaded.encode_prompt(prompt)
+        expected = hf_greedy(hf, tokens, 40)
+        assert len(set(expected)) > 3, "the tiny model should not be stuck on one token"
+        assert greedy(loaded, tokens, 40) == expected
+
+
+def test_ragged_mixed_batch_equals_each_sequence_alone(pair: tuple[LoadedModel, PreTrainedModel]) -> None:
+    loaded, _ = pair
+    prompts = [loaded.encode_prompt(p) for p in PROMPTS]
+    # Alone: each sequence's logits after its full prompt, and after one more (decoded) token.
+    alone_last = [full_prompt_logits(loaded, t)[-1] for t in prompts]
+    extra = 7
+    alone_decode = full_prompt_logits(loaded, [*prompts[2], extra])[-1]
+
+    cache = PagedCache.create(loaded, seed=3)
+    chunked = PagedSequence(prompts[0])  # prefilled in two chunks, the second one inside the mixed step
+    fresh = PagedSequence(prompts[1])  # whole prompt inside the mixed step
+    decoding = PagedSequence(prompts[2])  # prefilled before; one decode row in the mixed step
+    cache.step([chunked, decoding], [3, len(prompts[2])])
+    decoding.tokens.append(extra)
+    mixed = cache.step([chunked, fresh, decoding], [len(prompts[0]) - 3, len(prompts[1]), 1])
+    torch.testing.assert_close(mixed[0], alone_last[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(mixed[1], alone_last[1], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(mixed[2], alone_decode, atol=1e-5, rtol=1e-5)
+
+
+ROPE_VARIANTS = {
+    "linear": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
+    "llama3": {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+        "rope_theta": 500000.0,
+    },
+    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256, "rope_theta": 10000.0},
+    "dynamic": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0},
+}
+
+
+@pytest.mark.parametrize("variant", sorted(ROPE_VARIANTS))
+def test_rope_scaling_equals_hf(variant: str, tmp_path: Path) -> None:
+    path = build_tiny_model("llama", tmp_path / variant, rope_parameters=ROPE_VARIANTS[variant])
+    loaded = load_model(str(path), dtype="float32", device="cpu")
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    # Long enough that the scaled low frequencies matter (positions well past 64).
+    tokens = loaded.encode_prompt(" ".join(PROMPTS) * 4)
+    assert len(tokens) > 100
+    with torch.inference_mode():
+        ref = hf(torch.tensor([tokens])).logits[0]
+    torch.testing.assert_close(full_prompt_logits(loaded, tokens), ref, atol=1e-5, rtol=1e-5)
+    assert greedy(loaded, tokens[:20], 16) == hf_greedy(hf, tokens[:20], 16)
+
+
+def test_mistral_sliding_window_shorter_than_context_is_refused(tmp_path: Path) -> None:
+    path = build_tiny_model("mistral", tmp_path / "mistral")
+    config = json.loads((path / "config.json").read_text())
+    config["sliding_window"] = 8
+    (path / "config.json").write_text(json.dumps(config))
+    loaded = load_model(str(path), dtype="float32", device="cpu")
+    assert loaded.max_position == 8
+    tokens = loaded.encode_prompt("Hello, world! How are you today?")
+    assert len(tokens) > 8
+    with pytest.raises(ValueError, match=r"context of \d+ tokens exceeds this model's limit of 8"):
+        full_prompt_logits(loaded, tokens)
+    # Within the window, attention is exactly causal: still equal to HF.
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.inference_mode():
+        ref = hf(torch.tensor([tokens[:8]])).logits[0]
+    torch.testing.assert_close(full_prompt_logits(loaded, tokens[:8]), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_weights_are_shared_not_copied(tiny_llama: Path, tiny_mistral: Path) -> None:
+    tied = load_model(str(tiny_llama), dtype="float32", device="cpu").model
+    untied = load_model(str(tiny_mistral), dtype="float32", device="cpu").model
+    assert tied.lm_head.data_ptr() == tied.embed.data_ptr()
+    assert untied.lm_head.data_ptr() != untied.embed.data_ptr()
+    hf = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32)
+    hf_params = sum(p.numel() for p in hf.parameters())  # HF dedups the tied head too
+    ours = sum(p.numel() for p in tied.parameters())
+    assert ours == hf_params
+
+
+def test_bfloat16_runs_close_to_float32(tiny_llama: Path) -> None:
+    fp32 = load_model(str(tiny_llama), dtype="float32", device="cpu")
+    bf16 = load_model(str(tiny_llama), dtype="bfloat16", device="cpu")
+    assert bf16.dtype == torch.bfloat16
+    tokens = fp32.encode_prompt(PROMPTS[0])
+    ours = full_prompt_logits(bf16, tokens)
+    assert ours.dtype == torch.float32
+    torch.testing.assert_close(ours, full_prompt_logits(fp32, tokens), atol=0.15, rtol=0.05)

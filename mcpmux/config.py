@@ -94,6 +94,8 @@ class MuxSettings(_Model):
     """How long `Mux` waits for an upstream's first connection before serving without it."""
     restart_initial_backoff: float = Field(default=0.5, gt=0)
     restart_max_backoff: float = Field(default=30.0, gt=0)
+    page_size: int = Field(default=500, ge=1)
+    """Items per page in the lists mcpmux serves (tools, prompts, resources, templates)."""
     env_passthrough: Literal["all", "minimal"] | list[str] = "all"
     """Parent environment given to stdio servers: everything, the SDK's minimal set, or these names/globs."""
 

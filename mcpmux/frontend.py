@@ -81,9 +81,9 @@ def _as_mcp_error(err: MuxError) -> MCPError:
 class Frontend:
     """Serves one `Mux` to any number of clients over stdio or streamable HTTP."""
 
-    def __init__(self, mux: Mux, page_size: int = 500) -> None:
+    def __init__(self, mux: Mux) -> None:
         self.mux = mux
-        self.page_size = page_size
+        self.page_size = mux.config.mux.page_size
         self.bus = InMemorySubscriptionBus()
         self._connections: weakref.WeakSet[Connection] = weakref.WeakSet()
         # Per upstream, the requests in flight on it (and their ids): where that upstream's logs belong.

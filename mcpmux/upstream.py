@@ -254,8 +254,8 @@ class Upstream:
                 if err.code == CONNECTION_CLOSED:
                     self._health.lost.set()
                     raise UpstreamUnavailableError(
-                        f"upstream {self.name!r} closed the connection during {what}; "
-                        "mcpmux is restarting it, retry shortly"
+                        f"upstream {self.name!r} lost its connection during {what} (the server exited or "
+                        "dropped it); mcpmux is reconnecting, retry shortly"
                     ) from None
                 raise UpstreamError(err.error.message, err.error.code, err.error.data) from None
         raise AssertionError("unreachable")

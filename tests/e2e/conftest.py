@@ -87,7 +87,9 @@ def write_config(path: Path, servers: dict[str, dict[str, Any]], **mux: Any) -> 
 @asynccontextmanager
 async def mux_over_stdio(config: Path, mode: str = "auto", **client: Any) -> AsyncIterator[Client]:
     """mcpmux launched the way Claude Desktop launches it, with a real client on its stdio."""
-    params = StdioServerParameters(command=PY, args=["-m", "mcpmux", "serve", "--config", str(config)], env=dict(os.environ))
+    params = StdioServerParameters(
+        command=PY, args=["-m", "mcpmux", "serve", "--config", str(config)], env=dict(os.environ)
+    )
     async with Client(params, mode=mode, **client) as connected:
         yield connected
 

@@ -42,7 +42,7 @@ async def test_crash_mid_call_fails_that_call_and_the_upstream_comes_back() -> N
         first_pid = int(text_of(await mux.call_tool("alpha__pid")))
         crashed = await mux.call_tool("alpha__crash")
         assert crashed.is_error
-        assert "upstream 'alpha' closed the connection during tool 'crash'" in text_of(crashed)
+        assert "upstream 'alpha' lost its connection during tool 'crash'" in text_of(crashed)
         # While it is down: fail fast with a clear error, tools still listed, the other upstream unaffected.
         assert "alpha__echo" in {tool.name for tool in mux.list_tools()}
         assert text_of(await mux.call_tool("beta__echo", {"text": "still here"})) == "beta: still here"
@@ -129,3 +129,29 @@ async def test_closing_the_mux_ends_children_tasks_and_files() -> None:
     assert not any(_alive(pid) for pid in pids)
     assert asyncio.all_tasks() - tasks_before == set()
     assert len(os.listdir("/proc/self/fd")) <= fds_before
+
+
+@pytest.mark.parametrize("protocol", ["auto", "legacy"])
+async def test_http_upstream_that_goes_away_gives_a_clear_error_and_comes_back(protocol: str) -> None:
+    port = free_port()
+    command = [PY, str(DEMO), "web", "http", str(port)]
+    server = subprocess.Popen(command, stderr=subprocess.DEVNULL)
+    try:
+        wait_for_port(port, server)
+        servers = {"web": {"url": f"http://127.0.0.1:{port}/mcp", "protocol": protocol, "timeout": 5}}
+        async with _mux(servers) as mux:
+            assert text_of(await mux.call_tool("web__echo", {"text": "up"})) == "web: up"
+            stop(server)
+            started = time.monotonic()
+            down = await mux.call_tool("web__echo", {"text": "down"})
+            assert down.is_error
+            assert "upstream 'web'" in text_of(down)
+            assert time.monotonic() - started < 6
+            server = subprocess.Popen(command, stderr=subprocess.DEVNULL)
+            wait_for_port(port, server)
+            with anyio.fail_after(30):
+                while (result := await mux.call_tool("web__echo", {"text": "back"})).is_error:
+                    await anyio.sleep(0.2)
+            assert text_of(result) == "web: back"
+    finally:
+        stop(server)

@@ -69,9 +69,7 @@ async def test_progress_is_relayed_to_the_caller(two_demos: Path, mode: str) -> 
         seen.append((progress, total, message))
 
     async with mux_over_stdio(two_demos, mode=mode) as client:
-        result = await client.call_tool(
-            "alpha__sleep", {"seconds": 0.3, "steps": 3}, progress_callback=on_progress
-        )
+        result = await client.call_tool("alpha__sleep", {"seconds": 0.3, "steps": 3}, progress_callback=on_progress)
     assert text_of(result) == "slept 0.3"
     assert seen == [(1, 3, "step 1"), (2, 3, "step 2"), (3, 3, "step 3")]
 

@@ -1,0 +1,70 @@
+"""The catalog: every page of every upstream, filtered by globs, refreshed on list_changed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import pytest
+
+from mcpmux.config import config_from_dict
+from mcpmux.mux import Mux
+from tests.e2e.conftest import PY, ROOT, demo, mux_over_stdio, text_of, write_config
+
+pytestmark = pytest.mark.anyio
+PAGED = {"command": PY, "args": [str(ROOT / "tests" / "servers" / "paged_server.py")]}
+
+
+async def test_pagination_on_both_sides(tmp_path: Path) -> None:
+    config = write_config(tmp_path / "c.json", {"paged": PAGED, "alpha": demo("alpha")}, page_size=25)
+    async with mux_over_stdio(config, mode="legacy") as client:
+        names: list[str] = []
+        cursor: str | None = None
+        pages = 0
+        while True:
+            page = await client.list_tools(cursor=cursor)
+            names += [tool.name for tool in page.tools]
+            pages += 1
+            cursor = page.next_cursor
+            if cursor is None:
+                break
+        assert pages == 6  # 130 tools in pages of 25
+        assert len(names) == len(set(names)) == 120 + 10
+        assert names[:3] == ["paged__tool_000", "paged__tool_001", "paged__tool_002"]
+        assert "paged__tool_119" in names
+        assert text_of(await client.call_tool("paged__tool_119", {})) == "tool_119"
+
+
+async def test_allow_and_deny_globs_filter_tools() -> None:
+    servers = {"alpha": {**demo("alpha"), "allow_tools": ["e*", "a*", "c*"], "deny_tools": ["crash", "add_*"]}}
+    async with Mux(config_from_dict({"servers": servers})) as mux:
+        assert sorted(tool.name for tool in mux.list_tools()) == ["alpha__add", "alpha__count", "alpha__echo"]
+        denied = mux.catalog.resolve_tool
+        with pytest.raises(Exception, match="unknown tool 'alpha__crash'"):
+            denied("alpha__crash")
+
+
+async def test_no_prefix_for_a_single_upstream_when_asked() -> None:
+    config = config_from_dict({"servers": {"alpha": demo("alpha")}, "mux": {"prefix_single": False}})
+    async with Mux(config) as mux:
+        assert "echo" in {tool.name for tool in mux.list_tools()}
+        assert text_of(await mux.call_tool("echo", {"text": "bare"})) == "alpha: bare"
+
+
+@pytest.mark.parametrize("protocol", ["auto", "legacy"])
+async def test_list_changed_refreshes_only_that_upstream(protocol: str) -> None:
+    servers = {"alpha": {**demo("alpha"), "protocol": protocol}, "beta": demo("beta")}
+    async with Mux(config_from_dict({"servers": servers})) as mux:
+        changed = anyio.Event()
+
+        async def on_change() -> None:
+            changed.set()
+
+        mux.on_catalog_changed(on_change)
+        await mux.call_tool("alpha__add_tool", {"name": "fresh"})
+        with anyio.fail_after(10):
+            while "alpha__fresh" not in {tool.name for tool in mux.list_tools()}:
+                await changed.wait()
+                changed = anyio.Event()
+        assert text_of(await mux.call_tool("alpha__fresh", {})) == "fresh works"
+        assert "beta__fresh" not in {tool.name for tool in mux.list_tools()}

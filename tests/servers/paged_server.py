@@ -1,0 +1,38 @@
+"""A low-level SDK server that lists 120 tools in pages of 50 (the catalog must walk every page)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import mcp_types as types
+from mcp.server.lowlevel.server import Server
+from mcp.server.stdio import stdio_server
+
+PAGE = 50
+TOOLS = [
+    types.Tool(name=f"tool_{index:03d}", description=f"tool number {index}", input_schema={"type": "object"})
+    for index in range(120)
+]
+
+
+async def list_tools(ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
+    start = int(params.cursor) if params is not None and params.cursor else 0
+    end = start + PAGE
+    return types.ListToolsResult(tools=TOOLS[start:end], next_cursor=str(end) if end < len(TOOLS) else None)
+
+
+async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+    return types.CallToolResult(content=[types.TextContent(type="text", text=params.name)])
+
+
+server = Server("paged", on_list_tools=list_tools, on_call_tool=call_tool)
+
+
+async def main() -> None:
+    async with stdio_server() as (read_stream, write_stream):
+        await server.run(read_stream, write_stream, server.create_initialization_options())
+
+
+if __name__ == "__main__":
+    anyio.run(main)

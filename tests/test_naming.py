@@ -28,7 +28,8 @@ def test_long_and_colliding_names_get_a_stable_hash_suffix() -> None:
     first = public_name("s", "a b", "__", True, set())
     second = public_name("s", "a/b", "__", True, {first})
     assert first == "s__a_b"
-    assert second.startswith("s__a_b-") and second != first
+    assert second.startswith("s__a_b-")
+    assert second != first
 
 
 @given(

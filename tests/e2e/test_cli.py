@@ -51,19 +51,22 @@ def _gone(pid: int, timeout: float = 10.0) -> bool:
 def test_version_and_help() -> None:
     assert run("--version").stdout.startswith("mcpmux ")
     help_text = run("--help").stdout
-    assert "examples:" in help_text and "mcpmux serve -- npx" in help_text
+    assert "examples:" in help_text
+    assert "mcpmux serve -- npx" in help_text
 
 
 def test_check_prints_resolved_upstreams_and_rejects_bad_files(tmp_path: Path) -> None:
     good = write_config(tmp_path / "good.json", {"alpha": demo("alpha"), "web": {"url": "http://127.0.0.1:1/mcp"}})
     checked = run("check", "--config", str(good))
     assert checked.returncode == 0
-    assert "alpha: stdio" in checked.stdout and "web: http http://127.0.0.1:1/mcp" in checked.stdout
+    assert "alpha: stdio" in checked.stdout
+    assert "web: http http://127.0.0.1:1/mcp" in checked.stdout
     bad = tmp_path / "bad.toml"
     bad.write_text('[servers.x]\ncommand = "a"\nargz = []\n')
     rejected = run("check", "--config", str(bad))
     assert rejected.returncode == 2
-    assert f"{bad}: invalid configuration" in rejected.stderr and "servers.x.argz: unknown key" in rejected.stderr
+    assert f"{bad}: invalid configuration" in rejected.stderr
+    assert "servers.x.argz: unknown key" in rejected.stderr
     assert run("tools", "--config", str(tmp_path / "nope.toml")).stderr.strip().endswith("no such file")
 
 
@@ -71,13 +74,15 @@ def test_tools_and_call(tmp_path: Path) -> None:
     config = write_config(tmp_path / "c.json", {"alpha": demo("alpha"), "ghost": {"command": "no-such-binary-here"}})
     listed = run("tools", "--config", str(config))
     assert "# alpha: ready, stdio, 2026-07-28" in listed.stdout
-    assert "# ghost: down" in listed.stdout and "cannot run command" in listed.stdout
+    assert "# ghost: down" in listed.stdout
+    assert "cannot run command" in listed.stdout
     assert "alpha__echo\tReturn the text unchanged." in listed.stdout
     called = run("call", "--config", str(config), "alpha__add", '{"a": 20, "b": 22}')
     assert called.returncode == 0
     assert json.loads(called.stdout)["content"][0]["text"] == "42"
     bad_args = run("call", "--config", str(config), "alpha__add", "{not json")
-    assert bad_args.returncode == 2 and "arguments are not valid JSON" in bad_args.stderr
+    assert bad_args.returncode == 2
+    assert "arguments are not valid JSON" in bad_args.stderr
 
 
 @pytest.mark.anyio
@@ -112,7 +117,8 @@ async def test_sigterm_ends_the_http_server_and_its_children(tmp_path: Path) -> 
     process.send_signal(signal.SIGTERM)
     _, stderr = process.communicate(timeout=20)
     assert process.returncode == 0
-    assert f"http://127.0.0.1:{port}/mcp" in stderr and '"mcpServers"' in stderr
+    assert f"http://127.0.0.1:{port}/mcp" in stderr
+    assert '"mcpServers"' in stderr
     assert _gone(pid)
 
 

@@ -28,7 +28,7 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    return not Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
+    return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
 
 
 async def _wait_ready(mux: Mux, name: str, timeout: float = 20) -> None:

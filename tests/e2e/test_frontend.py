@@ -93,10 +93,10 @@ async def test_many_concurrent_calls_over_http_each_get_their_own_answer(tmp_pat
             answers: dict[tuple[int, int], str] = {}
 
             async def one_client(client_id: int) -> None:
-                async with Client(url, mode="legacy" if client_id % 2 else "auto") as client:
-                    async with anyio.create_task_group() as calls:
-                        for call_id in range(50):
-                            calls.start_soon(one_call, client, client_id, call_id)
+                mode = "legacy" if client_id % 2 else "auto"
+                async with Client(url, mode=mode) as client, anyio.create_task_group() as calls:
+                    for call_id in range(50):
+                        calls.start_soon(one_call, client, client_id, call_id)
 
             async def one_call(client: Client, client_id: int, call_id: int) -> None:
                 server = ("alpha", "beta", "gamma")[call_id % 3]

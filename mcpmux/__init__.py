@@ -1,3 +1,57 @@
-"""mcpmux: one MCP server in front of many."""
+"""mcpmux: one MCP server in front of many.
 
-__version__ = "0.1.0"
+The multiplexer API imports quickly; the inference engine (torch, transformers) loads on first use:
+
+    from mcpmux import Mux, load_config
+    from mcpmux import Engine, EngineConfig, SamplingParams   # imports torch
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"  # before the imports below: modules they load read it
+
+from mcpmux.config import Config, load_config
+from mcpmux.errors import (
+    ConfigError,
+    MuxError,
+    UnknownToolError,
+    UpstreamError,
+    UpstreamTimeoutError,
+    UpstreamUnavailableError,
+)
+from mcpmux.mux import Mux
+
+if TYPE_CHECKING:
+    from mcpmux.inference.config import EngineConfig, SamplingParams
+    from mcpmux.inference.engine import Engine
+
+__all__ = [
+    "Config",
+    "ConfigError",
+    "Engine",
+    "EngineConfig",
+    "Mux",
+    "MuxError",
+    "SamplingParams",
+    "UnknownToolError",
+    "UpstreamError",
+    "UpstreamTimeoutError",
+    "UpstreamUnavailableError",
+    "load_config",
+]
+
+_LAZY = {
+    "Engine": "mcpmux.inference.engine",
+    "EngineConfig": "mcpmux.inference.config",
+    "SamplingParams": "mcpmux.inference.config",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'mcpmux' has no attribute {name!r}")

@@ -209,7 +209,7 @@ class DynamicBatcher(Generic[T, R]):
 
     def _decide(self, n: int, oldest_wait: float, now: float) -> FlushDecision:
         if self.policy.mode == "adaptive":
-            return decide_adaptive(n, oldest_wait, self.policy, self._cost, self._recent, now)
+            return decide_adaptive(n, oldest_wait, self.policy, self._cost, self._recent, now, self._free_slots)
         return decide_fixed(n, oldest_wait, self.policy)
 
     async def _run_batch(self, jobs: list[_Job[T, R]]) -> None:

@@ -110,20 +110,34 @@ def decide_fixed(n: int, oldest_wait: float, policy: BatchPolicy) -> FlushDecisi
 
 
 def decide_adaptive(
-    n: int, oldest_wait: float, policy: BatchPolicy, cost: CostModel, recent: RecentArrivals, now: float
+    n: int,
+    oldest_wait: float,
+    policy: BatchPolicy,
+    cost: CostModel,
+    recent: RecentArrivals,
+    now: float,
+    free_slots: int = 1,
 ) -> FlushDecision:
-    """Wait only while waiting pays, within `max_delay` and `max_latency` (see `BatchPolicy`).
+    """Spread work over free batch slots; on the last free slot, wait only while waiting pays.
 
-    Over a short wait `dt` at arrival rate `r`, the `n` queued items each lose `dt` (cost
-    ``n*dt``), while the ``r*dt`` items expected to arrive join this batch instead of paying a
-    fixed cost `b` of their own (gain ``r*dt*b``). So waiting pays while ``n < r*b``, and ``r*b``
-    is measured directly as the number of arrivals during the last `b` seconds (`recent`, whose
-    horizon the batcher keeps equal to `b`). With no batch
-    observed yet there is no `b` to save, so the first batch goes at once.
+    Waiting saves upstream time (arrivals share one fixed cost `b`), which is worth something
+    only when upstream time is scarce: while more than one batch slot is free, the waiting items
+    go at once, split evenly over the free slots (with ``a > 0`` smaller batches finish sooner,
+    and an idle slot adds nothing). On the last free slot: over a short wait `dt` at arrival rate
+    `r`, the `n` queued items each lose `dt` (cost ``n*dt``), while the ``r*dt`` items expected
+    to arrive join this batch instead of paying a fixed cost `b` of their own (gain ``r*dt*b``).
+    So waiting pays while ``n < r*b``; ``r*b`` is measured as the number of arrivals during the
+    last `b` seconds (`recent`, whose horizon the batcher keeps equal to `b`). Waiting never goes
+    past `max_delay` for the oldest item, nor past the point where its wait plus the predicted
+    batch cost would exceed `max_latency`. Before any batch is observed there is no `b` to save,
+    so the first batch goes at once.
     """
+    share = min(policy.max_batch_size, -(-n // max(1, free_slots)))
+    if share < n and free_slots > 1:
+        return FlushDecision(share)
     if n >= policy.max_batch_size:
         return FlushDecision(policy.max_batch_size)
-    if not cost.fitted or oldest_wait >= policy.max_delay:
+    if not cost.fitted or free_slots > 1 or oldest_wait >= policy.max_delay:
         return FlushDecision(n)
     latency_left = policy.max_latency - oldest_wait - cost.predict(n + 1)
     if latency_left <= 0 or n >= recent.count(now):

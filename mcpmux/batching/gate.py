@@ -66,8 +66,9 @@ class AdmissionGate:
 
     async def acquire(self, *, priority: int = 0, deadline: float | None = None) -> None:
         """Wait for admission; raises `QueueFullError` or `DeadlineExceededError` (both counted)."""
-        deadline = self.policy.queue.resolve_deadline(deadline, anyio.current_time())
-        if len(self._queue) == 0 and self._admit_one(anyio.current_time()):
+        asked_at = anyio.current_time()
+        deadline = self.policy.queue.resolve_deadline(deadline, asked_at)
+        if len(self._queue) == 0 and self._admit_one(asked_at):
             return
         try:
             entry = await self._queue.put(_Waiter(), priority=priority, deadline=deadline)
@@ -76,7 +77,7 @@ class AdmissionGate:
             raise
         waiter = entry.value
         try:
-            await self._wait_admitted(entry, deadline)
+            await self._wait_admitted(entry, deadline, asked_at)
         except BaseException:
             if waiter.granted:
                 self.release()
@@ -102,7 +103,7 @@ class AdmissionGate:
             rejections=dict(self._rejections),
         )
 
-    async def _wait_admitted(self, entry: QueueEntry[_Waiter], deadline: float | None) -> None:
+    async def _wait_admitted(self, entry: QueueEntry[_Waiter], deadline: float | None, asked_at: float) -> None:
         waiter = entry.value
         while True:
             self._admit_waiters(caller=waiter)
@@ -111,7 +112,7 @@ class AdmissionGate:
             now = anyio.current_time()
             if deadline is not None and now >= deadline:
                 self._rejections[DeadlineExceededError.reason] += 1
-                raise DeadlineExceededError(self.name, deadline - entry.enqueued_at, "waiting for admission")
+                raise DeadlineExceededError(self.name, deadline - asked_at, "waiting for admission")
             # Only the head of the line keeps the token timer; the others sleep until nudged.
             wake_at = self._next_token_at(now) if self._queue.peek(now) is entry else None
             until = min(t for t in (wake_at, deadline, float("inf")) if t is not None)

@@ -121,3 +121,13 @@ async def test_adaptive_batcher_does_not_hold_a_lone_caller_back() -> None:
     _, adaptive_latency = await run_load(adaptive, clients=1, per_client=6)
     assert fixed_latency > 0.055  # 40 ms window + 21 ms call
     assert adaptive_latency < fixed_latency - 0.025
+
+
+def test_adaptive_rule_spreads_over_free_slots_and_waits_only_on_the_last_one() -> None:
+    policy = BatchPolicy(mode="adaptive", max_batch_size=32, max_delay=0.05, max_concurrent_batches=4)
+    busy = arrivals(40, 0.02, 10.0)
+    assert decide_adaptive(64, 0.0, policy, fitted(0.001, 0.02), busy, now=10.0, free_slots=4).take == 16
+    assert decide_adaptive(10, 0.0, policy, fitted(0.001, 0.02), busy, now=10.0, free_slots=3).take == 4
+    # Spare slots: nothing is saved by waiting, so even one item goes at once.
+    assert decide_adaptive(1, 0.0, policy, fitted(0.001, 0.02), busy, now=10.0, free_slots=2).take == 1
+    assert decide_adaptive(1, 0.0, policy, fitted(0.001, 0.02), busy, now=10.0, free_slots=1).take == 0

@@ -48,7 +48,7 @@ class Catalog:
     _resource_routes: dict[str, str] = field(default_factory=dict)
     _template_routes: list[tuple[re.Pattern[str], str]] = field(default_factory=list)
 
-    def rebuild(self, sources: Iterable[ListingSource], local_tools: Iterable[types.Tool] = ()) -> None:
+    def rebuild(self, sources: Iterable[ListingSource], local_names: Iterable[str] = ()) -> None:
         """Recompute the whole view; local tools (mcpmux's own) keep their names and win collisions."""
         sources = list(sources)
         prefix = self.prefix_single or len(sources) > 1
@@ -56,7 +56,7 @@ class Catalog:
         self.prompts, self._prompt_routes = [], {}
         self.resources, self._resource_routes = [], {}
         self.resource_templates, self._template_routes = [], []
-        taken = {tool.name for tool in local_tools}
+        taken = set(local_names)
         for source in sources:
             for tool in source.listing.tools:
                 if not source.allows_tool(tool.name):

@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from mcpmux.config_policy import BatchForm, CacheSettings, LimitSettings
 from mcpmux.errors import ConfigError
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -49,6 +50,10 @@ class ServerConfig(_Model):
     """Per-call timeout in seconds; None takes `[mux] call_timeout`."""
     protocol: Literal["auto", "legacy"] = "auto"
     """`auto` probes for 2026-07-28 and falls back; `legacy` forces the 2025 initialize handshake."""
+    limits: LimitSettings = Field(default_factory=LimitSettings)
+    priorities: dict[str, int] = Field(default_factory=dict)
+    cache: CacheSettings = Field(default_factory=CacheSettings)
+    batch: list[BatchForm] = Field(default_factory=list)
 
     @model_validator(mode="before")
     @classmethod
@@ -94,6 +99,8 @@ class MuxSettings(_Model):
     """How long `Mux` waits for an upstream's first connection before serving without it."""
     restart_initial_backoff: float = Field(default=0.5, gt=0)
     restart_max_backoff: float = Field(default=30.0, gt=0)
+    cache_max_entries: int = Field(default=4096, ge=1)
+    """Size of the result cache shared by all upstreams (LRU beyond it)."""
     page_size: int = Field(default=500, ge=1)
     """Items per page in the lists mcpmux serves (tools, prompts, resources, templates)."""
     env_passthrough: Literal["all", "minimal"] | list[str] = "all"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import socket
+import uuid
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -86,6 +87,7 @@ class Frontend:
         self.page_size = mux.config.mux.page_size
         self.bus = InMemorySubscriptionBus()
         self._connections: weakref.WeakSet[Connection] = weakref.WeakSet()
+        self._client_ids: weakref.WeakKeyDictionary[Connection, str] = weakref.WeakKeyDictionary()
         # Per upstream, the requests in flight on it (and their ids): where that upstream's logs belong.
         self._callers: dict[str, weakref.WeakKeyDictionary[ServerSession, types.RequestId]] = {}
         self.server = _MuxServer(
@@ -145,8 +147,10 @@ class Frontend:
             raise _as_mcp_error(err) from None
         callers = self._callers.setdefault(upstream, weakref.WeakKeyDictionary())
         callers[session] = ctx.request_id
+        connection = session._connection
+        client = self._client_ids.setdefault(connection, uuid.uuid4().hex)
         try:
-            return await self.mux.call_tool(params.name, params.arguments, progress=relay_progress)
+            return await self.mux.call_tool(params.name, params.arguments, progress=relay_progress, client=client)
         except MuxError as err:
             raise _as_mcp_error(err) from None
         finally:

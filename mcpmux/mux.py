@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -20,14 +22,26 @@ import anyio
 import mcp_types as types
 from anyio.abc import TaskGroup
 
+from mcpmux.batching import CachePolicy, ResultCache
 from mcpmux.catalog import Catalog
 from mcpmux.config import Config, load_config
+from mcpmux.dispatch import UpstreamDispatcher
 from mcpmux.errors import MuxError, UpstreamTimeoutError, UpstreamUnavailableError
 from mcpmux.upstream import ProgressFn, Upstream, UpstreamEvents, UpstreamStatus
 
 logger = logging.getLogger(__name__)
 
 ChangeListener = Callable[[], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class LocalTool:
+    """A tool mcpmux implements itself; `handler(arguments, progress)` answers it."""
+
+    tool: types.Tool
+    handler: Callable[[dict[str, Any], ProgressFn | None], Awaitable[types.CallToolResult]]
+
+
 LogListener = Callable[[str, types.LoggingMessageNotificationParams], Awaitable[None]]
 
 
@@ -41,8 +55,14 @@ class Mux:
         self.upstreams = {
             name: Upstream(name, server, config.mux, events) for name, server in config.enabled_servers.items()
         }
+        self.cache: ResultCache[types.CallToolResult] = ResultCache(
+            CachePolicy(max_entries=config.mux.cache_max_entries), name="tool results"
+        )
+        self.dispatchers = {name: UpstreamDispatcher(upstream, self.cache) for name, upstream in self.upstreams.items()}
+        self.local_tools: dict[str, LocalTool] = {}
         self._change_listeners: list[ChangeListener] = []
         self._log_listeners: list[LogListener] = []
+        self._stack = AsyncExitStack()
         self._tasks: TaskGroup | None = None
 
     @classmethod
@@ -51,6 +71,9 @@ class Mux:
         return cls(config if isinstance(config, Config) else load_config(config))
 
     async def __aenter__(self) -> Mux:
+        await self._stack.__aenter__()
+        for dispatcher in self.dispatchers.values():
+            await dispatcher.start(self._stack)
         self._tasks = anyio.create_task_group()
         await self._tasks.__aenter__()
         for upstream in self.upstreams.values():
@@ -65,7 +88,11 @@ class Mux:
     ) -> bool | None:
         assert self._tasks is not None, "Mux was not entered"
         self._tasks.cancel_scope.cancel()
-        return await self._tasks.__aexit__(exc_type, exc, tb)
+        try:
+            await self._tasks.__aexit__(exc_type, exc, tb)
+        finally:
+            await self._stack.__aexit__(None, None, None)
+        return None
 
     # -- listeners -------------------------------------------------------------------------------
 
@@ -77,8 +104,15 @@ class Mux:
         """Call `listener(upstream, params)` for every log message an upstream sends."""
         self._log_listeners.append(listener)
 
+    def add_local_tool(self, local: LocalTool) -> None:
+        """Serve a tool implemented in this process (meta-tools, local inference) under its own name."""
+        self.local_tools[local.tool.name] = local
+        self.catalog.rebuild(self.upstreams.values(), self.local_tools)
+
     async def _on_listing_changed(self, upstream: str) -> None:
-        self.catalog.rebuild(self.upstreams.values())
+        # A new listing means new tools or a restarted server: results cached before may be stale.
+        self.dispatchers[upstream].invalidate()
+        self.catalog.rebuild(self.upstreams.values(), self.local_tools)
         for listener in list(self._change_listeners):
             await listener()
 
@@ -90,7 +124,7 @@ class Mux:
     # -- catalog ---------------------------------------------------------------------------------
 
     def list_tools(self) -> list[types.Tool]:
-        return list(self.catalog.tools)
+        return [local.tool for local in self.local_tools.values()] + self.catalog.tools
 
     def list_prompts(self) -> list[types.Prompt]:
         return list(self.catalog.prompts)
@@ -108,24 +142,28 @@ class Mux:
     # -- routing ---------------------------------------------------------------------------------
 
     async def call_tool(
-        self, name: str, arguments: dict[str, Any] | None = None, *, progress: ProgressFn | None = None
+        self,
+        name: str,
+        arguments: dict[str, Any] | None = None,
+        *,
+        progress: ProgressFn | None = None,
+        client: str | None = None,
     ) -> types.CallToolResult:
-        """Call a tool by its public name.
+        """Call a tool by its public name, through the upstream's queue, cache, coalescing and batching.
 
         Upstream `isError` results and JSON-RPC errors (`UpstreamError`) come back unchanged. An
-        unavailable or timed-out upstream gives an `isError` result whose text says what happened,
-        so a model sees it and can carry on; an unknown name raises `UnknownToolError`.
+        unavailable or timed-out upstream, or a call refused by a limit, gives an `isError` result whose
+        text says what happened, so a model sees it and can carry on; an unknown name raises
+        `UnknownToolError`. `client` identifies the caller for per-client cache scopes.
         """
+        local = self.local_tools.get(name)
+        if local is not None:
+            return await local.handler(arguments or {}, progress)
         route = self.catalog.resolve_tool(name)
-        upstream = self.upstreams[route.upstream]
         try:
-            result: types.CallToolResult = await upstream.request(
-                f"tool {route.name!r}",
-                lambda client: client.call_tool(route.name, arguments or {}, progress_callback=progress),
-            )
+            return await self.dispatchers[route.upstream].call_tool(route.name, arguments or {}, progress, client)
         except (UpstreamUnavailableError, UpstreamTimeoutError) as err:
             return types.CallToolResult(content=[types.TextContent(type="text", text=str(err))], is_error=True)
-        return result
 
     async def read_resource(self, uri: str) -> types.ReadResourceResult:
         upstream = self.upstreams[self.catalog.resolve_resource(uri)]

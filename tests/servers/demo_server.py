@@ -14,6 +14,7 @@ import sys
 
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
+from mcp_types import ToolAnnotations
 
 NAME = sys.argv[1] if len(sys.argv) > 1 else "demo"
 server = MCPServer(NAME)
@@ -46,6 +47,30 @@ async def sleep(seconds: float, ctx: Context, steps: int = 1) -> str:
         calls["sleep_cancelled"] += 1
         raise
     return f"slept {seconds}"
+
+
+@server.tool(annotations=ToolAnnotations(read_only_hint=True))
+async def lookup(key: str) -> str:
+    """A slow read-only lookup (mcpmux may cache and coalesce it)."""
+    calls["lookup"] += 1
+    await anyio.sleep(0.2)
+    return f"value of {key}"
+
+
+@server.tool()
+def get_weather(location: str) -> str:
+    """The weather at one location."""
+    calls["get_weather"] += 1
+    return f"sunny in {location}"
+
+
+@server.tool()
+async def get_weather_many(locations: list[str]) -> list[str]:
+    """The weather at many locations, in order (the list form of get_weather)."""
+    calls["get_weather_many"] += 1
+    calls["get_weather_many_items"] += len(locations)
+    await anyio.sleep(0.05)
+    return [f"sunny in {location}" for location in locations]
 
 
 @server.tool()

@@ -1,0 +1,83 @@
+"""Per-upstream scheduling settings in `mcpmux.toml`: limits, priorities, caching, list-form batching.
+
+```toml
+[servers.weather.limits]        # calls beyond these wait in a priority queue (see README, Scheduling)
+max_concurrency = 16            # calls in flight on the upstream at once
+rate = 20.0                     # calls per second (token bucket); 0 = no rate limit
+burst = 5                       # calls allowed back to back after an idle period
+max_queue = 256                 # calls waiting at once; beyond it `on_full` applies
+on_full = "reject"              # "reject": fail at once, naming the limit; "delay": wait for room
+queue_timeout = 30.0            # seconds a call may wait for its turn before it fails
+aging_interval = 1.0            # seconds of waiting worth one priority level (nothing starves)
+
+[servers.weather.priorities]    # tool glob -> priority (higher runs first); first match wins
+"get_*" = 5
+
+[servers.weather.cache]
+allow = ["get_*"]               # cache these even without readOnlyHint
+deny = ["get_secret*"]          # never cache these (wins over allow and annotations)
+ttl = 30.0                      # seconds a cached result lives
+scope = "shared"                # "client": each client has its own entries (private data)
+
+[[servers.weather.batch]]       # concurrent get_weather calls become one get_weather_many call
+tool = "get_weather"
+batch_tool = "get_weather_many"
+argument = "location"           # the single form's argument that varies ...
+list_argument = "locations"     # ... passed in order as this list to the batch form
+```
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LimitSettings(_Model):
+    max_concurrency: int | None = Field(default=32, ge=1)
+    rate: float = Field(default=0.0, ge=0)
+    burst: int = Field(default=1, ge=1)
+    max_queue: int = Field(default=1024, ge=1)
+    on_full: Literal["reject", "delay"] = "reject"
+    queue_timeout: float | None = Field(default=None, gt=0)
+    """None: a call waits for its turn as long as its call timeout allows."""
+    aging_interval: float = Field(default=1.0, gt=0)
+
+
+class CacheSettings(_Model):
+    enabled: bool = True
+    allow: list[str] = Field(default_factory=list)
+    deny: list[str] = Field(default_factory=list)
+    ttl: float = Field(default=30.0, gt=0)
+    scope: Literal["shared", "client"] = "shared"
+
+    def cacheable(self, tool: str, read_only: bool | None, destructive: bool | None) -> bool:
+        """Deny globs win; then allow globs; then the annotations (readOnlyHint and not destructive)."""
+        if not self.enabled or any(fnmatch.fnmatchcase(tool, glob) for glob in self.deny):
+            return False
+        if any(fnmatch.fnmatchcase(tool, glob) for glob in self.allow):
+            return True
+        return bool(read_only) and destructive is not True
+
+
+class BatchForm(_Model):
+    tool: str
+    batch_tool: str
+    argument: str
+    list_argument: str
+    result_key: str = "result"
+    """The batch form answers with structuredContent[result_key] as a list (else one content block per item)."""
+    max_batch_size: int = Field(default=32, ge=1)
+    max_delay: float = Field(default=0.01, ge=0)
+    mode: Literal["fixed", "adaptive"] = "adaptive"
+
+
+def priority_for(priorities: dict[str, int], tool: str) -> int:
+    """The priority of the first glob matching `tool`, in file order; 0 when none does."""
+    return next((value for glob, value in priorities.items() if fnmatch.fnmatchcase(tool, glob)), 0)

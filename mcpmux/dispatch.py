@@ -1,0 +1,185 @@
+"""The road every tool call to one upstream takes:
+
+    result cache ▶ single-flight (coalescing) ▶ list-form batcher ▶ admission gate ▶ upstream session
+
+- A call is *cacheable* when the server's `[cache]` settings say so (`CacheSettings.cacheable`: deny
+  globs, allow globs, then `readOnlyHint` and not `destructiveHint`). Cacheable calls are served from
+  the cache while fresh and coalesced while in flight: identical concurrent calls (same tool, same
+  canonical JSON arguments, same cache scope) share one upstream call. Error results are never cached.
+- A call to a tool with a declared list form (`[[servers.X.batch]]`) joins a `DynamicBatcher`;
+  concurrent calls that differ only in the varying argument become one call of the batch tool, and
+  its answer is split back by index, each caller receiving its own item.
+- Every upstream request passes the upstream's `AdmissionGate` (max_concurrency, rate), waiting in a
+  priority queue with aging; a full queue or a call that waited past `queue_timeout` is answered
+  with an error naming the limit.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from contextlib import AsyncExitStack
+from typing import Any
+
+import mcp_types as types
+
+from mcpmux.batching import (
+    AdmissionGate,
+    BatchPolicy,
+    DynamicBatcher,
+    GatePolicy,
+    QueuePolicy,
+    RejectedError,
+    ResultCache,
+    SingleFlight,
+    canonical_json,
+    deadline_in,
+)
+from mcpmux.config_policy import BatchForm, priority_for
+from mcpmux.upstream import ProgressFn, Upstream
+
+BatchItem = tuple[str, dict[str, Any], Any]  # (key of the other arguments, the other arguments, the varying value)
+
+
+class UpstreamDispatcher:
+    """Schedules, coalesces, caches and batches the calls to one upstream."""
+
+    def __init__(self, upstream: Upstream, cache: ResultCache[types.CallToolResult]) -> None:
+        self.upstream = upstream
+        self.cache = cache
+        settings = upstream.config.limits
+        queue = QueuePolicy(
+            max_queue=settings.max_queue, on_full=settings.on_full, aging_interval=settings.aging_interval
+        )
+        self.gate = AdmissionGate(
+            GatePolicy(
+                max_concurrency=settings.max_concurrency,
+                rate=settings.rate or None,
+                burst=settings.burst,
+                queue=queue,
+            ),
+            name=f"upstream {upstream.name}",
+        )
+        self.single_flight: SingleFlight[tuple[str | None, str, str], types.CallToolResult] = SingleFlight(
+            name=f"coalescing for {upstream.name!r}"
+        )
+        self.batchers: dict[str, tuple[BatchForm, DynamicBatcher[BatchItem, types.CallToolResult]]] = {}
+        for form in upstream.config.batch:
+            policy = BatchPolicy(
+                max_batch_size=form.max_batch_size, max_delay=form.max_delay, mode=form.mode, max_concurrent_batches=4
+            )
+            batcher = DynamicBatcher(self._batch_caller(form), policy, name=f"{upstream.name}/{form.batch_tool}")
+            self.batchers[form.tool] = (form, batcher)
+
+    async def start(self, stack: AsyncExitStack) -> None:
+        """Enter the parts that own tasks; they end when `stack` closes."""
+        await stack.enter_async_context(self.single_flight)
+        for _form, batcher in self.batchers.values():
+            await stack.enter_async_context(batcher)
+
+    async def call_tool(
+        self, tool: str, arguments: dict[str, Any], progress: ProgressFn | None, client: str | None
+    ) -> types.CallToolResult:
+        """Call `tool` (its upstream name) through cache, coalescing, batching and the gate."""
+        try:
+            if not self._cacheable(tool):
+                return await self._send(tool, arguments, progress)
+            settings = self.upstream.config.cache
+            scope = client if settings.scope == "client" else None
+            key = (self.upstream.name, tool, canonical_json(arguments))
+            cached = self.cache.get(key, scope=scope)
+            if cached is not None:
+                return cached
+            result = await self.single_flight.call((scope, tool, key[2]), lambda: self._send(tool, arguments, progress))
+            if not result.is_error:
+                self.cache.put(key, result, scope=scope, ttl=settings.ttl, tags=(self.upstream.name,))
+            return result
+        except RejectedError as err:
+            return types.CallToolResult(content=[types.TextContent(type="text", text=str(err))], is_error=True)
+
+    def invalidate(self) -> None:
+        """Forget every cached result of this upstream (its tools changed, or it restarted)."""
+        self.cache.invalidate_tag(self.upstream.name)
+
+    def _cacheable(self, tool: str) -> bool:
+        listed = next((t for t in self.upstream.listing.tools if t.name == tool), None)
+        annotations = listed.annotations if listed is not None else None
+        return self.upstream.config.cache.cacheable(
+            tool,
+            annotations.read_only_hint if annotations is not None else None,
+            annotations.destructive_hint if annotations is not None else None,
+        )
+
+    async def _send(self, tool: str, arguments: dict[str, Any], progress: ProgressFn | None) -> types.CallToolResult:
+        batch = self.batchers.get(tool)
+        if batch is not None and batch[0].argument in arguments:
+            form, batcher = batch
+            others = {k: v for k, v in arguments.items() if k != form.argument}
+            item = (canonical_json(others), others, arguments[form.argument])
+            return await batcher.submit(item, priority=self._priority(tool), deadline=self._queue_deadline())
+        return await self._gated(tool, arguments, progress)
+
+    async def _gated(self, tool: str, arguments: dict[str, Any], progress: ProgressFn | None) -> types.CallToolResult:
+        async with self.gate.slot(priority=self._priority(tool), deadline=self._queue_deadline()):
+            result: types.CallToolResult = await self.upstream.request(
+                f"tool {tool!r}", lambda client: client.call_tool(tool, arguments, progress_callback=progress)
+            )
+            return result
+
+    def _priority(self, tool: str) -> int:
+        return priority_for(self.upstream.config.priorities, tool)
+
+    def _queue_deadline(self) -> float:
+        limit = self.upstream.config.limits.queue_timeout
+        return deadline_in(limit if limit is not None else self.upstream.timeout)
+
+    def _batch_caller(self, form: BatchForm) -> Any:
+        async def call_batch(items: list[BatchItem]) -> list[types.CallToolResult | BaseException]:
+            groups: dict[str, list[int]] = {}
+            for index, (key, _others, _value) in enumerate(items):
+                groups.setdefault(key, []).append(index)
+            results: list[types.CallToolResult | BaseException] = [RuntimeError("unanswered")] * len(items)
+            for indices in groups.values():
+                arguments = {**items[indices[0]][1], form.list_argument: [items[i][2] for i in indices]}
+                try:
+                    merged = await self._gated(form.batch_tool, arguments, None)
+                    parts: Sequence[types.CallToolResult | BaseException] = split_batch_result(
+                        merged, len(indices), form
+                    )
+                except Exception as err:  # the whole group fails together, each caller hears why
+                    parts = [err] * len(indices)
+                for index, part in zip(indices, parts, strict=True):
+                    results[index] = part
+            return results
+
+        return call_batch
+
+
+def split_batch_result(merged: types.CallToolResult, count: int, form: BatchForm) -> list[types.CallToolResult]:
+    """One result per item: `structuredContent[result_key]` as a list, else one content block per item.
+
+    An error result, or one whose shape does not match `count` items, is given to every caller whole,
+    marked as an error that says what was expected.
+    """
+    if merged.is_error:
+        return [merged] * count
+    structured = merged.structured_content or {}
+    items = structured.get(form.result_key)
+    if isinstance(items, list) and len(items) == count:
+        return [
+            types.CallToolResult(
+                content=[types.TextContent(type="text", text=item if isinstance(item, str) else json.dumps(item))],
+                structured_content={"result": item},
+            )
+            for item in items
+        ]
+    if len(merged.content) == count:
+        return [types.CallToolResult(content=[block]) for block in merged.content]
+    problem = types.TextContent(
+        type="text",
+        text=(
+            f"{form.batch_tool} answered {count} items with neither structuredContent[{form.result_key!r}] as a "
+            f"list of {count} nor {count} content blocks; check the [[batch]] entry for {form.tool}"
+        ),
+    )
+    return [types.CallToolResult(content=[problem, *merged.content], is_error=True)] * count

@@ -213,8 +213,9 @@ class Engine:
                 outputs += self._core.abort_all()
             elif self._core.has_unfinished():
                 outputs += self._step(touched)
-            self._deliver(outputs, touched)
+            # Publish stats first: a caller that sees its request end then sees it counted.
             self._stats = self._core.stats()
+            self._deliver(outputs, touched)
             if stop:
                 return
 

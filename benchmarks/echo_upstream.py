@@ -1,17 +1,20 @@
-"""A minimal MCP server for the overhead benchmark: one `echo` tool, nothing else.
+"""A minimal MCP server for the overhead benchmark: an `echo` tool, and optionally K inert others.
 
-    python benchmarks/echo_upstream.py stdio
-    python benchmarks/echo_upstream.py http PORT
+    python benchmarks/echo_upstream.py stdio [--tools K]
+    python benchmarks/echo_upstream.py http PORT [--tools K]
 
 Written on the SDK's low-level `Server` so that the upstream's own cost per call is as small as the
-SDK allows (no schema validation of arguments, no structured output, no logging): what the benchmark
-then sees on top of a direct call is the multiplexer. Any extra arguments (the benchmark passes a run
-tag) are ignored; they only make this run's processes findable.
+SDK allows (no argument validation, no structured output, no logging), and with
+`get_tool_input_schema` set, so that a 2026-07-28 HTTP call does not run `tools/list` to check its
+`Mcp-Param` headers: what the benchmark then sees on top of a direct call is the multiplexer.
+`--tools K` adds K more tools (`tool_0` ...) with realistic schemas, to grow the catalog mcpmux
+aggregates without changing what `echo` costs here.
 """
 
 from __future__ import annotations
 
-import sys
+import argparse
+from collections.abc import Mapping
 from typing import Any
 
 import anyio
@@ -27,22 +30,40 @@ ECHO_TOOL = types.Tool(
 )
 
 
-async def _list_tools(ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
-    return types.ListToolsResult(tools=[ECHO_TOOL])
+def _inert_tool(index: int) -> types.Tool:
+    """A tool shaped like a real one (a few typed, described arguments); calling it is an error."""
+    properties = {
+        f"arg_{n}": {"type": kind, "description": f"argument {n} of tool {index}, a {kind}"}
+        for n, kind in enumerate(("string", "integer", "boolean", "string"))
+    }
+    return types.Tool(
+        name=f"tool_{index}",
+        description=f"Inert tool number {index}, listed only to make the catalog realistically large.",
+        input_schema={"type": "object", "properties": properties, "required": ["arg_0"]},
+    )
 
 
-async def _call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
-    if params.name != "echo":
-        return types.CallToolResult(
-            content=[types.TextContent(type="text", text=f"no tool {params.name!r}")], is_error=True
-        )
-    text = str((params.arguments or {}).get("text", ""))
-    return types.CallToolResult(content=[types.TextContent(type="text", text=text)])
+def build_server(extra_tools: int = 0) -> Server[Any]:
+    """The echo server: `tools/list` (echo + `extra_tools` inert tools) and `tools/call` (echo only)."""
+    tools = [ECHO_TOOL, *(_inert_tool(i) for i in range(extra_tools))]
+    schemas = {tool.name: tool.input_schema for tool in tools}
 
+    async def list_tools(ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=tools)
 
-def build_server() -> Server[Any]:
-    """The echo server: `tools/list` and `tools/call` only."""
-    return Server("echo", version="1.0", on_list_tools=_list_tools, on_call_tool=_call_tool)
+    async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+        if params.name != "echo":
+            text = f"tool {params.name!r} only pads the catalog; call 'echo'"
+            return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=True)
+        text = str((params.arguments or {}).get("text", ""))
+        return types.CallToolResult(content=[types.TextContent(type="text", text=text)])
+
+    def input_schema(name: str) -> Mapping[str, Any] | None:
+        return schemas.get(name)
+
+    return Server(
+        "echo", version="1.0", on_list_tools=list_tools, on_call_tool=call_tool, get_tool_input_schema=input_schema
+    )
 
 
 async def _serve_stdio(server: Server[Any]) -> None:
@@ -50,16 +71,21 @@ async def _serve_stdio(server: Server[Any]) -> None:
         await server.run(read_stream, write_stream, server.create_initialization_options(NotificationOptions()))
 
 
-def main(argv: list[str]) -> None:
-    server = build_server()
-    if len(argv) >= 2 and argv[0] == "http":
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="A minimal echo MCP server for benchmarks/mux_overhead.py")
+    parser.add_argument("transport", choices=["stdio", "http"])
+    parser.add_argument("port", type=int, nargs="?", default=0, help="loopback port (http only)")
+    parser.add_argument("--tools", type=int, default=0, help="inert tools to list besides echo")
+    args = parser.parse_args(argv)
+    server = build_server(args.tools)
+    if args.transport == "http":
+        if not args.port:
+            parser.error("http needs a PORT")
         app = server.streamable_http_app(streamable_http_path="/mcp", host="127.0.0.1")
-        uvicorn.run(app, host="127.0.0.1", port=int(argv[1]), log_level="warning")
-    elif not argv or argv[0] == "stdio":
-        anyio.run(_serve_stdio, server)
+        uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")
     else:
-        sys.exit(f"usage: echo_upstream.py stdio | http PORT (got {' '.join(argv)!r})")
+        anyio.run(_serve_stdio, server)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()

@@ -48,11 +48,12 @@ from mcp.client.stdio import StdioServerParameters
 HERE = Path(__file__).resolve().parent
 ECHO = str(HERE / "echo_upstream.py")
 RUN_ID = uuid.uuid4().hex[:12]
-TAG_ENV = {"MUXBENCH_RUN": RUN_ID}
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 CALL_TIMEOUT = 30.0  # a hung call must fail the run, not hang it
 CONCURRENCY = (1, 16, 64)
 FULL_CALLS = {1: 500, 16: 2000, 64: 2000}
 QUICK_CALLS = {1: 100, 16: 300, 64: 300}
+Routes = dict[str, tuple[Client, str]]  # route name ("direct" | "mux") -> (connected client, tool name)
 
 
 @dataclass(slots=True)
@@ -62,6 +63,8 @@ class PassResult:
     p50_ms: float
     p99_ms: float
     calls_per_s: float
+    cpu_ms_per_call: dict[str, float]
+    """CPU time per call by process role: `client` (this process), `mcpmux`, `upstream`."""
 
 
 @dataclass(slots=True)
@@ -71,14 +74,17 @@ class Summary:
     p50_ms: float
     p99_ms: float
     calls_per_s: float
+    cpu_ms_per_call: dict[str, float]
     passes: list[PassResult] = field(default_factory=list)
 
     @classmethod
     def of(cls, passes: list[PassResult]) -> Summary:
+        roles = passes[0].cpu_ms_per_call.keys()
         return cls(
             p50_ms=statistics.median(p.p50_ms for p in passes),
             p99_ms=statistics.median(p.p99_ms for p in passes),
             calls_per_s=statistics.median(p.calls_per_s for p in passes),
+            cpu_ms_per_call={role: statistics.median(p.cpu_ms_per_call[role] for p in passes) for role in roles},
             passes=passes,
         )
 
@@ -108,8 +114,11 @@ def _percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[min(rank, len(sorted_values)) - 1]
 
 
-async def timed_pass(client: Client, tool: str, concurrency: int, calls: int) -> PassResult:
-    """`calls` echo calls, `concurrency` in flight at a time; each answer is checked against its request."""
+async def timed_pass(client: Client, tool: str, route: str, concurrency: int, calls: int) -> PassResult:
+    """`calls` echo calls, `concurrency` in flight at a time; each answer is checked against its request.
+
+    `route` names the server processes behind `client` (see `_tag`), whose CPU time is counted too.
+    """
     latencies: list[float] = []
     remaining = iter(range(calls))
 
@@ -124,14 +133,21 @@ async def timed_pass(client: Client, tool: str, concurrency: int, calls: int) ->
             if result.is_error or answer != text:
                 raise RuntimeError(f"{tool}: asked to echo {text!r}, got {result.model_dump(exclude_none=True)}")
 
+    cpu_before, client_before = route_cpu(route), time.process_time()
     started = time.perf_counter()
     async with anyio.create_task_group() as tasks:
         for _ in range(concurrency):
             tasks.start_soon(caller)
     wall = time.perf_counter() - started
+    cpu_after, client_after = route_cpu(route), time.process_time()
+    cpu = {role: cpu_after[role] - cpu_before.get(role, 0.0) for role in cpu_after}
+    cpu["client"] = client_after - client_before
     latencies.sort()
     return PassResult(
-        p50_ms=1000 * _percentile(latencies, 50), p99_ms=1000 * _percentile(latencies, 99), calls_per_s=calls / wall
+        p50_ms=1000 * _percentile(latencies, 50),
+        p99_ms=1000 * _percentile(latencies, 99),
+        calls_per_s=calls / wall,
+        cpu_ms_per_call={role: 1000 * seconds / calls for role, seconds in sorted(cpu.items())},
     )
 
 
@@ -162,7 +178,7 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 
 
 @contextlib.contextmanager
-def http_server(command: list[str], port: int, log: Path) -> Iterator[str]:
+def http_server(command: list[str], port: int, route: str, log: Path) -> Iterator[str]:
     """Start an HTTP MCP server, wait until its port accepts connections, and stop it on exit."""
     with log.open("wb") as log_file:
         process = subprocess.Popen(
@@ -170,7 +186,7 @@ def http_server(command: list[str], port: int, log: Path) -> Iterator[str]:
             stdin=subprocess.DEVNULL,
             stdout=log_file,
             stderr=subprocess.STDOUT,
-            env={**os.environ, **TAG_ENV},
+            env={**os.environ, **_tag(route)},
             start_new_session=True,  # Ctrl-C in the terminal reaches only us; we stop it ourselves
         )
         try:
@@ -188,17 +204,39 @@ def http_server(command: list[str], port: int, log: Path) -> Iterator[str]:
             _stop(process)
 
 
-def _tagged_pids() -> list[int]:
-    """Processes other than this one whose environment carries this run's tag."""
-    marker = f"MUXBENCH_RUN={RUN_ID}".encode()
+def _tag(route: str) -> dict[str, str]:
+    """Environment that marks a process (and the children it passes its environment to) as this run's."""
+    return {"MUXBENCH_RUN": RUN_ID, "MUXBENCH_ROUTE": route}
+
+
+def _tagged_pids(route: str | None = None) -> list[int]:
+    """Processes other than this one whose environment carries this run's tag (and `route`'s, if given)."""
+    markers = [f"MUXBENCH_RUN={RUN_ID}".encode()]
+    if route is not None:
+        markers.append(f"MUXBENCH_ROUTE={route}".encode())
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         with contextlib.suppress(OSError):
-            if marker in (entry / "environ").read_bytes().split(b"\0"):
+            environ = (entry / "environ").read_bytes().split(b"\0")
+            if all(marker in environ for marker in markers):
                 found.append(int(entry.name))
     return found
+
+
+def route_cpu(route: str) -> dict[str, float]:
+    """CPU seconds (user + system) used so far by the `mcpmux` and `upstream` processes of `route`."""
+    totals = {"mcpmux": 0.0, "upstream": 0.0}
+    for pid in _tagged_pids(route):
+        with contextlib.suppress(OSError):
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            # Fields after the command name in parentheses; utime and stime are the 14th and 15th.
+            fields = stat[stat.rindex(")") + 2 :].split()
+            role = "upstream" if b"echo_upstream.py" in cmdline else "mcpmux"
+            totals[role] += (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    return totals
 
 
 def sweep_leaks() -> list[int]:
@@ -216,50 +254,54 @@ def sweep_leaks() -> list[int]:
 
 
 @contextlib.asynccontextmanager
-async def stdio_routes(workdir: Path, era: str) -> AsyncIterator[dict[str, tuple[Client, str]]]:
+async def stdio_routes(args: argparse.Namespace, workdir: Path) -> AsyncIterator[Routes]:
     """Connected clients: the echo upstream on stdio, and mcpmux on stdio spawning the same upstream."""
+    echo = [ECHO, "stdio", "--tools", str(args.upstream_tools)]
     config = workdir / "stdio.json"
-    config.write_text(json.dumps({"mcpServers": {"echo": {"command": sys.executable, "args": [ECHO, "stdio"]}}}))
-    env = {"PATH": os.environ.get("PATH", ""), **TAG_ENV}
-    direct = StdioServerParameters(command=sys.executable, args=[ECHO, "stdio"], env=env)
+    config.write_text(json.dumps({"mcpServers": {"echo": {"command": sys.executable, "args": echo}}}))
+    path = {"PATH": os.environ.get("PATH", "")}
+    direct = StdioServerParameters(command=sys.executable, args=echo, env={**path, **_tag("stdio-direct")})
     mux_command = _mcpmux_command()
     mux = StdioServerParameters(
-        command=mux_command[0], args=[*mux_command[1:], "serve", "--config", str(config)], env=env
+        command=mux_command[0],
+        args=[*mux_command[1:], "serve", "--config", str(config)],
+        env={**path, **_tag("stdio-mux")},  # mcpmux passes its environment on to the upstream it spawns
     )
-    async with Client(direct, mode=era) as direct_client, Client(mux, mode=era) as mux_client:
+    async with Client(direct, mode=args.era) as direct_client, Client(mux, mode=args.era) as mux_client:
         yield {"direct": (direct_client, "echo"), "mux": (mux_client, "echo__echo")}
 
 
 @contextlib.asynccontextmanager
-async def http_routes(workdir: Path, era: str) -> AsyncIterator[dict[str, tuple[Client, str]]]:
+async def http_routes(args: argparse.Namespace, workdir: Path) -> AsyncIterator[Routes]:
     """Connected clients: the echo upstream on HTTP, and mcpmux on HTTP in front of a second one."""
     direct_port, upstream_port, mux_port = _free_port(), _free_port(), _free_port()
     config = workdir / "http.json"
     config.write_text(json.dumps({"mcpServers": {"echo": {"url": f"http://127.0.0.1:{upstream_port}/mcp"}}}))
     mux_serve = [*_mcpmux_command(), "serve", "--config", str(config), "--transport", "http", "--port", str(mux_port)]
-    echo_http = [sys.executable, ECHO, "http"]
+
+    def echo(port: int) -> list[str]:
+        return [sys.executable, ECHO, "http", str(port), "--tools", str(args.upstream_tools)]
+
     with (
-        http_server([*echo_http, str(direct_port)], direct_port, workdir / "echo-direct.log") as direct_url,
-        http_server([*echo_http, str(upstream_port)], upstream_port, workdir / "echo-upstream.log"),
-        http_server(mux_serve, mux_port, workdir / "mcpmux-http.log") as mux_url,
+        http_server(echo(direct_port), direct_port, "http-direct", workdir / "echo-direct.log") as direct_url,
+        http_server(echo(upstream_port), upstream_port, "http-mux", workdir / "echo-upstream.log"),
+        http_server(mux_serve, mux_port, "http-mux", workdir / "mcpmux-http.log") as mux_url,
     ):
-        async with Client(direct_url, mode=era) as direct_client, Client(mux_url, mode=era) as mux_client:
+        async with Client(direct_url, mode=args.era) as direct_client, Client(mux_url, mode=args.era) as mux_client:
             yield {"direct": (direct_client, "echo"), "mux": (mux_client, "echo__echo")}
 
 
-async def measure(
-    transport: str, routes: dict[str, tuple[Client, str]], calls: dict[int, int], repeats: int
-) -> list[Row]:
+async def measure(transport: str, routes: Routes, calls: dict[int, int], repeats: int) -> list[Row]:
     rows = []
     for concurrency, count in calls.items():
-        for client, tool in routes.values():  # warm-up: imports, caches, connection pools
-            await timed_pass(client, tool, concurrency, max(concurrency * 2, count // 4))
+        for route, (client, tool) in routes.items():  # warm-up: imports, caches, connection pools
+            await timed_pass(client, tool, f"{transport}-{route}", concurrency, max(concurrency * 2, count // 4))
         passes: dict[str, list[PassResult]] = {"direct": [], "mux": []}
         for repeat in range(repeats):
             # Alternate which route goes first so that drift in the machine's load hits both alike.
             for route in ("direct", "mux") if repeat % 2 == 0 else ("mux", "direct"):
                 client, tool = routes[route]
-                passes[route].append(await timed_pass(client, tool, concurrency, count))
+                passes[route].append(await timed_pass(client, tool, f"{transport}-{route}", concurrency, count))
         row = Row(transport, concurrency, count, Summary.of(passes["direct"]), Summary.of(passes["mux"]))
         print(_format_row(row), flush=True)
         rows.append(row)
@@ -270,7 +312,8 @@ async def measure(
 
 HEADER = (
     f"{'transport':<9} {'N':>3} {'calls':>5} | {'p50 direct':>10} {'p50 mux':>8} {'+p50 ms':>8} | "
-    f"{'p99 direct':>10} {'p99 mux':>8} | {'calls/s direct':>14} {'calls/s mux':>11} {'kept':>6}"
+    f"{'p99 direct':>10} {'p99 mux':>8} | {'calls/s direct':>14} {'calls/s mux':>11} {'kept':>6} | "
+    f"{'CPU ms/call: mcpmux':>19} {'upstream':>8} {'client':>6}"
 )
 
 
@@ -279,8 +322,14 @@ def _format_row(row: Row) -> str:
     return (
         f"{row.transport:<9} {row.concurrency:>3} {row.calls:>5} | {d.p50_ms:>10.2f} {m.p50_ms:>8.2f} "
         f"{row.added_p50_ms:>+8.2f} | {d.p99_ms:>10.2f} {m.p99_ms:>8.2f} | "
-        f"{d.calls_per_s:>14.0f} {m.calls_per_s:>11.0f} {row.kept_pct:>5.0f}%"
+        f"{d.calls_per_s:>14.0f} {m.calls_per_s:>11.0f} {row.kept_pct:>5.0f}% | "
+        f"{m.cpu_ms_per_call['mcpmux']:>19.2f} {_pair(d, m, 'upstream'):>8} {_pair(d, m, 'client'):>6}"
     )
+
+
+def _pair(direct: Summary, mux: Summary, role: str) -> str:
+    """`direct/mux` CPU ms per call of one role, to show whether mcpmux changed its cost too."""
+    return f"{direct.cpu_ms_per_call[role]:.1f}/{mux.cpu_ms_per_call[role]:.1f}"
 
 
 def _targets(rows: list[Row]) -> dict[str, dict[str, Any]]:
@@ -313,6 +362,7 @@ def _meta(args: argparse.Namespace, load_before: tuple[float, ...]) -> dict[str,
         "loadavg_before": load_before,
         "loadavg_after": os.getloadavg(),
         "client_era": args.era,
+        "upstream_extra_tools": args.upstream_tools,
         "repeats": args.repeats,
         "quick": args.quick,
         "note": "client, mcpmux and upstream share this machine's cores (with any other work on it)",
@@ -328,7 +378,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> list[Row]:
     print("-" * len(HEADER), flush=True)
     opener = {"stdio": stdio_routes, "http": http_routes}
     for transport in args.transport:
-        async with opener[transport](workdir, args.era) as routes:
+        async with opener[transport](args, workdir) as routes:
             rows += await measure(transport, routes, calls, args.repeats)
     return rows
 
@@ -340,6 +390,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--transport", nargs="+", choices=["stdio", "http"], default=["stdio", "http"])
     parser.add_argument("--concurrency", nargs="+", type=int, choices=CONCURRENCY, default=list(CONCURRENCY))
     parser.add_argument("--era", choices=["auto", "legacy"], default="auto", help="the benchmark client's handshake")
+    parser.add_argument("--upstream-tools", type=int, default=0, help="inert tools each echo upstream lists too")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "mux_overhead.json")
     return parser.parse_args(argv)
 
@@ -348,8 +399,13 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     load_before = os.getloadavg()
     try:
-        with tempfile.TemporaryDirectory(prefix="muxbench-") as workdir:
-            rows = anyio.run(run, args, Path(workdir))
+        with tempfile.TemporaryDirectory(prefix="muxbench-") as tmp:
+            try:
+                rows = anyio.run(run, args, Path(tmp))
+            except Exception:
+                for log in sorted(Path(tmp).glob("*.log")):  # the servers' side of the story, before it goes
+                    print(f"--- {log.name}:\n{log.read_text(errors='replace')[-2000:]}", file=sys.stderr)
+                raise
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

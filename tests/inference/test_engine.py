@@ -199,7 +199,7 @@ async def test_event_loop_keeps_ticking_during_long_steps(tiny_llama: Path, load
     # The work took several times the longest pause the loop saw: it kept ticking through the steps.
     assert steps <= 4
     assert elapsed > 0.15, "the prefill step was meant to be long enough to block a naive loop"
-    assert max(gaps) < min(0.05, elapsed / 3), (max(gaps), elapsed)
+    assert max(gaps) < min(0.15, elapsed / 3), (max(gaps), elapsed)
 
 
 async def test_shutdown_aborts_in_flight_and_joins_the_thread(tiny_llama: Path, loaded: LoadedModel) -> None:

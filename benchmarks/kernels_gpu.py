@@ -126,11 +126,17 @@ def make_step(model: Model, specs: list[tuple[int, int]], dtype: torch.dtype) ->
         mask[i, 0, q_len:, 0] = True  # padding rows see one key, so they stay finite (and are dropped)
     return Step(
         q=torch.randn(starts[-1], model.num_heads, model.head_dim, dtype=dtype, device=dev),
-        k_cache=k_cache, v_cache=v_cache, block_tables=tables,
+        k_cache=k_cache,
+        v_cache=v_cache,
+        block_tables=tables,
         seq_lens=torch.tensor([s for s, _ in specs], dtype=torch.int32, device=dev),
         query_start_loc=torch.tensor(starts, dtype=torch.int32, device=dev),
-        max_query_len=max_q, max_seq_len=max_l, scale=model.head_dim**-0.5,
-        token_seq=token_seq, token_row=token_row, mask=mask,
+        max_query_len=max_q,
+        max_seq_len=max_l,
+        scale=model.head_dim**-0.5,
+        token_seq=token_seq,
+        token_row=token_row,
+        mask=mask,
     )
 
 
@@ -150,8 +156,9 @@ def sdpa_gathered(step: Step) -> torch.Tensor:
 def bench(fn: Callable[[], object], quick: bool) -> float:
     import triton.testing
 
-    return float(triton.testing.do_bench(fn, warmup=10 if quick else 25, rep=40 if quick else 100,
-                                         return_mode="median"))
+    return float(
+        triton.testing.do_bench(fn, warmup=10 if quick else 25, rep=40 if quick else 100, return_mode="median")
+    )
 
 
 def max_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -167,8 +174,17 @@ def attention_rows(model: Model, case: str, specs: list[tuple[int, int]], quick:
         if dtype != torch.bfloat16 and not case.startswith("mixed"):
             continue  # other dtypes are checked on the mixed step only, and not timed
         step = make_step(model, specs, dtype)
-        args = (step.q, step.k_cache, step.v_cache, step.block_tables, step.seq_lens, step.query_start_loc,
-                step.scale, step.max_query_len, step.max_seq_len)
+        args = (
+            step.q,
+            step.k_cache,
+            step.v_cache,
+            step.block_tables,
+            step.seq_lens,
+            step.query_start_loc,
+            step.scale,
+            step.max_query_len,
+            step.max_seq_len,
+        )
         expected = reference.paged_attention(*args[:7])
         bound = TOLERANCE[dtype] * max(1.0, float(expected.abs().max()))
         err = max_err(paged_attention(*args), expected)
@@ -179,12 +195,22 @@ def attention_rows(model: Model, case: str, specs: list[tuple[int, int]], quick:
             rows.append(Row("paged_attention", model.name, case, dt, err, ok, nan, "(checked only)", nan))
             continue
         t_ms = bench(partial(paged_attention, *args), quick)
-        rows.append(Row("paged_attention", model.name, case, dt, err, ok, t_ms, "sdpa on gathered K/V",
-                        bench(partial(sdpa_gathered, step), quick)))
+        rows.append(
+            Row(
+                "paged_attention",
+                model.name,
+                case,
+                dt,
+                err,
+                ok,
+                t_ms,
+                "sdpa on gathered K/V",
+                bench(partial(sdpa_gathered, step), quick),
+            )
+        )
         if step.max_query_len == 1:
             single = bench(partial(paged_attention, *args, num_splits=1), quick)
-            rows.append(Row("paged_attention", model.name, case, dt, err, ok, t_ms, "triton, no split-KV",
-                            single))
+            rows.append(Row("paged_attention", model.name, case, dt, err, ok, t_ms, "triton, no split-KV", single))
     return rows
 
 
@@ -207,9 +233,19 @@ def elementwise_rows(model: Model, quick: bool) -> list[Row]:
     write_kv(key, value, caches[0], caches[1], slots)
     reference.write_kv(key, value, caches[2], caches[3], slots)
     err = max(max_err(caches[0], caches[2]), max_err(caches[1], caches[3]))
-    rows.append(Row("write_kv", model.name, case, dt, err, err == 0.0,
-                    bench(lambda: write_kv(key, value, caches[0], caches[1], slots), quick), "torch reference",
-                    bench(lambda: reference.write_kv(key, value, caches[2], caches[3], slots), quick)))
+    rows.append(
+        Row(
+            "write_kv",
+            model.name,
+            case,
+            dt,
+            err,
+            err == 0.0,
+            bench(lambda: write_kv(key, value, caches[0], caches[1], slots), quick),
+            "torch reference",
+            bench(lambda: reference.write_kv(key, value, caches[2], caches[3], slots), quick),
+        )
+    )
 
     x = torch.randn(tokens, model.hidden, dtype=dtype, device=dev)
     residual = torch.randn_like(x)
@@ -218,9 +254,19 @@ def elementwise_rows(model: Model, quick: bool) -> list[Row]:
     ref_normed, ref_h = reference.rms_norm(x, weight, 1e-5, residual)
     err = max(max_err(normed, ref_normed), max_err(h, ref_h))
     ok = err <= TOLERANCE[dtype] * max(1.0, float(ref_normed.abs().max()))
-    rows.append(Row("rms_norm + residual", model.name, case, dt, err, ok,
-                    bench(lambda: rms_norm(x, weight, 1e-5, residual), quick), "torch reference",
-                    bench(lambda: reference.rms_norm(x, weight, 1e-5, residual), quick)))
+    rows.append(
+        Row(
+            "rms_norm + residual",
+            model.name,
+            case,
+            dt,
+            err,
+            ok,
+            bench(lambda: rms_norm(x, weight, 1e-5, residual), quick),
+            "torch reference",
+            bench(lambda: reference.rms_norm(x, weight, 1e-5, residual), quick),
+        )
+    )
 
     half = model.head_dim // 2
     inv_freq = 1.0 / (10000.0 ** (torch.arange(half, device=dev, dtype=torch.float32) / half))
@@ -232,21 +278,35 @@ def elementwise_rows(model: Model, quick: bool) -> list[Row]:
     ref_q, ref_k = reference.rotary_embedding(positions, q, k, cache)
     out_q, out_k = rotary_embedding(positions, q.clone(), k.clone(), cache)
     err = max(max_err(out_q, ref_q), max_err(out_k, ref_k))
-    rows.append(Row("rotary_embedding", model.name, case, dt, err, err <= TOLERANCE[dtype] * 4,
-                    bench(lambda: rotary_embedding(positions, q, k, cache), quick), "torch reference",
-                    bench(lambda: reference.rotary_embedding(positions, q, k, cache), quick)))
+    rows.append(
+        Row(
+            "rotary_embedding",
+            model.name,
+            case,
+            dt,
+            err,
+            err <= TOLERANCE[dtype] * 4,
+            bench(lambda: rotary_embedding(positions, q, k, cache), quick),
+            "torch reference",
+            bench(lambda: reference.rotary_embedding(positions, q, k, cache), quick),
+        )
+    )
     return rows
 
 
 def print_table(rows: list[Row]) -> None:
-    header = f"{'kernel':<20} {'model':<13} {'case':<34} {'dtype':<9} {'max err':>9} {'ok':<4} " \
-             f"{'triton ms':>10} {'baseline':<22} {'base ms':>9} {'speedup':>8}"
+    header = (
+        f"{'kernel':<20} {'model':<13} {'case':<34} {'dtype':<9} {'max err':>9} {'ok':<4} "
+        f"{'triton ms':>10} {'baseline':<22} {'base ms':>9} {'speedup':>8}"
+    )
     print(header)
     print("-" * len(header))
     for r in rows:
-        print(f"{r.kernel:<20} {r.model:<13} {r.case:<34} {r.dtype:<9} {r.max_err:>9.2e} "
-              f"{'yes' if r.ok else 'NO':<4} {r.triton_ms:>10.4f} {r.baseline:<22} {r.baseline_ms:>9.4f} "
-              f"{r.speedup:>7.2f}x")
+        print(
+            f"{r.kernel:<20} {r.model:<13} {r.case:<34} {r.dtype:<9} {r.max_err:>9.2e} "
+            f"{'yes' if r.ok else 'NO':<4} {r.triton_ms:>10.4f} {r.baseline:<22} {r.baseline_ms:>9.4f} "
+            f"{r.speedup:>7.2f}x"
+        )
 
 
 def main() -> int:
@@ -264,13 +324,18 @@ def main() -> int:
         rows += elementwise_rows(model, opts.quick)
     print_table(rows)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({
-        "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "quick": opts.quick,
-        "rows": [asdict(r) | {"speedup": r.speedup} for r in rows],
-    }, indent=2))
+    RESULTS.write_text(
+        json.dumps(
+            {
+                "device": torch.cuda.get_device_name(),
+                "torch": torch.__version__,
+                "python": platform.python_version(),
+                "quick": opts.quick,
+                "rows": [asdict(r) | {"speedup": r.speedup} for r in rows],
+            },
+            indent=2,
+        )
+    )
     print(f"wrote {RESULTS}")
     failed = [r for r in rows if not r.ok]
     for r in failed:

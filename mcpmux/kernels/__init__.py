@@ -55,15 +55,21 @@ def paged_attention(
         from mcpmux.kernels.triton_attention import paged_attention as triton_attention
 
         return triton_attention(
-            q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
-            max_query_len, max_seq_len, out,
+            q,
+            k_cache,
+            v_cache,
+            block_tables,
+            seq_lens,
+            query_start_loc,
+            scale,
+            max_query_len,
+            max_seq_len,
+            out,
         )
     return reference.paged_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out)
 
 
-def rms_norm(
-    x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = None
-) -> Tensor | tuple[Tensor, Tensor]:
+def rms_norm(x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
     """RMSNorm exactly as transformers' LlamaRMSNorm; with ``residual``, fused add first.
 
     Without residual: ``weight * normalize(x)``. With residual: ``h = x + residual`` and the result is

@@ -66,9 +66,7 @@ def paged_attention(
     return out
 
 
-def rms_norm(
-    x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = None
-) -> Tensor | tuple[Tensor, Tensor]:
+def rms_norm(x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
     """LlamaRMSNorm, step for step (fp32 statistics, back to the input dtype, then the weight)."""
     h = x if residual is None else x + residual
     input_dtype = h.dtype
@@ -80,9 +78,7 @@ def rms_norm(
     return normed, h
 
 
-def rotary_embedding(
-    positions: Tensor, q: Tensor, k: Tensor, cos_sin_cache: Tensor
-) -> tuple[Tensor, Tensor]:
+def rotary_embedding(positions: Tensor, q: Tensor, k: Tensor, cos_sin_cache: Tensor) -> tuple[Tensor, Tensor]:
     """NeoX / HF-Llama rotary embedding (rotate_half) of the first ``rotary_dim`` features of q and k."""
     rotary_dim = cos_sin_cache.shape[1]
     half = rotary_dim // 2

@@ -29,14 +29,41 @@ from mcpmux.kernels.triton_support import check_launchable, interpreted_bf16, la
 
 @triton.jit
 def _attention_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
-    part_acc_ptr, part_m_ptr, part_l_ptr,
-    scale_log2, num_tokens, num_heads,
-    stride_qt, stride_qh, stride_ot, stride_oh,
-    stride_kb, stride_ko, stride_kh, stride_vb, stride_vo, stride_vh, stride_bt,
-    GROUP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, KV_BLOCK_SIZE: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, SPLIT_SIZE: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    out_ptr,
+    block_tables_ptr,
+    seq_lens_ptr,
+    query_start_loc_ptr,
+    part_acc_ptr,
+    part_m_ptr,
+    part_l_ptr,
+    scale_log2,
+    num_tokens,
+    num_heads,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_kb,
+    stride_ko,
+    stride_kh,
+    stride_vb,
+    stride_vo,
+    stride_vh,
+    stride_bt,
+    GROUP: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+    KV_BLOCK_SIZE: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    SPLIT_SIZE: tl.constexpr,
+    UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     seq = tl.program_id(0)
     q_block = tl.program_id(1)
@@ -61,7 +88,8 @@ def _attention_kernel(
     q_rows = (q_start + q_tok).to(tl.int64)
     q = tl.load(
         q_ptr + q_rows[:, None] * stride_qt + head[:, None] * stride_qh + dims[None, :],
-        mask=row_ok[:, None] & dim_ok[None, :], other=0.0,
+        mask=row_ok[:, None] & dim_ok[None, :],
+        other=0.0,
     )
     if UPCAST:
         q = q.to(tl.float32)
@@ -105,22 +133,34 @@ def _attention_kernel(
         o = acc / l_safe[:, None]
         tl.store(
             out_ptr + q_rows[:, None] * stride_ot + head[:, None] * stride_oh + dims[None, :],
-            o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & dim_ok[None, :],
+            o.to(out_ptr.dtype.element_ty),
+            mask=row_ok[:, None] & dim_ok[None, :],
         )
     else:
         part = (split * num_tokens + q_rows) * num_heads + head
         tl.store(part_m_ptr + part, m_i, mask=row_ok)
         tl.store(part_l_ptr + part, l_i, mask=row_ok)
         tl.store(
-            part_acc_ptr + part[:, None] * HEAD_DIM + dims[None, :], acc,
+            part_acc_ptr + part[:, None] * HEAD_DIM + dims[None, :],
+            acc,
             mask=row_ok[:, None] & dim_ok[None, :],
         )
 
 
 @triton.jit
 def _merge_splits(
-    out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, num_tokens, num_heads, stride_ot, stride_oh,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr,
+    out_ptr,
+    part_acc_ptr,
+    part_m_ptr,
+    part_l_ptr,
+    num_tokens,
+    num_heads,
+    stride_ot,
+    stride_oh,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,
 ):
     token = tl.program_id(0)
     head = tl.program_id(1)
@@ -136,12 +176,14 @@ def _merge_splits(
     weight = tl.where(m > float("-inf"), tl.exp2(m - m_max), 0.0)
     acc = tl.load(
         part_acc_ptr + part[:, None] * HEAD_DIM + dims[None, :],
-        mask=split_ok[:, None] & dim_ok[None, :], other=0.0,
+        mask=split_ok[:, None] & dim_ok[None, :],
+        other=0.0,
     )
     o = tl.sum(acc * weight[:, None], 0) / tl.sum(l * weight, 0)
     tl.store(
         out_ptr + token.to(tl.int64) * stride_ot + head * stride_oh + dims,
-        o.to(out_ptr.dtype.element_ty), mask=dim_ok,
+        o.to(out_ptr.dtype.element_ty),
+        mask=dim_ok,
     )
 
 
@@ -168,47 +210,76 @@ def paged_attention(
     num_seqs = seq_lens.shape[0]
     num_kv_heads = k_cache.shape[2]
     if num_heads % num_kv_heads:
-        raise ValueError(
-            f"paged_attention: {num_heads} query heads is not a multiple of {num_kv_heads} KV heads"
-        )
+        raise ValueError(f"paged_attention: {num_heads} query heads is not a multiple of {num_kv_heads} KV heads")
     group = num_heads // num_kv_heads
     q = last_dim_contiguous(q)
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if num_tokens == 0 or num_seqs == 0:
         return out
-    cfg = attention_config(
-        head_dim, group, num_seqs, num_kv_heads, max_query_len, max_seq_len, q.device, num_splits
-    )
+    cfg = attention_config(head_dim, group, num_seqs, num_kv_heads, max_query_len, max_seq_len, q.device, num_splits)
     head_dim_pad = max(16, next_pow2(head_dim))
     split_keys = split_size(max_seq_len, cfg.num_splits, cfg.block_n)
     if cfg.num_splits > 1:
-        part_acc = torch.empty(
-            (cfg.num_splits, num_tokens, num_heads, head_dim), dtype=torch.float32, device=q.device
-        )
+        part_acc = torch.empty((cfg.num_splits, num_tokens, num_heads, head_dim), dtype=torch.float32, device=q.device)
         part_m = torch.empty((cfg.num_splits, num_tokens, num_heads), dtype=torch.float32, device=q.device)
         part_l = torch.empty_like(part_m)
     else:
         part_acc = part_m = part_l = out  # never touched when NUM_SPLITS == 1
     grid = (num_seqs, triton.cdiv(max(max_query_len, 1), cfg.block_q), num_kv_heads * cfg.num_splits)
     _attention_kernel[grid](
-        q, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc,
-        part_acc, part_m, part_l,
-        scale * math.log2(math.e), num_tokens, num_heads,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
-        GROUP=group, BLOCK_Q=cfg.block_q, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, KV_BLOCK_SIZE=k_cache.shape[1],
-        NUM_SPLITS=cfg.num_splits, SPLIT_SIZE=split_keys,
+        q,
+        k_cache,
+        v_cache,
+        out,
+        block_tables,
+        seq_lens,
+        query_start_loc,
+        part_acc,
+        part_m,
+        part_l,
+        scale * math.log2(math.e),
+        num_tokens,
+        num_heads,
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        block_tables.stride(0),
+        GROUP=group,
+        BLOCK_Q=cfg.block_q,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        HEAD_DIM=head_dim,
+        HEAD_DIM_PAD=head_dim_pad,
+        KV_BLOCK_SIZE=k_cache.shape[1],
+        NUM_SPLITS=cfg.num_splits,
+        SPLIT_SIZE=split_keys,
         UPCAST=interpreted_bf16(_attention_kernel, q.dtype),
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
     )
     if cfg.num_splits > 1:
         _merge_splits[(num_tokens, num_heads)](
-            out, part_acc, part_m, part_l, num_tokens, num_heads, out.stride(0), out.stride(1),
-            HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, NUM_SPLITS=cfg.num_splits,
-            SPLITS_PAD=next_pow2(cfg.num_splits), num_warps=4,
+            out,
+            part_acc,
+            part_m,
+            part_l,
+            num_tokens,
+            num_heads,
+            out.stride(0),
+            out.stride(1),
+            HEAD_DIM=head_dim,
+            HEAD_DIM_PAD=head_dim_pad,
+            NUM_SPLITS=cfg.num_splits,
+            SPLITS_PAD=next_pow2(cfg.num_splits),
+            num_warps=4,
         )
     return out

@@ -15,9 +15,19 @@ from mcpmux.kernels.triton_support import check_launchable, next_pow2, rows_view
 
 @triton.jit
 def _rms_norm_kernel(
-    x_ptr, residual_ptr, weight_ptr, out_ptr, h_out_ptr, eps, hidden,
-    stride_x, stride_r, stride_o, stride_h,
-    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
+    x_ptr,
+    residual_ptr,
+    weight_ptr,
+    out_ptr,
+    h_out_ptr,
+    eps,
+    hidden,
+    stride_x,
+    stride_r,
+    stride_o,
+    stride_h,
+    HAS_RESIDUAL: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
@@ -37,9 +47,7 @@ def _rms_norm_kernel(
     tl.store(out_ptr + row * stride_o + cols, (w * normed).to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def rms_norm(
-    x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = None
-) -> Tensor | tuple[Tensor, Tensor]:
+def rms_norm(x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
     """Triton RMSNorm; same contract as :func:`mcpmux.kernels.rms_norm`."""
     check_launchable(_rms_norm_kernel, x, "RMSNorm")
     hidden = x.shape[-1]
@@ -54,9 +62,19 @@ def rms_norm(
     if x2.shape[0] > 0:
         block = next_pow2(hidden)
         _rms_norm_kernel[(x2.shape[0],)](
-            x2, r2, weight, out, h2, eps, hidden,
-            x2.stride(0), r2.stride(0), out.stride(0), h2.stride(0),
-            HAS_RESIDUAL=residual is not None, BLOCK=block,
+            x2,
+            r2,
+            weight,
+            out,
+            h2,
+            eps,
+            hidden,
+            x2.stride(0),
+            r2.stride(0),
+            out.stride(0),
+            h2.stride(0),
+            HAS_RESIDUAL=residual is not None,
+            BLOCK=block,
             num_warps=min(16, max(1, block // 256)),
         )
     out = out.view(x.shape)

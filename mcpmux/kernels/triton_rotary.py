@@ -14,8 +14,16 @@ from mcpmux.kernels.triton_support import check_launchable, next_pow2
 
 @triton.jit
 def _rotate_heads(
-    x_ptr, stride_t, stride_h, token, cos, sin, num_heads,
-    HALF: tl.constexpr, HEADS_PAD: tl.constexpr, HALF_PAD: tl.constexpr,
+    x_ptr,
+    stride_t,
+    stride_h,
+    token,
+    cos,
+    sin,
+    num_heads,
+    HALF: tl.constexpr,
+    HEADS_PAD: tl.constexpr,
+    HALF_PAD: tl.constexpr,
 ):
     heads = tl.arange(0, HEADS_PAD)
     cols = tl.arange(0, HALF_PAD)
@@ -36,9 +44,21 @@ def _rotate_heads(
 
 @triton.jit
 def _rotary_kernel(
-    positions_ptr, q_ptr, k_ptr, cos_sin_ptr,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_cs, num_heads, num_kv_heads,
-    HALF: tl.constexpr, HALF_PAD: tl.constexpr, Q_HEADS_PAD: tl.constexpr, K_HEADS_PAD: tl.constexpr,
+    positions_ptr,
+    q_ptr,
+    k_ptr,
+    cos_sin_ptr,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_cs,
+    num_heads,
+    num_kv_heads,
+    HALF: tl.constexpr,
+    HALF_PAD: tl.constexpr,
+    Q_HEADS_PAD: tl.constexpr,
+    K_HEADS_PAD: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
     pos = tl.load(positions_ptr + token)
@@ -60,11 +80,21 @@ def rotary_embedding(positions: Tensor, q: Tensor, k: Tensor, cos_sin_cache: Ten
     half = cos_sin_cache.shape[1] // 2
     if num_tokens > 0:
         _rotary_kernel[(num_tokens,)](
-            positions, q, k, cos_sin_cache,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos_sin_cache.stride(0),
-            num_heads, num_kv_heads,
-            HALF=half, HALF_PAD=next_pow2(half),
-            Q_HEADS_PAD=next_pow2(num_heads), K_HEADS_PAD=next_pow2(num_kv_heads),
+            positions,
+            q,
+            k,
+            cos_sin_cache,
+            q.stride(0),
+            q.stride(1),
+            k.stride(0),
+            k.stride(1),
+            cos_sin_cache.stride(0),
+            num_heads,
+            num_kv_heads,
+            HALF=half,
+            HALF_PAD=next_pow2(half),
+            Q_HEADS_PAD=next_pow2(num_heads),
+            K_HEADS_PAD=next_pow2(num_kv_heads),
             num_warps=4 if num_heads * half >= 2048 else 1,
         )
     return q, k

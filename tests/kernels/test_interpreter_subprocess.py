@@ -25,7 +25,11 @@ def test_triton_files_pass_in_an_interpreter_process() -> None:
     env.pop("MCPMUX_KERNELS", None)
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *files],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=900,
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     tail = run.stdout[-6000:] + run.stderr[-2000:]
     assert run.returncode == 0, f"Triton tests failed under the interpreter:\n{tail}"

@@ -20,8 +20,14 @@ from tests.kernels.paged import MIXED_SPECS, PagedBatch, dense_attention, make_p
 def _reference(batch: PagedBatch) -> torch.Tensor:
     out = torch.full_like(batch.q, float("nan"))
     result = reference.paged_attention(
-        batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens,
-        batch.query_start_loc, batch.scale, out=out,
+        batch.q,
+        batch.k_cache,
+        batch.v_cache,
+        batch.block_tables,
+        batch.seq_lens,
+        batch.query_start_loc,
+        batch.scale,
+        out=out,
     )
     assert result is out
     return result
@@ -84,7 +90,9 @@ def test_reference_rms_norm_is_llama_rms_norm(dtype: torch.dtype) -> None:
 
 def _llama_cos_sin_cache(head_dim: int, max_position: int) -> tuple[LlamaRotaryEmbedding, torch.Tensor]:
     config = LlamaConfig(
-        hidden_size=head_dim * 4, num_attention_heads=4, num_key_value_heads=2,
+        hidden_size=head_dim * 4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
         max_position_embeddings=max_position,
     )
     rope = LlamaRotaryEmbedding(config)

@@ -20,15 +20,32 @@ def _triton(batch: PagedBatch, q: torch.Tensor | None = None, num_splits: int | 
     out = torch.full(q.shape, float("nan"), dtype=q.dtype, device=q.device)
     if num_splits is None:
         result = kernels.paged_attention(
-            q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens, batch.query_start_loc,
-            batch.scale, batch.max_query_len, batch.max_seq_len, out=out,
+            q,
+            batch.k_cache,
+            batch.v_cache,
+            batch.block_tables,
+            batch.seq_lens,
+            batch.query_start_loc,
+            batch.scale,
+            batch.max_query_len,
+            batch.max_seq_len,
+            out=out,
         )
     else:
         from mcpmux.kernels.triton_attention import paged_attention
 
         result = paged_attention(
-            q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens, batch.query_start_loc,
-            batch.scale, batch.max_query_len, batch.max_seq_len, out=out, num_splits=num_splits,
+            q,
+            batch.k_cache,
+            batch.v_cache,
+            batch.block_tables,
+            batch.seq_lens,
+            batch.query_start_loc,
+            batch.scale,
+            batch.max_query_len,
+            batch.max_seq_len,
+            out=out,
+            num_splits=num_splits,
         )
     assert result is out
     assert not out.isnan().any(), "some query rows were never written"
@@ -37,8 +54,13 @@ def _triton(batch: PagedBatch, q: torch.Tensor | None = None, num_splits: int | 
 
 def _reference(batch: PagedBatch) -> torch.Tensor:
     return reference.paged_attention(
-        batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens,
-        batch.query_start_loc, batch.scale,
+        batch.q,
+        batch.k_cache,
+        batch.v_cache,
+        batch.block_tables,
+        batch.seq_lens,
+        batch.query_start_loc,
+        batch.scale,
     )
 
 

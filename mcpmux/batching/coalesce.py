@@ -51,6 +51,7 @@ class SingleFlight(Generic[K, V]):
         self.name = name
         self._flights: dict[K, _Flight[V]] = {}
         self._task_group: TaskGroup | None = None
+        self._closed = False
         self._executions = 0
         self._shared = 0
 
@@ -65,6 +66,7 @@ class SingleFlight(Generic[K, V]):
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> bool | None:
         assert self._task_group is not None
+        self._closed = True
         # Leaving while calls run would strand their waiters; cancel them, waiters get ClosedError.
         self._task_group.cancel_scope.cancel()
         return await self._task_group.__aexit__(exc_type, exc, tb)
@@ -73,6 +75,8 @@ class SingleFlight(Generic[K, V]):
         """Run `fn()` unless a call with `key` is already running, then wait for that one instead."""
         if self._task_group is None:
             raise RuntimeError(f"SingleFlight {self.name!r} is not running: enter it with `async with`")
+        if self._closed:
+            raise ClosedError(self.name, "being submitted")
         flight = self._flights.get(key)
         if flight is None:
             flight = _Flight(scope=anyio.CancelScope())

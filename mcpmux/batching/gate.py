@@ -88,6 +88,8 @@ class AdmissionGate:
 
     def release(self) -> None:
         """Give back one admission (the `slot` context does this for you)."""
+        if self._active <= 0:
+            raise RuntimeError(f"gate {self.name!r}: release() without a matching acquire()")
         self._active -= 1
         self._admit_waiters(caller=None)
 

@@ -138,3 +138,5 @@ async def test_closing_answers_waiters_with_closed_error() -> None:
         await anyio.sleep(0.01)
     assert len(outcome) == 1
     assert "'reads' was closed" in str(outcome[0])
+    with pytest.raises(ClosedError, match="'reads' was closed while the item was being submitted"):
+        await flights.call("k", hangs)

@@ -125,3 +125,10 @@ async def test_full_waiting_line_rejects() -> None:
             await gate.acquire()
         gate.release()
     assert gate.stats().rejections == {"queue_full": 1}
+
+
+@pytest.mark.anyio
+async def test_release_without_acquire_is_refused() -> None:
+    gate = AdmissionGate(name="db")
+    with pytest.raises(RuntimeError, match="'db': release\\(\\) without a matching acquire\\(\\)"):
+        gate.release()

@@ -48,8 +48,10 @@ def paged_attention(
     ``block_tables``: [S, max_blocks] int32; ``seq_lens``: [S] int32, context length including this
     step's tokens; ``query_start_loc``: [S+1] int32 cumulative query lengths. Sequence i's queries are
     its last ``q_len_i`` positions and attend causally to all of its earlier positions, whose K/V
-    :func:`write_kv` has already stored. Returns [T, num_heads, head_dim] in q's dtype (into ``out``
-    when given); the softmax runs in fp32.
+    :func:`write_kv` has already stored. ``max_query_len``/``max_seq_len`` are the batch's largest
+    query and context lengths (host ints, so no device sync): the Triton path sizes its grid and its
+    split-KV ranges from them, so they must not be smaller than the true values. Returns
+    [T, num_heads, head_dim] in q's dtype (into ``out`` when given); the softmax runs in fp32.
     """
     if backend(q) == "triton":
         from mcpmux.kernels.triton_attention import paged_attention as triton_attention

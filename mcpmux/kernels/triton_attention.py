@@ -42,6 +42,7 @@ def _attention_kernel(
     scale_log2,
     num_tokens,
     num_heads,
+    keys_per_split,
     stride_qt,
     stride_qh,
     stride_ot,
@@ -61,7 +62,6 @@ def _attention_kernel(
     HEAD_DIM_PAD: tl.constexpr,
     KV_BLOCK_SIZE: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
-    SPLIT_SIZE: tl.constexpr,
     UPCAST: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
@@ -96,8 +96,8 @@ def _attention_kernel(
 
     # Keys up to the last query position of this block; a split takes its own slice of them.
     kv_end = tl.minimum(seq_len, context_len + (q_block + 1) * BLOCK_Q)
-    kv_lo = split * SPLIT_SIZE
-    kv_hi = tl.minimum(kv_end, kv_lo + SPLIT_SIZE)
+    kv_lo = split * keys_per_split
+    kv_hi = tl.minimum(kv_end, kv_lo + keys_per_split)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -219,7 +219,6 @@ def paged_attention(
         return out
     cfg = attention_config(head_dim, group, num_seqs, num_kv_heads, max_query_len, max_seq_len, q.device, num_splits)
     head_dim_pad = max(16, next_pow2(head_dim))
-    split_keys = split_size(max_seq_len, cfg.num_splits, cfg.block_n)
     if cfg.num_splits > 1:
         part_acc = torch.empty((cfg.num_splits, num_tokens, num_heads, head_dim), dtype=torch.float32, device=q.device)
         part_m = torch.empty((cfg.num_splits, num_tokens, num_heads), dtype=torch.float32, device=q.device)
@@ -241,6 +240,7 @@ def paged_attention(
         scale * math.log2(math.e),
         num_tokens,
         num_heads,
+        split_size(max_seq_len, cfg.num_splits, cfg.block_n),
         q.stride(0),
         q.stride(1),
         out.stride(0),
@@ -260,7 +260,6 @@ def paged_attention(
         HEAD_DIM_PAD=head_dim_pad,
         KV_BLOCK_SIZE=k_cache.shape[1],
         NUM_SPLITS=cfg.num_splits,
-        SPLIT_SIZE=split_keys,
         UPCAST=interpreted_bf16(_attention_kernel, q.dtype),
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=cfg.num_warps,

@@ -36,6 +36,8 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.applications import Starlette
 
 from mcpmux import __version__
+from mcpmux.batch_http import BatchArrayMiddleware
+from mcpmux.batch_stdio import StdioBatchEdge, claimed_stdio
 from mcpmux.errors import MuxError, UnknownToolError, UpstreamError
 from mcpmux.mux import Mux
 
@@ -113,6 +115,10 @@ class Frontend:
         self._connections.add(session._connection)
         return session
 
+    def _client_id(self, session: ServerSession) -> str:
+        """A random id per client connection: the scope of its private cache entries."""
+        return self._client_ids.setdefault(session._connection, uuid.uuid4().hex)
+
     async def _list_tools(self, ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
         self._seen(ctx)
         tools, next_cursor = _page(self.mux.list_tools(), _cursor(params), self.page_size)
@@ -147,10 +153,10 @@ class Frontend:
             raise _as_mcp_error(err) from None
         callers = self._callers.setdefault(upstream, weakref.WeakKeyDictionary())
         callers[session] = ctx.request_id
-        connection = session._connection
-        client = self._client_ids.setdefault(connection, uuid.uuid4().hex)
         try:
-            return await self.mux.call_tool(params.name, params.arguments, progress=relay_progress, client=client)
+            return await self.mux.call_tool(
+                params.name, params.arguments, progress=relay_progress, client=self._client_id(session)
+            )
         except MuxError as err:
             raise _as_mcp_error(err) from None
         finally:
@@ -159,7 +165,7 @@ class Frontend:
     async def _read_resource(self, ctx: Any, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
         self._seen(ctx)
         try:
-            return await self.mux.read_resource(str(params.uri))
+            return await self.mux.read_resource(str(params.uri), client=self._client_id(ctx.session))
         except MuxError as err:
             raise _as_mcp_error(err) from None
 
@@ -209,13 +215,17 @@ class Frontend:
     # -- transports ------------------------------------------------------------------------------
 
     async def serve_stdio(self) -> None:
-        """Serve one client on this process's stdin/stdout until stdin closes."""
-        async with stdio_server() as (read_stream, write_stream):
-            await self.server.run(read_stream, write_stream, self.server.create_initialization_options())
+        """Serve one client on this process's stdin/stdout until stdin closes (2025-03-26 batch arrays too)."""
+        with claimed_stdio() as (wire_in, wire_out):
+            edge = StdioBatchEdge(wire_in, wire_out)
+            async with stdio_server(edge.stdin, edge.stdout) as (read_stream, write_stream):
+                await self.server.run(read_stream, write_stream, self.server.create_initialization_options())
 
     def http_app(self, host: str, path: str = "/mcp") -> Starlette:
-        """The streamable HTTP app (Host/Origin checks on for loopback hosts)."""
-        return self.server.streamable_http_app(streamable_http_path=path, host=host)
+        """The streamable HTTP app (Host/Origin checks on for loopback hosts; 2025-03-26 batch arrays too)."""
+        app = self.server.streamable_http_app(streamable_http_path=path, host=host)
+        app.add_middleware(BatchArrayMiddleware, path=path)
+        return app
 
     async def serve_http(self, sock: socket.socket, path: str = "/mcp", stop: anyio.Event | None = None) -> None:
         """Serve streamable HTTP on an already-bound socket until `stop` is set (or cancelled)."""

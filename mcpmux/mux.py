@@ -58,12 +58,20 @@ class Mux:
         self.cache: ResultCache[types.CallToolResult] = ResultCache(
             CachePolicy(max_entries=config.mux.cache_max_entries), name="tool results"
         )
+        self.resource_cache: ResultCache[types.ReadResourceResult] = ResultCache(
+            CachePolicy(max_entries=config.mux.cache_max_entries), name="resource reads"
+        )
         self.dispatchers = {name: UpstreamDispatcher(upstream, self.cache) for name, upstream in self.upstreams.items()}
         self.local_tools: dict[str, LocalTool] = {}
         self._change_listeners: list[ChangeListener] = []
         self._log_listeners: list[LogListener] = []
         self._stack = AsyncExitStack()
         self._tasks: TaskGroup | None = None
+        if config.mux.meta_tools:
+            from mcpmux.meta_tools import meta_tools  # imported here: meta_tools imports this module
+
+            for local in meta_tools(self):
+                self.add_local_tool(local)
 
     @classmethod
     def from_config(cls, config: str | Path | Config) -> Mux:
@@ -112,6 +120,7 @@ class Mux:
     async def _on_listing_changed(self, upstream: str) -> None:
         # A new listing means new tools or a restarted server: results cached before may be stale.
         self.dispatchers[upstream].invalidate()
+        self.resource_cache.invalidate_tag(upstream)
         self.catalog.rebuild(self.upstreams.values(), self.local_tools)
         for listener in list(self._change_listeners):
             await listener()
@@ -165,11 +174,25 @@ class Mux:
         except (UpstreamUnavailableError, UpstreamTimeoutError) as err:
             return types.CallToolResult(content=[types.TextContent(type="text", text=str(err))], is_error=True)
 
-    async def read_resource(self, uri: str) -> types.ReadResourceResult:
-        upstream = self.upstreams[self.catalog.resolve_resource(uri)]
-        result: types.ReadResourceResult = await upstream.request(
-            f"resource {uri!r}", lambda client: client.read_resource(uri, cache_mode="bypass")
+    async def read_resource(self, uri: str, *, client: str | None = None) -> types.ReadResourceResult:
+        """Read a resource from the upstream that lists it; a 2026 `ttlMs` lets mcpmux serve it from cache.
+
+        `cacheScope: private` entries are kept per `client`, `public` ones shared.
+        """
+        owner = self.catalog.resolve_resource(uri)
+        key = (owner, "resources/read", uri)
+        for scope in (None,) if client is None else (None, client):
+            cached = self.resource_cache.get(key, scope=scope)
+            if cached is not None:
+                return cached
+        result: types.ReadResourceResult = await self.upstreams[owner].request(
+            f"resource {uri!r}", lambda session: session.read_resource(uri, cache_mode="bypass")
         )
+        public = result.cache_scope == "public"
+        if result.ttl_ms > 0 and (public or client is not None):
+            self.resource_cache.put(
+                key, result, scope=None if public else client, ttl=result.ttl_ms / 1000, tags=(owner,)
+            )
         return result
 
     async def get_prompt(self, name: str, arguments: dict[str, str] | None = None) -> types.GetPromptResult:

@@ -87,10 +87,16 @@ class WatchedTransport:
 
 
 async def _all_pages(fetch: Callable[[str | None], Awaitable[Any]], attr: str) -> list[Any]:
+    """Every page of one list; a server that does not implement the list (-32601) has none."""
     items: list[Any] = []
     cursor: str | None = None
     for _ in range(MAX_PAGES):
-        page = await fetch(cursor)
+        try:
+            page = await fetch(cursor)
+        except MCPError as err:
+            if err.error.code == types.METHOD_NOT_FOUND:
+                return items
+            raise
         items.extend(getattr(page, attr))
         cursor = page.next_cursor
         if not cursor:

@@ -5,7 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import anyio
+import mcp_types as types
 import pytest
+from mcp.shared.exceptions import MCPError
 
 from mcpmux.config import config_from_dict
 from mcpmux.mux import Mux
@@ -28,17 +30,19 @@ async def test_pagination_on_both_sides(tmp_path: Path) -> None:
             cursor = page.next_cursor
             if cursor is None:
                 break
-        assert pages == 6  # 130 tools in pages of 25
-        assert len(names) == len(set(names)) == 120 + 10
-        assert names[:3] == ["paged__tool_000", "paged__tool_001", "paged__tool_002"]
-        assert "paged__tool_119" in names
+        assert len(names) == len(set(names))
+        assert pages == -(-len(names) // 25)  # every page full but the last
+        paged = [name for name in names if name.startswith("paged__")]
+        assert paged[:3] == ["paged__tool_000", "paged__tool_001", "paged__tool_002"]
+        assert len(paged) == 120
         assert text_of(await client.call_tool("paged__tool_119", {})) == "tool_119"
 
 
 async def test_allow_and_deny_globs_filter_tools() -> None:
     servers = {"alpha": {**demo("alpha"), "allow_tools": ["e*", "a*", "c*"], "deny_tools": ["crash", "add_*"]}}
     async with Mux(config_from_dict({"servers": servers})) as mux:
-        assert sorted(tool.name for tool in mux.list_tools()) == ["alpha__add", "alpha__count", "alpha__echo"]
+        upstream_tools = sorted(tool.name for tool in mux.list_tools() if tool.name not in mux.local_tools)
+        assert upstream_tools == ["alpha__add", "alpha__count", "alpha__echo"]
         denied = mux.catalog.resolve_tool
         with pytest.raises(Exception, match="unknown tool 'alpha__crash'"):
             denied("alpha__crash")
@@ -68,3 +72,36 @@ async def test_list_changed_refreshes_only_that_upstream(protocol: str) -> None:
                 changed = anyio.Event()
         assert text_of(await mux.call_tool("alpha__fresh", {})) == "fresh works"
         assert "beta__fresh" not in {tool.name for tool in mux.list_tools()}
+
+
+async def test_upstream_json_rpc_errors_and_completions_pass_through(tmp_path: Path) -> None:
+    config = write_config(tmp_path / "c.json", {"paged": PAGED, "alpha": demo("alpha")})
+    async with mux_over_stdio(config) as client:
+        with pytest.raises(MCPError) as caught:
+            await client.call_tool("paged__tool_000", {})
+        assert caught.value.error.code == -32042
+        assert caught.value.error.message == "tool_000 always refuses"
+        assert caught.value.error.data == {"why": "by design"}
+        prompt = await client.complete(
+            types.PromptReference(type="ref/prompt", name="alpha__summarize"), {"name": "topic", "value": "ca"}
+        )
+        assert prompt.completion.values == ["ca-alpha-1", "ca-alpha-2"]
+        template = await client.complete(
+            types.ResourceTemplateReference(type="ref/resource", uri="demo://{server}/greeting"),
+            {"name": "server", "value": "x"},
+        )
+        assert template.completion.values == ["x-alpha-1", "x-alpha-2"]
+
+
+async def test_resource_reads_honour_ttl_and_cache_scope() -> None:
+    async with Mux(config_from_dict({"servers": {"paged": PAGED}})) as mux:
+
+        async def read(uri: str, client: str | None) -> str:
+            result = await mux.read_resource(uri, client=client)
+            return result.contents[0].text  # type: ignore[union-attr]
+
+        first = await read("paged://public", "a")
+        assert await read("paged://public", "b") == first  # public: shared by every client
+        mine = await read("paged://private", "a")
+        assert await read("paged://private", "a") == mine  # private: cached for the same client ...
+        assert await read("paged://private", "b") != mine  # ... never served to another

@@ -14,7 +14,7 @@ import sys
 
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
-from mcp_types import ToolAnnotations
+from mcp_types import Completion, ToolAnnotations
 
 NAME = sys.argv[1] if len(sys.argv) > 1 else "demo"
 server = MCPServer(NAME)
@@ -135,6 +135,13 @@ def greeting(server: str) -> str:
 def summarize(topic: str) -> str:
     """A prompt that asks for a summary."""
     return f"Summarize {topic} from {NAME}."
+
+
+@server.completion()
+async def complete(ref: object, argument: object, context: object) -> Completion:
+    """Completes the `summarize` prompt's topic and the greeting template's server, with the name inside."""
+    partial = getattr(argument, "value", "")
+    return Completion(values=[f"{partial}-{NAME}-1", f"{partial}-{NAME}-2"])
 
 
 if __name__ == "__main__":

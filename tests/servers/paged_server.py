@@ -8,6 +8,7 @@ import anyio
 import mcp_types as types
 from mcp.server.lowlevel.server import Server
 from mcp.server.stdio import stdio_server
+from mcp.shared.exceptions import MCPError
 
 PAGE = 50
 TOOLS = [
@@ -23,10 +24,39 @@ async def list_tools(ctx: Any, params: types.PaginatedRequestParams | None) -> t
 
 
 async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+    if params.name == "tool_000":  # a JSON-RPC error with its own code and data, to be passed through
+        raise MCPError(-32042, "tool_000 always refuses", {"why": "by design"})
     return types.CallToolResult(content=[types.TextContent(type="text", text=params.name)])
 
 
-server = Server("paged", on_list_tools=list_tools, on_call_tool=call_tool)
+reads = 0
+
+
+async def list_resources(ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListResourcesResult:
+    return types.ListResourcesResult(
+        resources=[types.Resource(uri=f"paged://{scope}", name=scope) for scope in ("public", "private")]
+    )
+
+
+async def read_resource(ctx: Any, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
+    """Each read says how many reads this process has served; the results may be cached for a minute."""
+    global reads
+    reads += 1
+    scope = str(params.uri).removeprefix("paged://")
+    return types.ReadResourceResult(
+        contents=[types.TextResourceContents(uri=str(params.uri), text=f"read {reads}")],
+        ttl_ms=60_000,
+        cache_scope="public" if scope == "public" else "private",
+    )
+
+
+server = Server(
+    "paged",
+    on_list_tools=list_tools,
+    on_call_tool=call_tool,
+    on_list_resources=list_resources,
+    on_read_resource=read_resource,
+)
 
 
 async def main() -> None:

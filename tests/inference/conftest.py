@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from mcpmux.inference import builtin
 from tests.inference.tiny_models import TINY_ARCHS, build_tiny_model
 
 
@@ -32,3 +33,23 @@ def tiny_qwen2(tiny_model_dirs: dict[str, Path]) -> Path:
 def tiny_mistral(tiny_model_dirs: dict[str, Path]) -> Path:
     """A tiny random Mistral folder (untied head, sliding window equal to the context)."""
     return tiny_model_dirs["mistral"]
+
+
+@pytest.fixture(scope="session")
+def smollm2_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh MCPMUX_CACHE_DIR holding builtin:smollm2-135m, converted once per session (~20 s, 1.2 GB peak).
+
+    Tests that load ``builtin:smollm2-135m`` set ``MCPMUX_CACHE_DIR`` to this folder.
+    """
+    cache = tmp_path_factory.mktemp("mcpmux_models")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MCPMUX_CACHE_DIR", str(cache))
+        builtin.ensure_converted("smollm2-135m")
+    return cache
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(smollm2_cache_dir: Path) -> Path:
+    """The converted SmolLM2-135M-Instruct folder (float32 safetensors, tokenizer, chat template)."""
+    (folder,) = (p for p in smollm2_cache_dir.iterdir() if p.name.startswith("smollm2-135m"))
+    return folder

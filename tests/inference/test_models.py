@@ -242,3 +242,14 @@ def test_bfloat16_runs_close_to_float32(tiny_llama: Path) -> None:
     ours = full_prompt_logits(bf16, tokens)
     assert ours.dtype == torch.float32
     torch.testing.assert_close(ours, full_prompt_logits(fp32, tokens), atol=0.15, rtol=0.05)
+
+
+@pytest.mark.slow
+def test_smollm2_knows_paris_and_equals_hf_generate(smollm2_dir: Path) -> None:
+    loaded = load_model(str(smollm2_dir), dtype="float32", device="cpu")
+    hf = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
+    paris = greedy(loaded, loaded.encode_prompt("The capital of France is"), 8)
+    assert "Paris" in loaded.tokenizer.decode(paris)
+    chat = loaded.encode_chat([{"role": "user", "content": "Name three colours."}])
+    for tokens in (loaded.encode_prompt("def fibonacci(n):"), chat):
+        assert greedy(loaded, tokens, 16) == hf_greedy(hf, tokens, 16)

@@ -14,6 +14,8 @@ log = logging.getLogger(__name__)
 
 # transformers' architecture names (config.json "architectures") that map onto our Llama-family forward.
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
+# A config read from GGUF metadata names only its model_type.
+_BY_MODEL_TYPE = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
 
 
 class ModelLoadError(ValueError):
@@ -27,6 +29,8 @@ class UnsupportedModelError(ModelLoadError):
 def architecture_of(config: Any, source: str) -> str:
     """The checkpoint's architecture name, checked against :data:`SUPPORTED_ARCHITECTURES`."""
     names = list(getattr(config, "architectures", None) or [])
+    if not names and getattr(config, "model_type", None) in _BY_MODEL_TYPE:
+        names = [_BY_MODEL_TYPE[config.model_type]]
     for name in names:
         if name in SUPPORTED_ARCHITECTURES:
             return name

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from mcpmux.config_policy import BatchForm, CacheSettings, LimitSettings
 from mcpmux.errors import ConfigError
+from mcpmux.inference.settings import InferenceSettings, SamplingSettings
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _VAR_RE = re.compile(r"\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -54,6 +55,7 @@ class ServerConfig(_Model):
     priorities: dict[str, int] = Field(default_factory=dict)
     cache: CacheSettings = Field(default_factory=CacheSettings)
     batch: list[BatchForm] = Field(default_factory=list)
+    sampling: SamplingSettings = Field(default_factory=SamplingSettings)
 
     @model_validator(mode="before")
     @classmethod
@@ -105,6 +107,8 @@ class MuxSettings(_Model):
     """Items per page in the lists mcpmux serves (tools, prompts, resources, templates)."""
     env_passthrough: Literal["all", "minimal"] | list[str] = "all"
     """Parent environment given to stdio servers: everything, the SDK's minimal set, or these names/globs."""
+    meta_tools: bool = True
+    """Serve the meta-tools `mux_parallel`, `mux_batch` and `mux_pipeline` next to the upstream tools."""
 
     @field_validator("separator")
     @classmethod
@@ -128,6 +132,7 @@ class Config(_Model):
     servers: dict[str, ServerConfig] = Field(default_factory=dict)
     mux: MuxSettings = Field(default_factory=MuxSettings)
     http: HttpSettings = Field(default_factory=HttpSettings)
+    inference: InferenceSettings = Field(default_factory=InferenceSettings)
     source: str = "<memory>"
 
     @field_validator("servers")

@@ -122,7 +122,9 @@ class DynamicBatcher(Generic[T, R]):
         assert self._task_group is not None
         if exc_type is not None:
             self._task_group.cancel_scope.cancel()
-        return await self._task_group.__aexit__(exc_type, exc, tb)
+        # The owner's own error propagates as itself, not wrapped in a task group's ExceptionGroup.
+        await self._task_group.__aexit__(None, None, None)
+        return None
 
     async def submit(self, item: T, *, priority: int = 0, deadline: float | None = None) -> R:
         """Queue `item` and wait for its own result (or its own error).

@@ -69,7 +69,9 @@ class SingleFlight(Generic[K, V]):
         self._closed = True
         # Leaving while calls run would strand their waiters; cancel them, waiters get ClosedError.
         self._task_group.cancel_scope.cancel()
-        return await self._task_group.__aexit__(exc_type, exc, tb)
+        # The owner's own error propagates as itself, not wrapped in a task group's ExceptionGroup.
+        await self._task_group.__aexit__(None, None, None)
+        return None
 
     async def call(self, key: K, fn: Callable[[], Awaitable[V]]) -> V:
         """Run `fn()` unless a call with `key` is already running, then wait for that one instead."""

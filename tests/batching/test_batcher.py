@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import anyio
 import pytest
+from anyio.abc import TaskGroup
 
 from mcpmux.batching import (
     BatchPolicy,
@@ -274,3 +275,30 @@ def test_policy_validation_names_the_limit() -> None:
         BatchPolicy(max_batch_size=32, preferred_sizes=(8, 64))
     with pytest.raises(ValueError, match="mode must be 'fixed' or 'adaptive'"):
         BatchPolicy(mode="greedy")  # type: ignore[arg-type]
+
+
+@pytest.mark.anyio
+async def test_leaving_with_an_error_cancels_running_batches_and_answers_their_items() -> None:
+    upstream = Upstream(latency=10.0)
+    outcome: list[BaseException] = []
+
+    async def one(batcher: DynamicBatcher[int, int], item: int) -> None:
+        try:
+            await batcher.submit(item)
+        except ClosedError as exc:
+            outcome.append(exc)
+
+    async def owner(tg: TaskGroup) -> None:
+        async with DynamicBatcher(upstream, BatchPolicy(max_batch_size=2, max_delay=0.0), name="b") as batcher:
+            tg.start_soon(one, batcher, 1)
+            await upstream.wait_for_batches(1)
+            raise KeyError("the owner failed")
+
+    async with anyio.create_task_group() as tg:
+        with pytest.raises(KeyError, match="the owner failed"):  # as itself, not in an ExceptionGroup
+            await owner(tg)
+    assert [str(e) for e in outcome] == [
+        "'b' was closed while the item was in a batch that was cancelled; it was not answered, "
+        "submit it again to a running one"
+    ]
+    assert upstream.running == 0

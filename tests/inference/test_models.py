@@ -49,13 +49,19 @@ class PagedCache:
         # NaN-poisoned: a read of any slot not written this run would poison the logits.
         nan = float("nan")
         kv = [
-            (torch.full(shape, nan, dtype=loaded.dtype), torch.full(shape, nan, dtype=loaded.dtype))
+            (
+                torch.full(shape, nan, dtype=loaded.dtype, device=loaded.device),
+                torch.full(shape, nan, dtype=loaded.dtype, device=loaded.device),
+            )
             for _ in range(loaded.num_layers)
         ]
         return cls(loaded, free, kv)
 
-    def step(self, seqs: list[PagedSequence], query_lens: list[int]) -> torch.Tensor:
-        """Run ``query_lens[i]`` uncached tokens of each sequence in ONE forward; logits of each last row."""
+    def step(self, seqs: list[PagedSequence], query_lens: list[int], sample: bool = True) -> torch.Tensor:
+        """Run ``query_lens[i]`` uncached tokens of each sequence in ONE forward; logits of each last row.
+
+        ``sample=False`` asks for no logits at all, as the engine does for a step of prefill chunks only.
+        """
         input_ids, positions, slots, starts, logits_rows = [], [], [], [0], []
         for seq, q_len in zip(seqs, query_lens, strict=True):
             end = seq.cached + q_len
@@ -66,19 +72,21 @@ class PagedCache:
                 positions.append(pos)
                 slots.append(seq.blocks[pos // BLOCK_SIZE] * BLOCK_SIZE + pos % BLOCK_SIZE)
             starts.append(starts[-1] + q_len)
-            logits_rows.append(starts[-1] - 1)
+            if sample:
+                logits_rows.append(starts[-1] - 1)
             seq.cached = end
         width = max(len(s.blocks) for s in seqs)
         tables = [s.blocks + [0] * (width - len(s.blocks)) for s in seqs]
         seq_lens = [s.cached for s in seqs]
+        dev = self.loaded.device
         batch = ForwardBatch(
-            input_ids=torch.tensor(input_ids),
-            positions=torch.tensor(positions),
-            slot_mapping=torch.tensor(slots),
-            block_tables=torch.tensor(tables, dtype=torch.int32),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
-            query_start_loc=torch.tensor(starts, dtype=torch.int32),
-            logits_indices=torch.tensor(logits_rows),
+            input_ids=torch.tensor(input_ids, device=dev),
+            positions=torch.tensor(positions, device=dev),
+            slot_mapping=torch.tensor(slots, device=dev),
+            block_tables=torch.tensor(tables, dtype=torch.int32, device=dev),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
+            query_start_loc=torch.tensor(starts, dtype=torch.int32, device=dev),
+            logits_indices=torch.tensor(logits_rows, dtype=torch.int64, device=dev),
             max_query_len=max(query_lens),
             max_seq_len=max(seq_lens),
         )
@@ -92,15 +100,15 @@ def full_prompt_logits(loaded: LoadedModel, tokens: list[int]) -> torch.Tensor:
     seq = PagedSequence(tokens)
     seq.blocks = [cache.free.pop() for _ in range(-(-len(tokens) // BLOCK_SIZE))]
     slots = [seq.blocks[p // BLOCK_SIZE] * BLOCK_SIZE + p % BLOCK_SIZE for p in range(len(tokens))]
-    n = len(tokens)
+    n, dev = len(tokens), loaded.device
     batch = ForwardBatch(
-        input_ids=torch.tensor(tokens),
-        positions=torch.arange(n),
-        slot_mapping=torch.tensor(slots),
-        block_tables=torch.tensor([seq.blocks], dtype=torch.int32),
-        seq_lens=torch.tensor([n], dtype=torch.int32),
-        query_start_loc=torch.tensor([0, n], dtype=torch.int32),
-        logits_indices=torch.arange(n),
+        input_ids=torch.tensor(tokens, device=dev),
+        positions=torch.arange(n, device=dev),
+        slot_mapping=torch.tensor(slots, device=dev),
+        block_tables=torch.tensor([seq.blocks], dtype=torch.int32, device=dev),
+        seq_lens=torch.tensor([n], dtype=torch.int32, device=dev),
+        query_start_loc=torch.tensor([0, n], dtype=torch.int32, device=dev),
+        logits_indices=torch.arange(n, device=dev),
         max_query_len=n,
         max_seq_len=n,
     )
@@ -125,7 +133,7 @@ def greedy(loaded: LoadedModel, tokens: list[int], max_new_tokens: int) -> list[
 
 def hf_greedy(hf: PreTrainedModel, tokens: list[int], max_new_tokens: int) -> list[int]:
     with torch.inference_mode():
-        out = hf.generate(torch.tensor([tokens]), max_new_tokens=max_new_tokens, do_sample=False)
+        out = hf.generate(torch.tensor([tokens], device=hf.device), max_new_tokens=max_new_tokens, do_sample=False)
     return out[0, len(tokens) :].tolist()
 
 
@@ -168,7 +176,9 @@ def test_ragged_mixed_batch_equals_each_sequence_alone(pair: tuple[LoadedModel, 
     chunked = PagedSequence(prompts[0])  # prefilled in two chunks, the second one inside the mixed step
     fresh = PagedSequence(prompts[1])  # whole prompt inside the mixed step
     decoding = PagedSequence(prompts[2])  # prefilled before; one decode row in the mixed step
-    cache.step([chunked, decoding], [3, len(prompts[2])])
+    nothing = cache.step([chunked], [3], sample=False)  # a step of prefill chunks only samples nothing
+    assert nothing.shape == (0, loaded.vocab_size)
+    cache.step([decoding], [len(prompts[2])])
     decoding.tokens.append(extra)
     mixed = cache.step([chunked, fresh, decoding], [len(prompts[0]) - 3, len(prompts[1]), 1])
     torch.testing.assert_close(mixed[0], alone_last[0], atol=1e-5, rtol=1e-5)
@@ -253,3 +263,18 @@ def test_smollm2_knows_paris_and_equals_hf_generate(smollm2_dir: Path) -> None:
     chat = loaded.encode_chat([{"role": "user", "content": "Name three colours."}])
     for tokens in (loaded.encode_prompt("def fibonacci(n):"), chat):
         assert greedy(loaded, tokens, 16) == hf_greedy(hf, tokens, 16)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_cuda_forward_equals_hf(arch: str, tiny_model_dirs: dict[str, Path]) -> None:
+    path = tiny_model_dirs[arch]
+    loaded = load_model(str(path), dtype="float32", device="cuda")
+    assert loaded.model.device.type == "cuda"
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).cuda().eval()
+    tokens = loaded.encode_prompt(PROMPTS[2])
+    with torch.inference_mode():
+        ref = hf(torch.tensor([tokens], device="cuda")).logits[0]
+    torch.testing.assert_close(full_prompt_logits(loaded, tokens), ref, atol=1e-4, rtol=1e-4)
+    assert greedy(loaded, tokens, 24) == hf_greedy(hf, tokens, 24)

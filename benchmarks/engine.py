@@ -1,0 +1,320 @@
+"""Side-by-side engine benchmark on the same weights, dtype and threads:
+
+- hf-static: HF `generate` on left-padded static batches in arrival order (a batch starts when the
+  model is free, with the requests that have arrived, up to --batch-size);
+- hf-cb: transformers' own continuous batching manager (`init_continuous_batching`);
+- mcpmux: the async `Engine`.
+
+Workloads: offline (all at t=0, varied lengths), Poisson arrivals at three rates, shared prefix
+(4 prefixes x suffixes), long prompts among short decodes. Every system generates exactly
+`max_tokens` per request (eos ignored), so token counts match. A correctness gate runs first:
+mcpmux's fp32 greedy tokens must equal HF `generate`'s, or the benchmark stops.
+
+    python benchmarks/engine.py --quick            # tiny random model, CI smoke
+    python benchmarks/engine.py --requests 64      # SmolLM2-135M (builtin), the real comparison
+
+Prints a table and writes JSON under benchmarks/results/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import anyio
+import torch
+from transformers import AutoModelForCausalLM, GenerationConfig, LogitsProcessor, LogitsProcessorList
+from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from mcpmux.inference.builtin import ensure_converted
+from mcpmux.inference.config import EngineConfig, SamplingParams
+from mcpmux.inference.engine import Engine
+from mcpmux.inference.loader import LoadedModel, load_model
+
+WORDS = "the quick brown fox jumps over a lazy dog while paged attention stores keys and values".split()  # noqa: SIM905
+
+
+@dataclass(slots=True)
+class Req:
+    arrival: float
+    prompt: list[int]
+    max_tokens: int
+
+
+@dataclass(slots=True)
+class Timing:
+    arrival: float  # absolute perf_counter times
+    token_times: list[float]
+
+
+@dataclass(slots=True)
+class Row:
+    system: str
+    workload: str
+    requests: int
+    output_tokens: int
+    wall_s: float
+    output_tok_s: float
+    ttft_p50: float
+    ttft_p99: float
+    tpot_p50: float
+    tpot_p99: float
+    itl_p50: float
+    itl_p99: float
+    prefix_hit_tokens: int | None = None
+
+
+def text_ids(loaded: LoadedModel, rng: random.Random, n_words: int) -> list[int]:
+    return loaded.encode_prompt(" ".join(rng.choice(WORDS) for _ in range(n_words)))
+
+
+def workloads(loaded: LoadedModel, n: int, out_scale: int, long_words: int, seed: int = 0) -> dict[str, list[Req]]:
+    rng = random.Random(seed)
+    offline = [Req(0.0, text_ids(loaded, rng, rng.randint(4, 60)), rng.randint(4, out_scale)) for _ in range(n)]
+    loads: dict[str, list[Req]] = {"offline": offline}
+    for rate in (2.0, 8.0, 32.0):
+        t, reqs = 0.0, []
+        for r in offline:
+            t += rng.expovariate(rate)
+            reqs.append(Req(t, r.prompt, r.max_tokens))
+        loads[f"poisson-{rate:g}/s"] = reqs
+    prefixes = [text_ids(loaded, rng, 60) for _ in range(4)]
+    loads["shared-prefix"] = [
+        Req(0.0, prefixes[i % 4] + text_ids(loaded, rng, rng.randint(2, 10)), out_scale // 2) for i in range(n)
+    ]
+    mixed = []
+    for i in range(n):
+        long = i % 8 == 0
+        mixed.append(Req(i * 0.02, text_ids(loaded, rng, long_words if long else 8), 4 if long else out_scale))
+    loads["long-among-short"] = mixed
+    return loads
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def summarize(system: str, workload: str, timings: list[Timing], start: float) -> Row:
+    ttft = [t.token_times[0] - t.arrival for t in timings]
+    tpot = [
+        (t.token_times[-1] - t.token_times[0]) / (len(t.token_times) - 1) for t in timings if len(t.token_times) > 1
+    ]
+    itl = [b - a for t in timings for a, b in zip(t.token_times, t.token_times[1:], strict=False)]
+    out = sum(len(t.token_times) for t in timings)
+    wall = max(t.token_times[-1] for t in timings) - start
+    return Row(system, workload, len(timings), out, wall, out / wall, pct(ttft, 0.5), pct(ttft, 0.99),
+               pct(tpot, 0.5), pct(tpot, 0.99), pct(itl, 0.5), pct(itl, 0.99))  # fmt: skip
+
+
+# --- mcpmux ----------------------------------------------------------------------------------------
+
+
+async def run_mcpmux(loaded: LoadedModel, reqs: list[Req], args: argparse.Namespace) -> tuple[list[Timing], float, int]:
+    config = EngineConfig(
+        model=loaded.name, block_size=16, num_blocks=args.num_blocks, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_batched_tokens, prefill_chunk_size=args.chunk,
+    )  # fmt: skip
+    timings: list[Timing | None] = [None] * len(reqs)
+    async with await Engine.start(config, loaded) as engine:
+        await engine.complete([1, 2, 3], SamplingParams(max_tokens=2, temperature=0.0))  # warm-up, excluded
+        warm_hits = engine.stats().cached_prompt_tokens
+        start = time.perf_counter()
+
+        async def one(i: int, r: Req) -> None:
+            await anyio.sleep(max(0.0, start + r.arrival - time.perf_counter()))
+            params = SamplingParams(max_tokens=r.max_tokens, temperature=0.0, ignore_eos=True)
+            times: list[float] = []
+            async for delta in engine.generate(r.prompt, params):
+                times += [time.perf_counter()] * len(delta.token_ids)
+            timings[i] = Timing(start + r.arrival, times)
+
+        async with anyio.create_task_group() as tg:
+            for i, r in enumerate(reqs):
+                tg.start_soon(one, i, r)
+        hits = engine.stats().cached_prompt_tokens - warm_hits
+    return [t for t in timings if t is not None], start, hits
+
+
+# --- HF static batches --------------------------------------------------------------------------------
+
+
+class _StepClock(LogitsProcessor):
+    """Records when each generated position's logits are ready (one call per decoding step)."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        self.times.append(time.perf_counter())
+        return scores
+
+
+def no_eos_config(model: torch.nn.Module, max_new: int) -> GenerationConfig:
+    pad = model.generation_config.pad_token_id
+    pad = pad if pad is not None else 0
+    return GenerationConfig(max_new_tokens=max_new, do_sample=False, eos_token_id=-1, pad_token_id=pad)
+
+
+def run_hf_static(model: torch.nn.Module, reqs: list[Req], batch_size: int) -> tuple[list[Timing], float]:
+    start = time.perf_counter()
+    timings: list[Timing] = []
+    i = 0
+    while i < len(reqs):
+        time.sleep(max(0.0, start + reqs[i].arrival - time.perf_counter()))
+        now = time.perf_counter() - start
+        batch = [r for r in reqs[i : i + batch_size] if r.arrival <= now] or [reqs[i]]
+        width = max(len(r.prompt) for r in batch)
+        pad = no_eos_config(model, 1).pad_token_id
+        ids = torch.tensor([[pad] * (width - len(r.prompt)) + r.prompt for r in batch])
+        mask = torch.tensor([[0] * (width - len(r.prompt)) + [1] * len(r.prompt) for r in batch])
+        clock = _StepClock()
+        with torch.inference_mode():
+            model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                generation_config=no_eos_config(model, max(r.max_tokens for r in batch)),
+                logits_processor=LogitsProcessorList([clock]),
+            )
+        timings += [Timing(start + r.arrival, clock.times[: r.max_tokens]) for r in batch]
+        i += len(batch)
+    return timings, start
+
+
+# --- HF continuous batching ------------------------------------------------------------------------------
+
+
+def run_hf_cb(model: torch.nn.Module, reqs: list[Req], args: argparse.Namespace) -> tuple[list[Timing], float]:
+    cb = ContinuousBatchingConfig(page_size=32, num_blocks=max(64, args.num_blocks // 2),
+                                  max_batch_tokens=args.max_batched_tokens)  # fmt: skip
+    manager = model.init_continuous_batching(generation_config=no_eos_config(model, 16), continuous_batching_config=cb)
+    manager.start()
+    try:
+        start = time.perf_counter()
+        arrivals = {}
+        for i, r in enumerate(reqs):
+            time.sleep(max(0.0, start + r.arrival - time.perf_counter()))
+            rid = f"r{i}"
+            arrivals[rid] = start + r.arrival
+            manager.add_request(r.prompt, request_id=rid, max_new_tokens=r.max_tokens, record_timestamps=True,
+                                eos_token_id=-1)  # fmt: skip
+        timings: dict[str, Timing] = {}
+        while len(timings) < len(reqs):
+            result = manager.get_result(timeout=120)
+            if result is None:
+                raise RuntimeError("HF continuous batching stopped answering")
+            if result.is_finished():
+                timings[result.request_id] = Timing(arrivals[result.request_id], list(result.timestamps or []))
+    finally:
+        manager.stop(block=True)
+    return list(timings.values()), start
+
+
+# --- main -----------------------------------------------------------------------------------------------
+
+
+def correctness_gate(loaded: LoadedModel, model: torch.nn.Module, reqs: list[Req]) -> None:
+    async def ours() -> list[list[int]]:
+        config = EngineConfig(model=loaded.name, num_blocks=256, prefill_chunk_size=32)
+        async with await Engine.start(config, loaded) as engine:
+            params = SamplingParams(max_tokens=12, temperature=0.0)
+            outs: list[list[int]] = [[] for _ in reqs]
+
+            async def one(i: int) -> None:
+                outs[i] = (await engine.complete(reqs[i].prompt, params)).token_ids
+
+            async with anyio.create_task_group() as tg:
+                for i in range(len(reqs)):
+                    tg.start_soon(one, i)
+            return outs
+
+    got = anyio.run(ours)
+    for r, tokens in zip(reqs, got, strict=True):
+        with torch.inference_mode():
+            ref = model.generate(torch.tensor([r.prompt]), max_new_tokens=12, do_sample=False)[0, len(r.prompt) :]
+        if ref.tolist() != tokens:
+            raise SystemExit(f"correctness gate failed: mcpmux {tokens} != HF {ref.tolist()}; no figures reported")
+    print(f"correctness gate: {len(reqs)} concurrent greedy requests equal HF generate token for token")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="tiny random model, few requests (CI smoke)")
+    ap.add_argument("--model", default="builtin:smollm2-135m")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--requests", type=int, default=64)
+    ap.add_argument("--max-tokens", type=int, default=64, help="largest output length drawn")
+    ap.add_argument("--batch-size", type=int, default=16, help="HF static batch size")
+    ap.add_argument("--num-blocks", type=int, default=1024)
+    ap.add_argument("--max-num-seqs", type=int, default=64)
+    ap.add_argument("--max-batched-tokens", type=int, default=512)
+    ap.add_argument("--chunk", type=int, default=256)
+    ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    ap.add_argument("--systems", default="hf-static,hf-cb,mcpmux")
+    ap.add_argument("--workloads", default="all", help="comma-separated names, or all")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    if args.quick:
+        tests_dir = Path(__file__).resolve().parents[1]
+        sys.path.insert(0, str(tests_dir))
+        from tests.inference.tiny_models import build_tiny_model
+
+        args.model = str(build_tiny_model("llama", Path(tempfile.mkdtemp()) / "tiny-llama"))
+        args.requests, args.max_tokens = min(args.requests, 12), min(args.max_tokens, 16)
+    folder = ensure_converted(args.model.removeprefix("builtin:")) if args.model.startswith("builtin:") else args.model
+    loaded = load_model(args.model, dtype=args.dtype, device="cpu")
+    dtype = getattr(torch, args.dtype)
+    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="sdpa").eval()
+    loads = workloads(loaded, args.requests, args.max_tokens, 120 if args.quick else 400)
+    if args.workloads != "all":
+        loads = {k: v for k, v in loads.items() if k in args.workloads.split(",")}
+    correctness_gate(loaded, hf, loads[next(iter(loads))][:4])
+    rows: list[Row] = []
+    for name, reqs in loads.items():
+        for system in args.systems.split(","):
+            if system == "mcpmux":
+                timings, start, hits = anyio.run(run_mcpmux, loaded, reqs, args)
+                row = summarize(system, name, timings, start)
+                row.prefix_hit_tokens = hits
+            elif system == "hf-static":
+                row = summarize(system, name, *run_hf_static(hf, reqs, args.batch_size))
+            elif system == "hf-cb":
+                row = summarize(system, name, *run_hf_cb(hf, reqs, args))
+            else:
+                raise SystemExit(f"unknown system {system!r}; choose from hf-static, hf-cb, mcpmux")
+            rows.append(row)
+            print(f"  {name:<18} {system:<10} {row.output_tok_s:8.1f} tok/s  TTFT p50 {row.ttft_p50:.3f}s", flush=True)
+    report(rows, args)
+
+
+def report(rows: list[Row], args: argparse.Namespace) -> None:
+    head = f"{'workload':<18} {'system':<10} {'tok/s':>8} {'x static':>8} {'TTFT p50':>9} {'TTFT p99':>9} " \
+           f"{'TPOT p50':>9} {'ITL p99':>8} {'prefix hit':>10}"  # fmt: skip
+    print("\n" + head + "\n" + "-" * len(head))
+    for row in rows:
+        static = next((r for r in rows if r.workload == row.workload and r.system == "hf-static"), None)
+        ratio = row.output_tok_s / static.output_tok_s if static else float("nan")
+        hits = "-" if row.prefix_hit_tokens is None else str(row.prefix_hit_tokens)
+        print(f"{row.workload:<18} {row.system:<10} {row.output_tok_s:8.1f} {ratio:8.2f} {row.ttft_p50:9.3f} "
+              f"{row.ttft_p99:9.3f} {row.tpot_p50:9.4f} {row.itl_p99:8.4f} {hits:>10}")  # fmt: skip
+    out_dir = Path(__file__).resolve().parent / "results"
+    out_dir.mkdir(exist_ok=True)
+    path = out_dir / f"engine-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    meta = {"model": args.model, "dtype": args.dtype, "threads": args.threads, "requests": args.requests,
+            "max_tokens": args.max_tokens, "batch_size": args.batch_size, "quick": args.quick}  # fmt: skip
+    path.write_text(json.dumps({"meta": meta, "rows": [asdict(r) for r in rows]}, indent=2))
+    print(f"\nwrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -426,12 +426,17 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--relay"]:
         asyncio.run(relay(argv[1:]))
         return 0
     args = _parse(argv)
     load_before = os.getloadavg()
+    signal.signal(signal.SIGTERM, _interrupt)  # `kill` gets the same clean-up as Ctrl-C
     try:
         with tempfile.TemporaryDirectory(prefix="muxbench-") as tmp:
             try:

@@ -203,7 +203,7 @@ ROPE_VARIANTS = {
 
 @pytest.mark.parametrize("variant", sorted(ROPE_VARIANTS))
 def test_rope_scaling_equals_hf(variant: str, tmp_path: Path) -> None:
-    path = build_tiny_model("llama", tmp_path / variant, rope_parameters=ROPE_VARIANTS[variant])
+    path = build_tiny_model("llama", tmp_path / variant, overrides={"rope_parameters": ROPE_VARIANTS[variant]})
     loaded = load_model(str(path), dtype="float32", device="cpu")
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     # Long enough that the scaled low frequencies matter (positions well past 64).
@@ -213,6 +213,29 @@ def test_rope_scaling_equals_hf(variant: str, tmp_path: Path) -> None:
         ref = hf(torch.tensor([tokens])).logits[0]
     torch.testing.assert_close(full_prompt_logits(loaded, tokens), ref, atol=1e-5, rtol=1e-5)
     assert greedy(loaded, tokens[:20], 16) == hf_greedy(hf, tokens[:20], 16)
+
+
+CONFIG_VARIANTS = {
+    # head_dim set explicitly and unequal to hidden / heads (as in Mistral-Nemo): 4 x 32 = 128 != 64.
+    "mistral-wide-heads": ("mistral", {"head_dim": 32}),
+    # Llama with every optional bias (o_proj and the MLP too), and an untied head.
+    "llama-biases-untied": ("llama", {"attention_bias": True, "mlp_bias": True, "tie_word_embeddings": False}),
+    # Multi-query attention: one KV head for all four query heads.
+    "qwen2-mqa": ("qwen2", {"num_key_value_heads": 1}),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(CONFIG_VARIANTS))
+def test_config_variants_equal_hf(variant: str, tmp_path: Path) -> None:
+    arch, overrides = CONFIG_VARIANTS[variant]
+    path = build_tiny_model(arch, tmp_path / variant, overrides=overrides)
+    loaded = load_model(str(path), dtype="float32", device="cpu")
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    tokens = loaded.encode_prompt(PROMPTS[2])
+    with torch.inference_mode():
+        ref = hf(torch.tensor([tokens])).logits[0]
+    torch.testing.assert_close(full_prompt_logits(loaded, tokens), ref, atol=1e-5, rtol=1e-5)
+    assert greedy(loaded, tokens, 12) == hf_greedy(hf, tokens, 12)
 
 
 def test_mistral_sliding_window_shorter_than_context_is_refused(tmp_path: Path) -> None:

@@ -78,7 +78,7 @@ def build_tiny_tokenizer(vocab_size: int = 384) -> PreTrainedTokenizerFast:
     return wrapped
 
 
-def _config(arch: str, vocab_size: int, eos_ids: list[int], rope_parameters: dict[str, Any] | None) -> Any:
+def _config(arch: str, vocab_size: int, eos_ids: list[int], overrides: dict[str, Any]) -> Any:
     common: dict[str, Any] = {
         "vocab_size": vocab_size,
         "hidden_size": 64,
@@ -94,16 +94,14 @@ def _config(arch: str, vocab_size: int, eos_ids: list[int], rope_parameters: dic
         "bos_token_id": None,
         "dtype": "float32",
     }
-    if rope_parameters is not None:
-        common["rope_parameters"] = rope_parameters
     if arch == "llama":
         # SmolLM2-shaped: tied input and output embeddings.
-        return LlamaConfig(**common, tie_word_embeddings=True)
+        return LlamaConfig(**{**common, "tie_word_embeddings": True, **overrides})
     if arch == "qwen2":
-        return Qwen2Config(**common, tie_word_embeddings=True, use_sliding_window=False)
+        return Qwen2Config(**{**common, "tie_word_embeddings": True, "use_sliding_window": False, **overrides})
     if arch == "mistral":
         # Untied head; the window equals the context, so attention is exactly causal everywhere.
-        return MistralConfig(**common, tie_word_embeddings=False, sliding_window=MAX_POSITION)
+        return MistralConfig(**{**common, "tie_word_embeddings": False, "sliding_window": MAX_POSITION, **overrides})
     raise ValueError(f"unknown tiny arch {arch!r}; choose one of {', '.join(TINY_ARCHS)}")
 
 
@@ -124,16 +122,16 @@ def _perturb_defaults(model: PreTrainedModel) -> None:
                 param.normal_(0.0, INIT_RANGE)
 
 
-def build_tiny_model(arch: str, path: Path, *, rope_parameters: dict[str, Any] | None = None) -> Path:
+def build_tiny_model(arch: str, path: Path, *, overrides: dict[str, Any] | None = None) -> Path:
     """Build and save a tiny random ``arch`` model with its tokenizer into ``path``; return ``path``.
 
-    ``rope_parameters`` overrides the config's RoPE (e.g. ``{"rope_type": "linear", "factor": 2.0,
-    "rope_theta": 10000.0}``) to test scaled variants.
+    ``overrides`` replaces config fields to test variants, e.g. ``{"rope_parameters": {"rope_type":
+    "linear", "factor": 2.0, "rope_theta": 10000.0}}`` or ``{"head_dim": 32}``.
     """
     tokenizer = build_tiny_tokenizer()
     vocab = tokenizer.get_vocab()
     eos_ids = [vocab[EOS], vocab[IM_END]]
-    config: PretrainedConfig = _config(arch, len(tokenizer), eos_ids, rope_parameters)
+    config: PretrainedConfig = _config(arch, len(tokenizer), eos_ids, overrides or {})
     torch.manual_seed(SEED)
     model = _MODEL_CLASSES[arch](config).eval()
     _perturb_defaults(model)

@@ -32,6 +32,7 @@ from mcp.server.subscriptions import (
     ToolsListChanged,
 )
 from mcp.shared.exceptions import MCPError
+from mcp.shared.message import ServerMessageMetadata
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.applications import Starlette
 
@@ -108,6 +109,7 @@ class Frontend:
         )
         mux.on_catalog_changed(self._announce_changes)
         mux.on_log(self._relay_log)
+        mux.sampling.client_sampler = self._sample_via_client
 
     def _seen(self, ctx: Any) -> ServerSession:
         session: ServerSession = ctx.session
@@ -211,6 +213,27 @@ class Frontend:
                         await connection.log(params.level, params.data, logger=name)
         except Exception as err:  # see _announce_changes
             logger.debug("could not relay a log message: %s", err)
+
+    async def _sample_via_client(
+        self, upstream: str, params: types.CreateMessageRequestParams
+    ) -> types.CreateMessageResult | types.CreateMessageResultWithTools | None:
+        """Forward an upstream's sampling request to a client whose call on that upstream is in flight.
+
+        Nothing in the protocol says which call caused the request, so when several clients have calls
+        in flight the most recent one that declared sampling, on a connection that can carry a
+        server-to-client request (2025 sessions), is asked. None when there is no such client.
+        """
+        for session, request_id in reversed(list(self._callers.get(upstream, {}).items())):
+            capabilities = session.client_capabilities
+            if capabilities is None or capabilities.sampling is None or not session.can_send_request:
+                continue
+            # The upstream's params go as they are; related_request_id rides the caller's own stream on HTTP.
+            request = types.CreateMessageRequest(params=params)
+            metadata = ServerMessageMetadata(related_request_id=request_id)
+            if params.tools:
+                return await session.send_request(request, types.CreateMessageResultWithTools, metadata=metadata)
+            return await session.send_request(request, types.CreateMessageResult, metadata=metadata)
+        return None
 
     # -- transports ------------------------------------------------------------------------------
 

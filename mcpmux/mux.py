@@ -13,10 +13,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import mcp_types as types
@@ -27,7 +27,11 @@ from mcpmux.catalog import Catalog
 from mcpmux.config import Config, load_config
 from mcpmux.dispatch import UpstreamDispatcher
 from mcpmux.errors import MuxError, UpstreamTimeoutError, UpstreamUnavailableError
+from mcpmux.inference.sampling_bridge import SamplingBridge
 from mcpmux.upstream import ProgressFn, Upstream, UpstreamEvents, UpstreamStatus
+
+if TYPE_CHECKING:
+    from mcpmux.inference.service import InferenceService
 
 logger = logging.getLogger(__name__)
 
@@ -52,8 +56,14 @@ class Mux:
         self.config = config
         self.catalog = Catalog(separator=config.mux.separator, prefix_single=config.mux.prefix_single)
         events = UpstreamEvents(listing_changed=self._on_listing_changed, log=self._on_log)
+        # Upstream sampling requests go to the bridge, which answers under each server's policy.
+        self.sampling = SamplingBridge()
+        self.inference: InferenceService | None = None  # started on entry when [inference] backend != "off"
         self.upstreams = {
-            name: Upstream(name, server, config.mux, events) for name, server in config.enabled_servers.items()
+            name: Upstream(
+                name, server, config.mux, replace(events, sampling=self.sampling.callback(name, server.sampling))
+            )
+            for name, server in config.enabled_servers.items()
         }
         self.cache: ResultCache[types.CallToolResult] = ResultCache(
             CachePolicy(max_entries=config.mux.cache_max_entries), name="tool results"
@@ -72,6 +82,11 @@ class Mux:
 
             for local in meta_tools(self):
                 self.add_local_tool(local)
+        if config.inference.backend != "off":
+            from mcpmux.local_tools import inference_tools  # imported here: local_tools imports this module
+
+            for local in inference_tools(lambda: self.inference, config.inference.namespace, config.mux.separator):
+                self.add_local_tool(local)
 
     @classmethod
     def from_config(cls, config: str | Path | Config) -> Mux:
@@ -86,6 +101,12 @@ class Mux:
         await self._tasks.__aenter__()
         for upstream in self.upstreams.values():
             self._tasks.start_soon(upstream.run, name=f"upstream {upstream.name}")
+        try:
+            # The model loads (off the event loop) while the upstreams connect.
+            await self._start_inference()
+        except BaseException:
+            await self.__aexit__(None, None, None)
+            raise
         with anyio.move_on_after(self.config.mux.startup_timeout):
             for upstream in self.upstreams.values():
                 await upstream.settled.wait()
@@ -101,6 +122,21 @@ class Mux:
         finally:
             await self._stack.__aexit__(None, None, None)
         return None
+
+    async def _start_inference(self) -> None:
+        if self.config.inference.backend == "off":
+            return
+        from mcpmux.inference.service import InferenceService  # torch is imported only when inference is on
+
+        self.inference = await InferenceService.start(self.config.inference)
+        self._stack.push_async_callback(self._stop_inference)
+        self.sampling.service = self.inference
+
+    async def _stop_inference(self) -> None:
+        self.sampling.service = None
+        if self.inference is not None:
+            await self.inference.shutdown()
+            self.inference = None
 
     # -- listeners -------------------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ import anyio
 import httpx2
 import mcp_types as types
 from mcp import Client
+from mcp.client.session import SamplingFnT
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
@@ -59,6 +60,8 @@ class UpstreamEvents:
 
     listing_changed: Callable[[str], Awaitable[None]]
     log: Callable[[str, types.LoggingMessageNotificationParams], Awaitable[None]]
+    # Answers this upstream's sampling/createMessage (both eras); None declares no sampling capability.
+    sampling: SamplingFnT | None = None
 
 
 @dataclass(slots=True)
@@ -191,6 +194,7 @@ class Upstream:
             transport,
             mode=self.config.protocol,
             logging_callback=self._on_log,
+            sampling_callback=self.events.sampling,
             log_level="debug",  # 2026 servers log only to requests that opt in; mcpmux relays what clients want
             message_handler=self._on_message,
             cache=None,

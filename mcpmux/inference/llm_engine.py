@@ -149,6 +149,8 @@ class LLMEngine:
         if not (seq.is_finished and seq.finish_reason == "stop"):
             out.text = req.detokenizer.add(token)
             if req.detokenizer.stopped:
+                # A stop string on the very last allowed token still counts as a stop, not a length cut.
+                seq.finish_reason = "stop" if seq.is_finished else seq.finish_reason
                 self.scheduler.finish(seq, "stop")
         return self._final(req, out, now) if seq.is_finished else out
 

@@ -14,11 +14,14 @@ import io
 import json
 import logging
 import os
+import threading
 from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any, BinaryIO, cast
 
 import anyio
+import anyio.from_thread
+import anyio.lowlevel
 import mcp_types as types
 
 from mcpmux.jsonrpc_batch import BatchPlan, array_refusal, error_message, id_key, is_response, plan_batch
@@ -50,7 +53,7 @@ class StdioBatchEdge:
     """Splits inbound batch arrays and joins their responses; give `stdin`/`stdout` to `stdio_server`."""
 
     def __init__(self, wire_in: BinaryIO, wire_out: BinaryIO) -> None:
-        self._in = anyio.wrap_file(io.TextIOWrapper(wire_in, encoding="utf-8", errors="replace"))
+        self._in = io.TextIOWrapper(wire_in, encoding="utf-8", errors="replace")
         self._out = anyio.wrap_file(io.TextIOWrapper(wire_out, encoding="utf-8"))
         self._write_lock = anyio.Lock()
         self.protocol_version: str | None = None
@@ -70,8 +73,29 @@ class StdioBatchEdge:
         # stdio_server only calls write() and flush() on its stdout.
         return cast("anyio.AsyncFile[str]", _Writer(self))
 
+    async def _client_lines(self) -> AsyncIterator[str]:
+        """stdin's lines, read by a daemon thread: a worker thread blocked in a read would hold up
+        shutdown on SIGTERM until the client closed stdin."""
+        send, receive = anyio.create_memory_object_stream[str](1)
+        token = anyio.lowlevel.current_token()
+
+        def pump() -> None:
+            try:
+                for line in self._in:
+                    anyio.from_thread.run(send.send, line, token=token)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError, RuntimeError):
+                return  # the server stopped reading, or its event loop is gone
+            finally:
+                with suppress(RuntimeError):
+                    anyio.from_thread.run_sync(send.close, token=token)
+
+        threading.Thread(target=pump, name="mcpmux stdin", daemon=True).start()
+        async with receive:
+            async for line in receive:
+                yield line
+
     async def _lines(self) -> AsyncIterator[str]:
-        async for line in self._in:
+        async for line in self._client_lines():
             if line.lstrip().startswith("["):
                 for message in await self._split(line):
                     yield json.dumps(message) + "\n"

@@ -142,6 +142,9 @@ def test_stdio_batch_refused_on_later_revisions(tmp_path: Path) -> None:
     raw = RawStdio(write_config(tmp_path / "empty.json", {}))  # no upstream needed: starts faster
     try:
         _check_refusals(raw)
+        # The edge's stdin reader never holds up shutdown: SIGTERM ends the server with stdin still open.
+        raw.process.terminate()
+        assert raw.process.wait(timeout=20) == 0
     finally:
         raw.close()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ from transformers import AutoTokenizer, GPT2Config
 from mcpmux.inference import builtin
 from mcpmux.inference.builtin import BuiltinModel, builtin_names, gguf_path
 from mcpmux.inference.loader import load_model, resolve_dtype
-from mcpmux.inference.models import SUPPORTED_ARCHITECTURES, ModelLoadError, UnsupportedModelError
+from mcpmux.inference.models import SUPPORTED_ARCHITECTURES, LlamaCausalLM, ModelLoadError, UnsupportedModelError
 
 
 def test_loaded_model_describes_the_checkpoint(tiny_qwen2: Path) -> None:
@@ -40,9 +41,9 @@ def test_encode_prompt_and_chat_match_the_tokenizer(tiny_llama: Path) -> None:
     assert tokenizer.decode(loaded.encode_prompt(prompt)) == prompt
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello?"}]
     chat = loaded.encode_chat(messages)
-    expected = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)
+    expected: Any = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)
     assert chat == expected["input_ids"]
-    assert tokenizer.decode(chat).endswith("<|im_start|>assistant\n")
+    assert str(tokenizer.decode(chat)).endswith("<|im_start|>assistant\n")
 
 
 def test_chat_without_template_is_a_clear_error(tiny_llama: Path, tmp_path: Path) -> None:
@@ -162,7 +163,7 @@ def test_builtin_smollm2_converts_once_then_loads_from_cache(
     assert loaded.name == "smollm2-135m"
     assert (loaded.num_layers, loaded.num_heads, loaded.num_kv_heads, loaded.head_dim) == (30, 9, 3, 64)
     assert loaded.vocab_size == 49152
-    assert loaded.tokenizer.decode(loaded.encode_chat([{"role": "user", "content": "Hi"}])).endswith(
+    assert str(loaded.tokenizer.decode(loaded.encode_chat([{"role": "user", "content": "Hi"}]))).endswith(
         "<|im_start|>assistant\n"
     )
     assert loaded.tokenizer.eos_token_id in loaded.eos_token_ids
@@ -175,5 +176,7 @@ def test_gguf_file_loads_directly_and_equals_the_converted_folder(smollm2_dir: P
     cached = load_model(str(smollm2_dir), dtype="float32", device="cpu")
     assert direct.name == "SmolLM2-135M-Instruct.Q4_1"
     assert direct.encode_prompt("The capital of France is") == cached.encode_prompt("The capital of France is")
+    assert isinstance(direct.model, LlamaCausalLM)
+    assert isinstance(cached.model, LlamaCausalLM)
     for ours, theirs in zip(direct.model.state_dict().values(), cached.model.state_dict().values(), strict=True):
         assert torch.equal(ours, theirs)

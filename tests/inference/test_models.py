@@ -10,6 +10,7 @@ import json
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from mcpmux.inference.forward_batch import ForwardBatch
 from mcpmux.inference.loader import LoadedModel, load_model
+from mcpmux.inference.models import LlamaCausalLM
 from tests.inference.tiny_models import TINY_ARCHS, build_tiny_model
 
 BLOCK_SIZE = 4  # tiny, so even short prompts cross several blocks
@@ -131,7 +133,7 @@ def greedy(loaded: LoadedModel, tokens: list[int], max_new_tokens: int) -> list[
         logits = cache.step([seq], [1])
 
 
-def hf_greedy(hf: PreTrainedModel, tokens: list[int], max_new_tokens: int) -> list[int]:
+def hf_greedy(hf: Any, tokens: list[int], max_new_tokens: int) -> list[int]:
     with torch.inference_mode():
         out = hf.generate(torch.tensor([tokens], device=hf.device), max_new_tokens=max_new_tokens, do_sample=False)
     return out[0, len(tokens) :].tolist()
@@ -215,7 +217,7 @@ def test_rope_scaling_equals_hf(variant: str, tmp_path: Path) -> None:
     assert greedy(loaded, tokens[:20], 16) == hf_greedy(hf, tokens[:20], 16)
 
 
-CONFIG_VARIANTS = {
+CONFIG_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     # head_dim set explicitly and unequal to hidden / heads (as in Mistral-Nemo): 4 x 32 = 128 != 64.
     "mistral-wide-heads": ("mistral", {"head_dim": 32}),
     # Llama with every optional bias (o_proj and the MLP too), and an untied head.
@@ -259,6 +261,8 @@ def test_mistral_sliding_window_shorter_than_context_is_refused(tmp_path: Path) 
 def test_weights_are_shared_not_copied(tiny_llama: Path, tiny_mistral: Path) -> None:
     tied = load_model(str(tiny_llama), dtype="float32", device="cpu").model
     untied = load_model(str(tiny_mistral), dtype="float32", device="cpu").model
+    assert isinstance(tied, LlamaCausalLM)
+    assert isinstance(untied, LlamaCausalLM)
     assert tied.lm_head.data_ptr() == tied.embed.data_ptr()
     assert untied.lm_head.data_ptr() != untied.embed.data_ptr()
     hf = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32)
@@ -295,7 +299,8 @@ def test_cuda_forward_equals_hf(arch: str, tiny_model_dirs: dict[str, Path]) -> 
     path = tiny_model_dirs[arch]
     loaded = load_model(str(path), dtype="float32", device="cuda")
     assert loaded.model.device.type == "cuda"
-    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).cuda().eval()
+    hf: Any = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    hf = hf.cuda().eval()
     tokens = loaded.encode_prompt(PROMPTS[2])
     with torch.inference_mode():
         ref = hf(torch.tensor([tokens], device="cuda")).logits[0]

@@ -149,11 +149,14 @@ class Frontend:
         async def relay_progress(progress: float, total: float | None, message: str | None) -> None:
             await session.report_progress(progress, total, message)
 
-        try:
-            upstream = self.mux.catalog.resolve_tool(params.name).upstream
-        except MuxError as err:
-            raise _as_mcp_error(err) from None
-        callers = self._callers.setdefault(upstream, weakref.WeakKeyDictionary())
+        # Calls in flight per upstream: where its logs and sampling requests belong. Local tools have none.
+        callers: weakref.WeakKeyDictionary[ServerSession, types.RequestId] = weakref.WeakKeyDictionary()
+        if params.name not in self.mux.local_tools:
+            try:
+                upstream = self.mux.catalog.resolve_tool(params.name).upstream
+            except MuxError as err:
+                raise _as_mcp_error(err) from None
+            callers = self._callers.setdefault(upstream, callers)
         callers[session] = ctx.request_id
         try:
             return await self.mux.call_tool(

@@ -66,6 +66,11 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--transport", choices=["stdio", "http"], default="stdio")
     serve.add_argument("--host", default=None, help="HTTP host (default: [http] host, 127.0.0.1)")
     serve.add_argument("--port", type=int, default=None, help="HTTP port (default: [http] port, 8765)")
+    serve.add_argument(
+        "--openai-only",
+        action="store_true",
+        help="serve only the OpenAI-compatible API at /v1 over HTTP ([inference]; no upstreams are started)",
+    )
     serve.add_argument("wrapped", nargs=argparse.REMAINDER, help="-- CMD ARGS...: wrap one stdio server")
     commands.add_parser("tools", help="list the aggregated catalog and each upstream's status")
     call = commands.add_parser("call", help="call one tool and print its result as JSON")
@@ -93,6 +98,8 @@ def _resolve_config(args: argparse.Namespace) -> Config:
 
 async def _serve(args: argparse.Namespace, config: Config) -> int:
     """Serve until stdin closes (stdio) or SIGINT/SIGTERM arrives; upstream children end with the Mux."""
+    if args.openai_only:
+        return await _serve_openai_only(args, config)
     async with Mux(config) as mux, anyio.create_task_group() as tasks:
         frontend = Frontend(mux)
         stop = anyio.Event()
@@ -104,6 +111,21 @@ async def _serve(args: argparse.Namespace, config: Config) -> int:
             sock = bind(host, config.http.port if args.port is None else args.port)
             _announce_http(host, sock.getsockname()[1], config)
             await frontend.serve_http(sock, config.http.path, stop)
+        tasks.cancel_scope.cancel()
+    return 0
+
+
+async def _serve_openai_only(args: argparse.Namespace, config: Config) -> int:
+    """Only `/v1`, over HTTP, until SIGINT/SIGTERM; the engine loads here (torch is imported only now)."""
+    from mcpmux.inference.openai_server import serve_openai_only
+
+    if config.inference.backend == "off":
+        raise MuxError(f'--openai-only needs [inference] backend = "local" or "openai" in {config.source}')
+    async with anyio.create_task_group() as tasks:
+        stop = anyio.Event()
+        tasks.start_soon(_stop_on_signal, stop, None)
+        sock = bind(args.host or config.http.host, config.http.port if args.port is None else args.port)
+        await serve_openai_only(config.inference, sock, stop)
         tasks.cancel_scope.cancel()
     return 0
 

@@ -251,6 +251,11 @@ class Frontend:
         """The streamable HTTP app (Host/Origin checks on for loopback hosts; 2025-03-26 batch arrays too)."""
         app = self.server.streamable_http_app(streamable_http_path=path, host=host)
         app.add_middleware(BatchArrayMiddleware, path=path)
+        inference = self.mux.inference
+        if inference is not None and inference.settings.openai_api:
+            from mcpmux.inference.openai_api import openai_mount  # imported here: it pulls in torch
+
+            app.router.routes.append(openai_mount(inference))
         return app
 
     async def serve_http(self, sock: socket.socket, path: str = "/mcp", stop: anyio.Event | None = None) -> None:

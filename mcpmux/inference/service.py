@@ -19,6 +19,9 @@ from dataclasses import asdict
 from types import TracebackType
 from typing import Any
 
+import anyio
+import anyio.to_thread
+
 from mcpmux.inference.config import EngineConfig, EngineError, SamplingParams
 from mcpmux.inference.delta import Delta
 from mcpmux.inference.embeddings import Embedder
@@ -206,6 +209,20 @@ class InferenceService:
             return await self._remote.embed(texts)
         assert self._embedder is not None, "the service was not started"
         return await self._embedder.embed(texts)
+
+    async def embedding_token_count(self, texts: list[str]) -> int:
+        """Tokens the embedding model reads for `texts` (for `usage`); 0 where the remote server counts."""
+        if self._embedder is None:
+            return 0
+        model = await self._embedder.model()
+        return sum(len(ids) for ids in await anyio.to_thread.run_sync(model.tokenize, texts))
+
+    def token_text(self, model: str | None, token_id: int) -> str:
+        """The text of one token of a local model (for logprobs); empty for remote models."""
+        engine = self._engines.get(self.resolve_model(model))
+        if engine is None:
+            return ""
+        return str(engine.core.loaded.tokenizer.decode([token_id]))
 
     @property
     def embedding_model(self) -> str:

@@ -1,0 +1,41 @@
+"""`mcpmux serve --openai-only`: the OpenAI-compatible API alone, over HTTP, with no upstreams."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import sys
+from collections.abc import Iterator
+
+import anyio
+import uvicorn
+
+from mcpmux.inference.openai_api import openai_app
+from mcpmux.inference.service import InferenceService
+from mcpmux.inference.settings import InferenceSettings
+
+
+class _Server(uvicorn.Server):
+    """Leaves signals to the CLI, which owns the process (uvicorn would re-raise them after shutdown)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+async def serve_openai_only(settings: InferenceSettings, sock: socket.socket, stop: anyio.Event) -> None:
+    """Start the service, serve `/v1` on the bound socket until `stop` is set, then shut the service down."""
+    async with await InferenceService.start(settings) as service:
+        host, port = sock.getsockname()[:2]
+        sys.stderr.write(f"mcpmux serving the OpenAI-compatible API at http://{host}:{port}/v1\n")
+        sys.stderr.flush()
+        server = _Server(uvicorn.Config(openai_app(service), log_level="warning", lifespan="off"))
+        async with anyio.create_task_group() as tasks:
+
+            async def stop_when_asked() -> None:
+                await stop.wait()
+                server.should_exit = True
+
+            tasks.start_soon(stop_when_asked)
+            await server.serve(sockets=[sock])
+            tasks.cancel_scope.cancel()

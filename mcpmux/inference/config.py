@@ -57,9 +57,7 @@ class SamplingParams:
         _check(self.top_k >= 0, f"top_k must be >= 0 (0 turns it off), got {self.top_k}")
         _check(0 < self.top_p <= 1, f"top_p must be in (0, 1] (1 turns it off), got {self.top_p}")
         _check(0 <= self.min_p <= 1, f"min_p must be in [0, 1] (0 turns it off), got {self.min_p}")
-        _check(
-            all(isinstance(s, str) and s for s in self.stop), f"stop strings must be non-empty: {self.stop}"
-        )
+        _check(all(isinstance(s, str) and s for s in self.stop), f"stop strings must be non-empty: {self.stop}")
         _check(
             self.logprobs is None or 0 <= self.logprobs <= 20,
             f"logprobs must be between 0 and 20 (or None), got {self.logprobs}",
@@ -103,17 +101,13 @@ class EngineConfig:
             self.num_blocks is None or self.num_blocks >= 1,
             f"num_blocks must be >= 1 (or None to size from kv_cache_memory_mb), got {self.num_blocks}",
         )
-        _check(
-            self.kv_cache_memory_mb >= 1, f"kv_cache_memory_mb must be >= 1, got {self.kv_cache_memory_mb}"
-        )
+        _check(self.kv_cache_memory_mb >= 1, f"kv_cache_memory_mb must be >= 1, got {self.kv_cache_memory_mb}")
         _check(self.max_num_seqs >= 1, f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         _check(
             self.max_num_batched_tokens >= 1,
             f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}",
         )
-        _check(
-            self.prefill_chunk_size >= 1, f"prefill_chunk_size must be >= 1, got {self.prefill_chunk_size}"
-        )
+        _check(self.prefill_chunk_size >= 1, f"prefill_chunk_size must be >= 1, got {self.prefill_chunk_size}")
         _check(self.max_waiting >= 1, f"max_waiting must be >= 1, got {self.max_waiting}")
         _check(self.aging_interval >= 1, f"aging_interval must be >= 1 step, got {self.aging_interval}")
         _check(

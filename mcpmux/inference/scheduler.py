@@ -44,9 +44,7 @@ class SchedulerOutput:
 class Scheduler:
     """Owns the waiting and running queues and the block manager."""
 
-    def __init__(
-        self, config: EngineConfig, num_blocks: int, eos_token_ids: Iterable[int], max_model_len: int
-    ) -> None:
+    def __init__(self, config: EngineConfig, num_blocks: int, eos_token_ids: Iterable[int], max_model_len: int) -> None:
         self.config = config
         self.max_model_len = max_model_len
         self.eos_token_ids = frozenset(eos_token_ids)

@@ -23,9 +23,7 @@ def make_scheduler(num_blocks: int = 64, **overrides: object) -> Scheduler:
     return Scheduler(EngineConfig(**settings_), num_blocks, [EOS], max_model_len=512)  # type: ignore[arg-type]
 
 
-def make_seq(
-    rid: str, prompt: list[int], max_tokens: int = 8, priority: int = 0, **params: object
-) -> Sequence:
+def make_seq(rid: str, prompt: list[int], max_tokens: int = 8, priority: int = 0, **params: object) -> Sequence:
     sp = SamplingParams(max_tokens=max_tokens, **params)  # type: ignore[arg-type]
     return Sequence(rid, list(prompt), len(prompt), sp, priority=priority)
 
@@ -218,9 +216,7 @@ workloads = st.builds(
     chunk=st.integers(1, 16),
     budget=st.integers(8, 40),
     requests=st.lists(
-        st.tuples(
-            st.integers(0, 20), st.integers(1, 20), st.integers(1, 10), st.integers(0, 3), st.integers(0, 5)
-        ),
+        st.tuples(st.integers(0, 20), st.integers(1, 20), st.integers(1, 10), st.integers(0, 3), st.integers(0, 5)),
         min_size=1,
         max_size=16,
     ),

@@ -11,11 +11,13 @@ checkpoint's own half dtype (``torch_dtype`` in config.json) when it has one, el
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -153,6 +155,10 @@ def load_model(spec: str, dtype: str = "auto", device: str = "auto") -> LoadedMo
     torch_device = resolve_device(device)
     source = _locate(spec)
     where = str(source.folder / source.gguf_file) if source.gguf_file else str(source.folder)
+    if source.gguf_file is None:
+        # Checked on the raw JSON first: transformers cannot even parse configs of architectures it
+        # lacks, and its error would not say what mcpmux can serve instead.
+        architecture_of(SimpleNamespace(**json.loads((source.folder / "config.json").read_text())), where)
     with quiet_hf_progress():
         config = AutoConfig.from_pretrained(source.folder, gguf_file=source.gguf_file)
         architecture_of(config, where)

@@ -85,6 +85,14 @@ def test_unsupported_architecture_is_named_with_the_supported_ones(tmp_path: Pat
     assert "gpt2" in message  # the path
 
 
+def test_architecture_transformers_does_not_know_is_named(tmp_path: Path) -> None:
+    folder = tmp_path / "fancy"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"architectures": ["FancyNewForCausalLM"], "model_type": "fancy"}))
+    with pytest.raises(UnsupportedModelError, match=r"fancy: architecture FancyNewForCausalLM is not supported"):
+        load_model(str(folder))
+
+
 def test_unknown_builtin_lists_the_known_ones() -> None:
     with pytest.raises(ModelLoadError, match=r"unknown builtin model builtin:gpt-9.*available: builtin:smollm2-135m"):
         load_model("builtin:gpt-9")

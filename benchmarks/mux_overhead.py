@@ -378,19 +378,18 @@ def _targets(rows: list[Row]) -> dict[str, dict[str, Any]]:
     return verdicts
 
 
-def _meta(args: argparse.Namespace, load_before: tuple[float, ...]) -> dict[str, Any]:
+def _meta(args: argparse.Namespace) -> dict[str, Any]:
     def git(*command: str) -> str:
         return subprocess.run(["git", *command], capture_output=True, text=True, cwd=HERE).stdout.strip()
 
     return {
-        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "git_commit": git("rev-parse", "--short", "HEAD"),
         "mcpmux_uncommitted_changes": bool(git("status", "--porcelain", "--", str(HERE.parent / "mcpmux"))),
         "python": platform.python_version(),
         "mcp": version("mcp"),
         "cpus": os.cpu_count(),
-        "loadavg_before": load_before,
-        "loadavg_after": os.getloadavg(),
+        "loadavg_at_start": os.getloadavg(),
         "client_era": args.era,
         "upstream_extra_tools": args.upstream_tools,
         "repeats": args.repeats,
@@ -435,7 +434,7 @@ def main(argv: list[str]) -> int:
         asyncio.run(relay(argv[1:]))
         return 0
     args = _parse(argv)
-    load_before = os.getloadavg()
+    meta = _meta(args)  # before the run: the code under test is what the processes start with
     signal.signal(signal.SIGTERM, _interrupt)  # `kill` gets the same clean-up as Ctrl-C
     try:
         with tempfile.TemporaryDirectory(prefix="muxbench-") as tmp:
@@ -457,7 +456,8 @@ def main(argv: list[str]) -> int:
     for name, verdict in targets.items():
         print(f"{name}: {verdict['value']} (target {verdict['target']}): {'met' if verdict['met'] else 'MISSED'}")
     rows_json = [{**asdict(row), "added_p50_ms": row.added_p50_ms, "throughput_kept_pct": row.kept_pct} for row in rows]
-    report = {"meta": {**_meta(args, load_before), "leaked_processes": leaked}, "targets": targets, "rows": rows_json}
+    meta.update(loadavg_at_end=os.getloadavg(), leaked_processes=leaked)
+    report = {"meta": meta, "targets": targets, "rows": rows_json}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2))
     print(f"wrote {args.out}")

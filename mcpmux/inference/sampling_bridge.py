@@ -120,7 +120,8 @@ class SamplingBridge:
         if policy == "client":
             raise SamplingRefusedError(
                 f"upstream {upstream!r} asked for sampling under policy 'client', but no client with a call in "
-                "flight on it declared sampling on a connection that can carry the request (2025 sessions only); "
+                # Never say "session" here: upstream.py reads INVALID_REQUEST + "session" as an expired session.
+                "flight on it declared sampling on a connection that can carry the request (2025 revisions only); "
                 f'set [servers.{upstream}.sampling] policy = "client-then-local" to fall back to the local model'
             )
         result = await self._sample_locally(upstream, settings, params)

@@ -172,12 +172,15 @@ class Embedder:
     Enter it with `async with` (it owns the batcher's task group) and leave it from the same task.
     """
 
-    def __init__(self, settings: EmbeddingSettings, *, device: str = "auto") -> None:
+    def __init__(
+        self, settings: EmbeddingSettings, *, device: str = "auto", model: EmbeddingModel | None = None
+    ) -> None:
+        """`model`: an already loaded model to serve (else `settings.model` loads on first use)."""
         self.settings = settings
         self._device = device
         policy = BatchPolicy(max_batch_size=settings.max_batch_size, max_delay=settings.max_delay, mode=settings.mode)
         self._batcher: DynamicBatcher[str, list[float]] = DynamicBatcher(self._run_batch, policy, name="embeddings")
-        self._model: EmbeddingModel | None = None
+        self._model = model
         self._load_lock = anyio.Lock()
 
     async def __aenter__(self) -> Embedder:

@@ -3,8 +3,9 @@
 The variable only takes effect when it is set before the first ``import triton`` in the process.
 When this directory runs alone, setting it here (before any test module loads) is early enough and
 the Triton tests run in-process. In a whole-suite run, other directories import transformers (which
-imports triton) first; then the in-process Triton tests skip and ``test_interpreter_subprocess.py``
-runs the same files in a fresh interpreter-mode process instead, so they always run exactly once.
+imports triton) first; then the Triton test files are not collected here and
+``test_interpreter_subprocess.py`` runs them in a fresh interpreter-mode process instead (that file is
+collected only then), so they always run exactly once.
 With CUDA present nothing is set: the same tests run the compiled kernels on the GPU.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -37,6 +39,16 @@ def triton_runs_here() -> bool:
     from triton.runtime.interpreter import InterpretedFunction
 
     return isinstance(standard.cdiv, InterpretedFunction)
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """Collect the Triton files here or their subprocess runner, never both and never neither."""
+    name = collection_path.name
+    if name in TRITON_TEST_FILES and not triton_runs_here():
+        return True
+    if name == "test_interpreter_subprocess.py" and triton_runs_here():
+        return True
+    return None  # no opinion: False would override other ignore rules such as --ignore
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ from mcpmux.inference.config import EngineConfig, SamplingParams
 from mcpmux.inference.llm_engine import LLMEngine
 from mcpmux.inference.loader import LoadedModel, load_model
 from mcpmux.kernels import reference
+from tests.kernels.conftest import DEVICE
 from tests.inference.tiny_models import build_tiny_model
 
 SHARED = "Paged attention stores keys and values in fixed-size blocks. "
@@ -30,7 +31,7 @@ REQUESTS = [
 
 def _serve(loaded: LoadedModel, path: Path) -> dict[str, list[int]]:
     config = EngineConfig(
-        model=str(path), dtype="float32", device="cpu", block_size=4, num_blocks=64, prefill_chunk_size=8
+        model=str(path), dtype="float32", device=DEVICE, block_size=4, num_blocks=64, prefill_chunk_size=8
     )
     engine = LLMEngine(config, loaded)
     tokens: dict[str, list[int]] = {}
@@ -54,7 +55,7 @@ def _refuse(*_: object, **__: object) -> None:
 @pytest.mark.usefixtures("triton_backend")
 def test_greedy_output_identical_on_triton_and_torch_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = build_tiny_model("llama", tmp_path / "llama")
-    loaded = load_model(str(path), "float32", "cpu")
+    loaded = load_model(str(path), "float32", DEVICE)
     kernels.set_backend("torch")
     expected = _serve(loaded, path)
     assert sorted(expected) == [f"r{i}" for i in range(len(REQUESTS))]

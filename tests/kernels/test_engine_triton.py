@@ -16,8 +16,8 @@ from mcpmux.inference.config import EngineConfig, SamplingParams
 from mcpmux.inference.llm_engine import LLMEngine
 from mcpmux.inference.loader import LoadedModel, load_model
 from mcpmux.kernels import reference
-from tests.kernels.conftest import DEVICE
 from tests.inference.tiny_models import build_tiny_model
+from tests.kernels.conftest import DEVICE
 
 SHARED = "Paged attention stores keys and values in fixed-size blocks. "
 # (prompt, max_tokens, step it arrives at)

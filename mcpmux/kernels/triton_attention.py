@@ -215,6 +215,8 @@ def paged_attention(
     q = last_dim_contiguous(q)
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1 or out.stride(-1) != 1:
+        raise ValueError("paged_attention: the KV caches and `out` need a contiguous last (head_dim) dimension")
     if num_tokens == 0 or num_seqs == 0:
         return out
     cfg = attention_config(head_dim, group, num_seqs, num_kv_heads, max_query_len, max_seq_len, q.device, num_splits)

@@ -55,6 +55,7 @@ class InferenceService:
         self._models: dict[str, ModelSettings] = {}
         self._remote: RemoteBackend | None = None
         self._embedder: Embedder | None = None
+        self._closed = False
 
     @classmethod
     async def start(cls, settings: InferenceSettings) -> InferenceService:
@@ -101,8 +102,8 @@ class InferenceService:
 
     async def shutdown(self) -> None:
         """Abort what is in flight, stop the engines, the embedder and the remote client."""
+        self._closed = True
         await self._stack.aclose()
-        self._engines.clear()
 
     async def __aenter__(self) -> InferenceService:
         return self
@@ -151,6 +152,8 @@ class InferenceService:
 
     def resolve_model(self, model: str | None) -> str:
         """The configured name for `model` (a name or a model spec); None means the default."""
+        if self._closed:
+            raise EngineError("the inference service is shut down; start a new one with InferenceService.start()")
         if model is None:
             return self.model_names()[0]
         if model in self._models:
@@ -200,6 +203,8 @@ class InferenceService:
 
     async def embed(self, texts: list[str]) -> list[list[float]]:
         """One L2-normalized vector per text (batched with other callers' texts)."""
+        if self._closed:
+            raise EngineError("the inference service is shut down; start a new one with InferenceService.start()")
         if not self.settings.embeddings.model:
             raise InferenceOffError(
                 'embeddings are off ([inference.embeddings] model = ""); set it to "builtin:all-minilm-l6-v2" '

@@ -22,6 +22,7 @@ from typing import Any, BinaryIO, cast
 import anyio
 import anyio.from_thread
 import anyio.lowlevel
+import anyio.to_thread
 import mcp_types as types
 
 from mcpmux.jsonrpc_batch import BatchPlan, array_refusal, error_message, id_key, is_response, plan_batch
@@ -54,7 +55,7 @@ class StdioBatchEdge:
 
     def __init__(self, wire_in: BinaryIO, wire_out: BinaryIO) -> None:
         self._in = io.TextIOWrapper(wire_in, encoding="utf-8", errors="replace")
-        self._out = anyio.wrap_file(io.TextIOWrapper(wire_out, encoding="utf-8"))
+        self._out = io.TextIOWrapper(wire_out, encoding="utf-8")
         self._write_lock = anyio.Lock()
         self.protocol_version: str | None = None
         """The revision the server negotiated with this client (None before initialize)."""
@@ -158,9 +159,7 @@ class StdioBatchEdge:
                     if not plan.waiting:
                         await self._finish(plan)
                     return
-        async with self._write_lock:
-            await self._out.write(text)
-            await self._out.flush()
+        await self._write_text(text)
 
     async def _finish(self, plan: BatchPlan) -> None:
         responses = plan.responses()
@@ -168,9 +167,16 @@ class StdioBatchEdge:
             await self._write(responses)
 
     async def _write(self, payload: object) -> None:
+        await self._write_text(json.dumps(payload, separators=(",", ":")) + "\n")
+
+    async def _write_text(self, text: str) -> None:
+        # One thread hop per line (write and flush together): a blocked pipe must not stall the loop.
         async with self._write_lock:
-            await self._out.write(json.dumps(payload, separators=(",", ":")) + "\n")
-            await self._out.flush()
+            await anyio.to_thread.run_sync(self._write_sync, text)
+
+    def _write_sync(self, text: str) -> None:
+        self._out.write(text)
+        self._out.flush()
 
 
 class _Writer:

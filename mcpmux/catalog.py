@@ -11,7 +11,7 @@ import difflib
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import mcp_types as types
 
@@ -44,6 +44,8 @@ class Catalog:
     resources: list[types.Resource] = field(default_factory=list)
     resource_templates: list[types.ResourceTemplate] = field(default_factory=list)
     _tool_routes: dict[str, Route] = field(default_factory=dict)
+    input_schemas: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Public tool name -> its input schema: the SDK checks 2026 `Mcp-Param` headers against it."""
     _prompt_routes: dict[str, Route] = field(default_factory=dict)
     _resource_routes: dict[str, str] = field(default_factory=dict)
     _template_routes: list[tuple[re.Pattern[str], str]] = field(default_factory=list)
@@ -52,7 +54,7 @@ class Catalog:
         """Recompute the whole view; local tools (mcpmux's own) keep their names and win collisions."""
         sources = list(sources)
         prefix = self.prefix_single or len(sources) > 1
-        self.tools, self._tool_routes = [], {}
+        self.tools, self._tool_routes, self.input_schemas = [], {}, {}
         self.prompts, self._prompt_routes = [], {}
         self.resources, self._resource_routes = [], {}
         self.resource_templates, self._template_routes = [], []
@@ -65,6 +67,7 @@ class Catalog:
                 taken.add(name)
                 self.tools.append(tool.model_copy(update={"name": name}))
                 self._tool_routes[name] = Route(source.name, tool.name)
+                self.input_schemas[name] = tool.input_schema
             prompt_names: set[str] = set(self._prompt_routes)
             for prompt in source.listing.prompts:
                 name = public_name(source.name, prompt.name, self.separator, prefix, prompt_names)

@@ -102,7 +102,7 @@ class UpstreamDispatcher:
         self.cache.invalidate_tag(self.upstream.name)
 
     def _cacheable(self, tool: str) -> bool:
-        listed = next((t for t in self.upstream.listing.tools if t.name == tool), None)
+        listed = self.upstream.listing.tools_by_name.get(tool)
         annotations = listed.annotations if listed is not None else None
         return self.upstream.config.cache.cacheable(
             tool,

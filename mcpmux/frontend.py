@@ -106,6 +106,8 @@ class Frontend:
             on_get_prompt=self._get_prompt,
             on_completion=self._complete,
             on_subscriptions_listen=ListenHandler(self.bus),
+            # Without it the SDK runs the whole tools/list handler on every 2026 HTTP call.
+            get_tool_input_schema=mux.input_schema,
         )
         mux.on_catalog_changed(self._announce_changes)
         mux.on_log(self._relay_log)
@@ -286,7 +288,9 @@ class _UvicornServer(uvicorn.Server):
 def bind(host: str, port: int) -> socket.socket:
     """A listening TCP socket; port 0 picks a free one (read it back with `getsockname()`)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY only then, and without it Nagle plus delayed
+    # ACKs hold each response back by ~40 ms.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     sock.listen(1024)

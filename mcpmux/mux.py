@@ -171,6 +171,11 @@ class Mux:
     def list_tools(self) -> list[types.Tool]:
         return [local.tool for local in self.local_tools.values()] + self.catalog.tools
 
+    def input_schema(self, name: str) -> dict[str, Any] | None:
+        """The input schema of a listed tool, found without building the whole list."""
+        local = self.local_tools.get(name)
+        return local.tool.input_schema if local is not None else self.catalog.input_schemas.get(name)
+
     def list_prompts(self) -> list[types.Prompt]:
         return list(self.catalog.prompts)
 

@@ -27,6 +27,10 @@ class Listing:
     resources: list[types.Resource] = field(default_factory=list)
     resource_templates: list[types.ResourceTemplate] = field(default_factory=list)
     prompts: list[types.Prompt] = field(default_factory=list)
+    tools_by_name: dict[str, types.Tool] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.tools_by_name = {tool.name: tool for tool in self.tools}
 
 
 class _WatchedReadStream:
@@ -107,19 +111,20 @@ async def _all_pages(fetch: Callable[[str | None], Awaitable[Any]], attr: str) -
 async def fetch_listing(client: Client) -> Listing:
     """Every page of tools, resources, templates and prompts the server advertises."""
     caps = client.server_capabilities
-    listing = Listing()
+    tools: list[types.Tool] = []
+    resources: list[types.Resource] = []
+    templates: list[types.ResourceTemplate] = []
+    prompts: list[types.Prompt] = []
     if caps.tools is not None:
-        listing.tools = await _all_pages(lambda c: client.list_tools(cursor=c, cache_mode="refresh"), "tools")
+        tools = await _all_pages(lambda c: client.list_tools(cursor=c, cache_mode="refresh"), "tools")
     if caps.resources is not None:
-        listing.resources = await _all_pages(
-            lambda c: client.list_resources(cursor=c, cache_mode="refresh"), "resources"
-        )
-        listing.resource_templates = await _all_pages(
+        resources = await _all_pages(lambda c: client.list_resources(cursor=c, cache_mode="refresh"), "resources")
+        templates = await _all_pages(
             lambda c: client.list_resource_templates(cursor=c, cache_mode="refresh"), "resource_templates"
         )
     if caps.prompts is not None:
-        listing.prompts = await _all_pages(lambda c: client.list_prompts(cursor=c, cache_mode="refresh"), "prompts")
-    return listing
+        prompts = await _all_pages(lambda c: client.list_prompts(cursor=c, cache_mode="refresh"), "prompts")
+    return Listing(tools=tools, resources=resources, resource_templates=templates, prompts=prompts)
 
 
 async def listen_for_changes(client: Client, refresh: Callable[[], Awaitable[None]]) -> None:

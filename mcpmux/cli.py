@@ -117,10 +117,10 @@ async def _serve(args: argparse.Namespace, config: Config) -> int:
 
 async def _serve_openai_only(args: argparse.Namespace, config: Config) -> int:
     """Only `/v1`, over HTTP, until SIGINT/SIGTERM; the engine loads here (torch is imported only now)."""
-    from mcpmux.inference.openai_server import serve_openai_only
-
     if config.inference.backend == "off":
         raise MuxError(f'--openai-only needs [inference] backend = "local" or "openai" in {config.source}')
+    from mcpmux.inference.openai_server import serve_openai_only
+
     async with anyio.create_task_group() as tasks:
         stop = anyio.Event()
         tasks.start_soon(_stop_on_signal, stop, None)

@@ -245,3 +245,38 @@ async def test_a_full_queue_answers_503(tiny_llama: Path) -> None:
     assert 503 in statuses
     assert set(statuses) == {200, 503}
     assert all(r["code"] == "queue_full" and "max_waiting" in r["message"] for r in refusals)
+
+
+@pytest.mark.parametrize("openai_api", [True, False])
+async def test_the_mcp_http_server_mounts_v1_when_asked(tiny_llama: Path, openai_api: bool) -> None:
+    from mcpmux.config import config_from_dict
+    from mcpmux.frontend import Frontend, bind
+    from mcpmux.mux import Mux
+
+    inference = {
+        "backend": "local",
+        "openai_api": openai_api,
+        "models": {"tiny": {"model": str(tiny_llama), "kv_cache_memory_mb": 4}},
+    }
+    config = config_from_dict({"inference": inference}, source="test")
+    async with Mux(config) as mux, anyio.create_task_group() as tg:
+        sock = bind("127.0.0.1", 0)
+        stop = anyio.Event()
+        tg.start_soon(Frontend(mux).serve_http, sock, "/mcp", stop)
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        async with httpx.AsyncClient(base_url=url) as http:
+            with anyio.fail_after(10):
+                while True:
+                    try:
+                        models = await http.get("/v1/models")
+                        break
+                    except httpx.TransportError:
+                        await anyio.sleep(0.05)
+            if openai_api:
+                assert models.json()["data"][0]["id"] == "tiny"
+                body = {"model": "tiny", "messages": CHAT, "max_tokens": 3, "temperature": 0}
+                answer = await http.post("/v1/chat/completions", json=body)
+                assert answer.json()["usage"]["completion_tokens"] == 3
+            else:
+                assert models.status_code == 404
+        stop.set()

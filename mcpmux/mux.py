@@ -97,16 +97,16 @@ class Mux:
         await self._stack.__aenter__()
         for dispatcher in self.dispatchers.values():
             await dispatcher.start(self._stack)
+        try:
+            # Before the task group: the service's own task group must close after it, not before.
+            await self._start_inference()
+        except BaseException:
+            await self._stack.__aexit__(None, None, None)
+            raise
         self._tasks = anyio.create_task_group()
         await self._tasks.__aenter__()
         for upstream in self.upstreams.values():
             self._tasks.start_soon(upstream.run, name=f"upstream {upstream.name}")
-        try:
-            # The model loads (off the event loop) while the upstreams connect.
-            await self._start_inference()
-        except BaseException:
-            await self.__aexit__(None, None, None)
-            raise
         with anyio.move_on_after(self.config.mux.startup_timeout):
             for upstream in self.upstreams.values():
                 await upstream.settled.wait()

@@ -30,7 +30,9 @@ $(NPM_STAMP):
 			@modelcontextprotocol/server-everything@2026.8.31 && touch $(NPM_STAMP); \
 	else echo "npm not found: tests that use npm MCP servers will be skipped" >&2; fi
 
+# The example config answers upstream sampling with SmolLM2: convert it once (~20 s) before serving.
 run: setup
+	$(PY) -c "from mcpmux.inference import builtin; builtin.ensure_converted('smollm2-135m')"
 	$(VENV)/bin/mcpmux serve --config examples/mcpmux.toml --transport http --host $(HOST) --port $(PORT)
 
 lint: $(STAMP)

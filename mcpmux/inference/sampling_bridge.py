@@ -25,6 +25,8 @@ tool results are refused by name.
 from __future__ import annotations
 
 import logging
+import time
+from collections import deque
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field
@@ -48,6 +50,7 @@ ClientSampler = Callable[[str, types.CreateMessageRequestParams], Awaitable[Samp
 """Forwards `(upstream, params)` to a client that can sample; None when no such client has a call in flight."""
 
 DEFAULT_TEMPERATURE = 1.0
+RECENT_TIMINGS = 4096
 _METADATA_PARAMS = {"seed": int, "top_p": float, "top_k": int, "min_p": float}
 _CONTENT_NAMES = {"image": "image", "audio": "audio", "tool_use": "tool use", "tool_result": "tool result"}
 
@@ -65,6 +68,25 @@ class SamplingCounts:
     refused: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class SamplingTiming:
+    """One locally answered request: seconds to its first text and to its end, and tokens generated."""
+
+    upstream: str
+    model: str
+    ttft: float
+    latency: float
+    completion_tokens: int
+
+
+@dataclass(slots=True)
+class _Generated:
+    text: str
+    stop_reason: str
+    ttft: float
+    completion_tokens: int
+
+
 @dataclass(slots=True)
 class SamplingBridge:
     """Turns upstream sampling requests into local completions or forwards them to a client.
@@ -76,6 +98,7 @@ class SamplingBridge:
     service: InferenceService | None = None
     client_sampler: ClientSampler | None = None
     counts: SamplingCounts = field(default_factory=SamplingCounts)
+    recent: deque[SamplingTiming] = field(default_factory=lambda: deque(maxlen=RECENT_TIMINGS))
 
     def callback(self, upstream: str, settings: SamplingSettings) -> SamplingFnT:
         """The `sampling_callback` for one upstream's `Client`."""
@@ -141,12 +164,15 @@ class SamplingBridge:
         model = service.choose_model(hints, **priorities)
         messages = to_chat_messages(upstream, model, params)
         sampling = to_sampling_params(params, settings)
-        text, stop_reason = await _generate(service, messages, sampling, model, settings.priority, params)
+        started = time.perf_counter()
+        out = await _generate(service, messages, sampling, model, settings.priority, params)
+        latency = time.perf_counter() - started
+        self.recent.append(SamplingTiming(upstream, model, out.ttft or latency, latency, out.completion_tokens))
         return types.CreateMessageResult(
             role="assistant",
-            content=types.TextContent(type="text", text=text),
+            content=types.TextContent(type="text", text=out.text),
             model=model,
-            stop_reason=stop_reason,
+            stop_reason=out.stop_reason,
         )
 
 
@@ -195,26 +221,29 @@ async def _generate(
     model: str,
     priority: int,
     params: types.CreateMessageRequestParams,
-) -> tuple[str, str]:
-    """Run the completion; return its text and the MCP stop reason."""
+) -> _Generated:
+    """Run the completion; return its text, the MCP stop reason, time to first text and token count."""
     stops = [s for s in params.stop_sequences or () if s]
     longest = max((len(s) for s in stops), default=0)
-    text = ""
+    started = time.perf_counter()
+    text, ttft, tokens = "", 0.0, 0
     # `stream` is an async generator: close it on early exit so the engine aborts the request at once.
     stream = cast("AsyncGenerator[Delta, None]", service.stream(messages, sampling, model=model, priority=priority))
     async with aclosing(stream) as deltas:
         async for delta in deltas:
             searched_from = max(0, len(text) - longest + 1)
             text += delta.text
+            ttft = ttft or (time.perf_counter() - started if delta.text else 0.0)
+            tokens = max(tokens + len(delta.token_ids), delta.completion_tokens)
             hits = [i for i in (text.find(s, searched_from) for s in stops) if i >= 0]
             if hits:
                 # Leaving the loop closes the stream, which aborts the request in the engine.
-                return text[: min(hits)], "stopSequence"
+                return _Generated(text[: min(hits)], "stopSequence", ttft, tokens)
             if delta.finish_reason == "length":
-                return text, "maxTokens"
+                return _Generated(text, "maxTokens", ttft, tokens)
             if delta.finish_reason == "abort":
                 raise EngineError(f"the local model {model!r} aborted the request (the engine is shutting down)")
-    return text, "endTurn"
+    return _Generated(text, "endTurn", ttft, tokens)
 
 
 def _preferences(prefs: types.ModelPreferences | None) -> tuple[list[str], dict[str, float | None]]:

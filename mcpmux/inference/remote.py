@@ -11,7 +11,7 @@ import json
 import logging
 import os
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from types import TracebackType
 from typing import Any
 
@@ -105,7 +105,7 @@ class RemoteBackend:
         """Requests sent and failed, by endpoint, and the server they went to."""
         return {"base_url": self.base_url, "model": self.settings.model, **dict(self._counts)}
 
-    async def stream(self, prompt: Prompt, params: SamplingParams, model: str) -> AsyncIterator[Delta]:
+    async def stream(self, prompt: Prompt, params: SamplingParams, model: str) -> AsyncGenerator[Delta, None]:
         """Stream a completion over SSE; the last delta carries the finish reason and the usage."""
         path = "/completions" if isinstance(prompt, str) else "/chat/completions"
         finish: str | None = None

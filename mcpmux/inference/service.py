@@ -13,7 +13,7 @@ Start and shut it down from the same task (its embedding batcher runs in a task 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import asdict
 from types import TracebackType
@@ -170,7 +170,7 @@ class InferenceService:
 
     async def stream(
         self, prompt: Prompt, params: SamplingParams, *, model: str | None = None, priority: int = 0
-    ) -> AsyncIterator[Delta]:
+    ) -> AsyncGenerator[Delta, None]:
         """Stream a completion of a prompt or chat messages; larger `priority` runs first (local only).
 
         Errors (unknown model, queue full, request too large, remote failures) are `EngineError`s

@@ -50,6 +50,7 @@ def cosine(a: list[float], b: list[float]) -> float:
     return sum(x * y for x, y in zip(a, b, strict=True))  # vectors are L2-normalized
 
 
+@pytest.mark.slow  # ~1 s on a quiet machine; 10 s+ on a shared 2-core one
 async def test_batched_embeddings_equal_unbatched_for_mixed_lengths(model: EmbeddingModel) -> None:
     alone = [model.embed([text])[0] for text in MIXED]
     settings = EmbeddingSettings(model=MINILM, max_batch_size=16, max_delay=0.2, mode="fixed")
@@ -79,6 +80,7 @@ async def test_one_caller_gets_its_texts_back_in_order(model: EmbeddingModel) ->
         assert vector == pytest.approx(model.embed([text])[0], abs=1e-5)
 
 
+@pytest.mark.slow
 def test_bucketing_lowers_padding_waste_and_changes_no_vector(model: EmbeddingModel) -> None:
     before = (model.padding.real_tokens, model.padding.pad_tokens)
     flat = model.embed(MIXED, bucketing=False)

@@ -280,3 +280,18 @@ async def test_the_mcp_http_server_mounts_v1_when_asked(tiny_llama: Path, openai
             else:
                 assert models.status_code == 404
         stop.set()
+
+
+async def test_a_client_that_hangs_up_aborts_its_stream(api: tuple[openai.AsyncOpenAI, InferenceService]) -> None:
+    client, service = api
+    body = {"model": "tiny", "prompt": "Hello", "max_tokens": 900, "temperature": 0, "stream": True}
+    async with httpx.AsyncClient() as http, http.stream("POST", f"{client.base_url}completions", json=body) as response:
+        async for line in response.aiter_lines():
+            if line.startswith("data: {"):
+                break  # one token arrived: hang up
+    with anyio.fail_after(10):
+        while service.stats()["models"]["tiny"]["requests_aborted"] < 1:
+            await anyio.sleep(0.02)
+    stats = service.stats()["models"]["tiny"]
+    assert stats["running"] == 0
+    assert stats["generated_tokens"] < 900

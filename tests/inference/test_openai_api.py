@@ -295,3 +295,23 @@ async def test_a_client_that_hangs_up_aborts_its_stream(api: tuple[openai.AsyncO
     stats = service.stats()["models"]["tiny"]
     assert stats["running"] == 0
     assert stats["generated_tokens"] < 900
+
+
+@pytest.mark.slow
+async def test_smollm2_answers_through_the_openai_client(
+    smollm2_cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MCPMUX_CACHE_DIR", str(smollm2_cache_dir))
+    settings = InferenceSettings(
+        backend="local", models={"smollm2": ModelSettings(model="builtin:smollm2-135m", kv_cache_memory_mb=64)}
+    )
+    async with serve(settings) as (url, _), openai.AsyncOpenAI(base_url=url, api_key="-", max_retries=0) as client:
+        question = [{"role": "user", "content": "What is the capital of France?"}]
+        answer = await client.chat.completions.create(
+            model="smollm2",
+            messages=question,  # type: ignore[arg-type]
+            max_tokens=24,
+            temperature=0,
+        )
+        assert "Paris" in (answer.choices[0].message.content or "")
+        assert answer.choices[0].finish_reason in ("stop", "length")

@@ -1,8 +1,9 @@
 """Torch reference kernels: the CPU production path and the oracle every Triton kernel is tested against.
 
-They are written to be obviously right rather than fast: gather each sequence's K/V through its block
-table, run a masked causal softmax in fp32, and let GQA fall out of a grouped view of the query heads.
-Python loops run over sequences (a handful per step), never over tokens.
+They are written to be obviously right first: gather each sequence's K/V through its block table,
+run a masked causal softmax in fp32, and let GQA fall out of a grouped view of the query heads. All
+decode rows of a step share one batched pass; prefill/extend rows loop over their (few) sequences,
+never over tokens.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from mcpmux.inference.engine import Completion
 from mcpmux.inference.openai_requests import OpenAIBadRequest, parse_embedding, parse_generation
 from mcpmux.inference.openai_stream import ChoiceResult, GenerationStream, choice_logprobs, usage_of
 from mcpmux.inference.remote import RemoteError
-from mcpmux.inference.service import InferenceService
+from mcpmux.inference.service import InferenceService, UnknownModelError
 
 log = logging.getLogger(__name__)
 
@@ -47,10 +47,10 @@ def error_response(exc: BaseException) -> JSONResponse:
     if isinstance(exc, RemoteError):
         status = exc.status if exc.status is not None and 400 <= exc.status < 500 else 502
         return JSONResponse(error_body(str(exc), "upstream_error", None, "remote_failed"), status)
-    if isinstance(exc, ValueError):  # unknown model, bad sampling value, prompt too long, no chat template
-        param = "model" if type(exc).__name__ == "UnknownModelError" else None
-        code = "model_not_found" if param else None
-        return JSONResponse(error_body(str(exc), "invalid_request_error", param, code), 400)
+    if isinstance(exc, UnknownModelError):
+        return JSONResponse(error_body(str(exc), "invalid_request_error", "model", "model_not_found"), 400)
+    if isinstance(exc, ValueError):  # a bad sampling value, a prompt too long, no chat template
+        return JSONResponse(error_body(str(exc), "invalid_request_error"), 400)
     if isinstance(exc, EngineError):
         return JSONResponse(error_body(str(exc), "invalid_request_error"), 400)
     log.exception("OpenAI API request failed", exc_info=exc)

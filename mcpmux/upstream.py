@@ -149,16 +149,17 @@ class Upstream:
             self.state = UpstreamState.STOPPED
 
     async def _serve(self, client: Client) -> None:
-        self.listing = await fetch_listing(client)
-        self.state = UpstreamState.READY
-        self.last_error = None
-        self._set_client(client)
-        self.settled.set()
-        logger.info("upstream %r ready (%s, %d tools)", self.name, client.protocol_version, len(self.listing.tools))
-        await self.events.listing_changed(self.name)
         async with anyio.create_task_group() as tasks:
             if client.protocol_version in MODERN_PROTOCOL_VERSIONS:
-                tasks.start_soon(listen_for_changes, client, self._refresh)
+                # Subscribe before listing, so that no change can fall between the two.
+                await tasks.start(listen_for_changes, client, self._refresh)
+            self.listing = await fetch_listing(client)
+            self.state = UpstreamState.READY
+            self.last_error = None
+            self._set_client(client)
+            self.settled.set()
+            logger.info("upstream %r ready (%s, %d tools)", self.name, client.protocol_version, len(self.listing.tools))
+            await self.events.listing_changed(self.name)
             await self._health.lost.wait()
             tasks.cancel_scope.cancel()
         self.last_error = "connection lost"

@@ -11,6 +11,7 @@ from typing import Any
 
 import anyio
 import mcp_types as types
+from anyio.abc import TaskStatus
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 
@@ -127,15 +128,27 @@ async def fetch_listing(client: Client) -> Listing:
     return Listing(tools=tools, resources=resources, resource_templates=templates, prompts=prompts)
 
 
-async def listen_for_changes(client: Client, refresh: Callable[[], Awaitable[None]]) -> None:
-    """On a 2026-07-28 session, list changes arrive on a `subscriptions/listen` stream."""
+async def listen_for_changes(
+    client: Client, refresh: Callable[[], Awaitable[None]], *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+) -> None:
+    """On a 2026-07-28 session, list changes arrive on a `subscriptions/listen` stream.
+
+    Reports started once the server acknowledged the subscription (or refused it), so a listing
+    fetched after that cannot miss a change.
+    """
+    started = False
     try:
         async with client.listen(
             tools_list_changed=True, prompts_list_changed=True, resources_list_changed=True
         ) as subscription:
+            task_status.started()
+            started = True
             events: AsyncIterator[Any] = subscription.__aiter__()
             async for _event in events:
                 await refresh()
     except (MCPError, RuntimeError) as err:
         # Servers that do not implement listen simply never announce changes; that is their right.
         logger.debug("upstream does not offer subscriptions/listen: %s", err)
+    finally:
+        if not started:
+            task_status.started()

@@ -23,7 +23,7 @@ from mcp.shared.exceptions import MCPError
 from mcpmux import Mux
 from mcpmux.errors import UpstreamError
 from mcpmux.inference.config import SamplingParams
-from tests.e2e.conftest import PY, ROOT, mux_over_http, text_of
+from tests.e2e.conftest import PY, ROOT, everything_available, mux_over_http, text_of
 from tests.inference.tiny_models import build_tiny_model
 
 pytestmark = pytest.mark.anyio
@@ -229,3 +229,47 @@ async def test_forwarded_to_the_calling_client_when_it_can_sample(tmp_path: Path
     ]
     assert {(r.system_prompt, r.max_tokens) for r in able.requests} == {("Be kind.", 7)}
     assert modern_client.requests == []
+
+
+async def test_upstream_priority_orders_requests_in_the_engine(tmp_path: Path, tiny_model: Path) -> None:
+    """One sequence at a time: a high-priority upstream's request overtakes those already waiting."""
+    config = write_toml(
+        tmp_path / "mcpmux.toml",
+        f'[inference]\nbackend = "local"\n[inference.models.tiny]\nmodel = "{tiny_model}"\n'
+        'kv_cache_memory_mb = 16\nmax_num_seqs = 1\n[inference.embeddings]\nmodel = ""\n',
+        server_table("low", "legacy", policy="local", priority=0),
+        server_table("high", "legacy", policy="local", priority=10),
+    )
+    finished: list[str] = []
+
+    async def call(upstream: str, i: int) -> None:
+        await sample(started, f"{upstream}__sample", prompt=f"Request {i}", max_tokens=24, temperature=0)
+        finished.append(f"{upstream}{i}")
+
+    async with Mux.from_config(config) as started, anyio.create_task_group() as tasks:
+        assert started.inference is not None
+        for i in range(4):
+            tasks.start_soon(call, "low", i)
+        with anyio.fail_after(30):
+            while started.inference.stats()["models"]["tiny"]["waiting"] < 3:
+                await anyio.sleep(0.005)
+        tasks.start_soon(call, "high", 0)
+    # The running low request finishes first; the high one is admitted next, ahead of three waiting.
+    assert finished.index("high0") == 1, finished
+
+
+@pytest.mark.slow
+async def test_the_example_config_answers_sampling_with_smollm2(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`make run`'s config: the SDK example server and server-everything answered by the real SmolLM2."""
+    monkeypatch.chdir(ROOT)  # the example's paths are relative to the repository root
+    question = "What is the capital of France? Answer in one sentence."
+    async with Mux.from_config("examples/mcpmux.toml") as mux:
+        answer = await sample(mux, "summarizer__sample", prompt=question, max_tokens=40, temperature=0)
+        assert answer["model"] == "smollm2"
+        assert answer["stop_reason"] == "endTurn"
+        assert "Paris" in answer["text"]
+        if everything_available():
+            result = await mux.call_tool("everything__trigger-sampling-request", {"prompt": question, "maxTokens": 40})
+            assert not result.is_error, text_of(result)
+            assert '"model": "smollm2"' in text_of(result)
+            assert "Paris" in text_of(result)

@@ -9,9 +9,9 @@ Mux's `InferenceService`, so they share its engine (and its batch) with upstream
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import Callable
 from contextlib import aclosing
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal
 
 import mcp_types as types
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -21,7 +21,6 @@ from mcpmux.mux import LocalTool
 from mcpmux.upstream import ProgressFn
 
 if TYPE_CHECKING:
-    from mcpmux.inference.delta import Delta
     from mcpmux.inference.service import InferenceService
 
 MAX_EMBED_TEXTS = 256
@@ -116,8 +115,7 @@ def inference_tools(service: Callable[[], InferenceService | None], namespace: s
             model = svc.resolve_model(args.model)
             text, done, finish, usage = "", 0, "stop", (0, 0, 0)
             # Closing the generator (also on cancellation) aborts the request in the engine at once.
-            stream = cast("AsyncGenerator[Delta, None]", svc.stream(prompt, params, model=model))
-            async with aclosing(stream) as deltas:
+            async with aclosing(svc.stream(prompt, params, model=model)) as deltas:
                 async for delta in deltas:
                     text += delta.text
                     done += max(1, len(delta.token_ids))

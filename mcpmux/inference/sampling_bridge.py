@@ -27,10 +27,10 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import mcp_types as types
 from mcp.client.session import ClientRequestContext, SamplingFnT
@@ -40,7 +40,6 @@ from mcpmux.inference.config import EngineError, SamplingParams
 from mcpmux.inference.settings import SamplingSettings
 
 if TYPE_CHECKING:
-    from mcpmux.inference.delta import Delta
     from mcpmux.inference.service import InferenceService
 
 logger = logging.getLogger(__name__)
@@ -227,9 +226,8 @@ async def _generate(
     longest = max((len(s) for s in stops), default=0)
     started = time.perf_counter()
     text, ttft, tokens = "", 0.0, 0
-    # `stream` is an async generator: close it on early exit so the engine aborts the request at once.
-    stream = cast("AsyncGenerator[Delta, None]", service.stream(messages, sampling, model=model, priority=priority))
-    async with aclosing(stream) as deltas:
+    # Closing the stream on early exit makes the engine abort the request at once.
+    async with aclosing(service.stream(messages, sampling, model=model, priority=priority)) as deltas:
         async for delta in deltas:
             searched_from = max(0, len(text) - longest + 1)
             text += delta.text

@@ -14,6 +14,7 @@ import fnmatch
 import logging
 import math
 import os
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -164,6 +165,12 @@ class Upstream:
             tasks.cancel_scope.cancel()
         self.last_error = "connection lost"
 
+    def _mark_lost(self) -> None:
+        """The session is gone: no new request may use it, and the supervisor reconnects."""
+        self._health.lost.set()
+        self.state = UpstreamState.DOWN
+        self._set_client(None)
+
     def _set_client(self, client: Client | None) -> None:
         self._client = client
         self._client_changed.set()
@@ -253,11 +260,11 @@ class Upstream:
             except MCPError as err:
                 if _session_expired(err) and attempt == 1:
                     logger.info("upstream %r: session expired; re-initializing", self.name)
-                    self._health.lost.set()
+                    self._mark_lost()
                     stale = client
                     continue
                 if err.code == CONNECTION_CLOSED:
-                    self._health.lost.set()
+                    self._mark_lost()
                     raise UpstreamUnavailableError(
                         f"upstream {self.name!r} lost its connection during {what} (the server exited or "
                         "dropped it); mcpmux is reconnecting, retry shortly"
@@ -281,8 +288,12 @@ class Upstream:
         return client
 
 
+# How servers word "I no longer know your session" (HTTP 404): the SDK server, its client's stand-in, others.
+_EXPIRED = re.compile(r"session (not found|terminated|has been terminated|expired|is no longer valid)", re.IGNORECASE)
+
+
 def _session_expired(err: MCPError) -> bool:
-    return err.error.code == types.INVALID_REQUEST and "session" in err.error.message.lower()
+    return err.error.code == types.INVALID_REQUEST and _EXPIRED.search(err.error.message) is not None
 
 
 def _describe_failure(err: BaseException, config: ServerConfig) -> str:

@@ -97,30 +97,33 @@ class Mux:
         await self._stack.__aenter__()
         for dispatcher in self.dispatchers.values():
             await dispatcher.start(self._stack)
-        try:
-            # Before the task group: the service's own task group must close after it, not before.
-            await self._start_inference()
-        except BaseException:
-            await self._stack.__aexit__(None, None, None)
-            raise
         self._tasks = anyio.create_task_group()
         await self._tasks.__aenter__()
-        for upstream in self.upstreams.values():
-            self._tasks.start_soon(upstream.run, name=f"upstream {upstream.name}")
-        with anyio.move_on_after(self.config.mux.startup_timeout):
+        try:
             for upstream in self.upstreams.values():
-                await upstream.settled.wait()
+                self._tasks.start_soon(upstream.run, name=f"upstream {upstream.name}")
+            # The model loads while the upstreams connect.
+            await self._start_inference()
+            with anyio.move_on_after(self.config.mux.startup_timeout):
+                for upstream in self.upstreams.values():
+                    await upstream.settled.wait()
+        except BaseException:
+            await self.__aexit__(None, None, None)  # what started stops; the error is the caller's
+            raise
         return self
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> bool | None:
         assert self._tasks is not None, "Mux was not entered"
-        self._tasks.cancel_scope.cancel()
         try:
-            await self._tasks.__aexit__(exc_type, exc, tb)
+            await self._stop_inference()
         finally:
-            await self._stack.__aexit__(None, None, None)
+            self._tasks.cancel_scope.cancel()
+            try:
+                await self._tasks.__aexit__(exc_type, exc, tb)
+            finally:
+                await self._stack.__aexit__(None, None, None)
         return None
 
     async def _start_inference(self) -> None:
@@ -129,10 +132,11 @@ class Mux:
         from mcpmux.inference.service import InferenceService  # torch is imported only when inference is on
 
         self.inference = await InferenceService.start(self.config.inference)
-        self._stack.push_async_callback(self._stop_inference)
         self.sampling.service = self.inference
 
     async def _stop_inference(self) -> None:
+        # Called by the task that started it, before the task group closes: the service's own task
+        # groups were entered after the Mux's and must be left before it.
         self.sampling.service = None
         if self.inference is not None:
             await self.inference.shutdown()

@@ -1,24 +1,64 @@
 """Torch reference kernels: the CPU production path and the oracle every Triton kernel is tested against.
 
-They are written to be obviously right first: gather each sequence's K/V through its block table,
-run a masked causal softmax in fp32, and let GQA fall out of a grouped view of the query heads. All
-decode rows of a step share one batched pass; prefill/extend rows loop over their (few) sequences,
-never over tokens.
+Attention gathers each sequence's K/V through its block table and runs
+``torch.nn.functional.scaled_dot_product_attention`` on it in fp32 (the fused CPU kernel; GQA by a
+grouped view or ``enable_gqa``). All decode rows of a step share one padded, masked pass;
+prefill/extend rows go one sequence at a time, never one token at a time.
+
+Every layer of a step calls these kernels with the same step tensors (``block_tables``,
+``seq_lens``, ``query_start_loc``, ``positions``, ``slot_mapping``), so what depends only on them
+(host-side lengths, gather indices, masks, rotary cos/sin, the kept KV slots) is built once, by the
+first layer, and reused by the rest: a per-thread plan keyed on the identity of those tensors. The
+plan holds them, so a later step's new tensors can never be mistaken for them; the engine never
+modifies a step's tensors in place.
 """
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
 import torch
 from torch import Tensor
+from torch.nn import functional as F
+
+T = TypeVar("T")
+
+_plans = threading.local()
+
+
+def _planned(kind: str, keys: tuple[object, ...], build: Callable[[], T]) -> T:
+    """``build()``'s result, cached per thread for as long as the same ``keys`` objects come back."""
+    cache: dict[str, tuple[tuple[object, ...], object]] | None = getattr(_plans, "cache", None)
+    if cache is None:
+        cache = _plans.cache = {}
+    hit = cache.get(kind)
+    if hit is not None and len(hit[0]) == len(keys) and all(a is b for a, b in zip(hit[0], keys, strict=True)):
+        return hit[1]  # type: ignore[return-value]
+    value = build()
+    cache[kind] = (keys, value)
+    return value
 
 
 def write_kv(key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor) -> None:
     """Scatter ``key``/``value`` [T, Hkv, D] into the paged caches at ``slot_mapping`` (< 0: skip)."""
-    keep = slot_mapping >= 0
-    slots = slot_mapping[keep]
+    slots, keep = _planned("kv", (slot_mapping,), lambda: _kept_slots(slot_mapping))
+    if keep is not None:
+        key, value = key.index_select(0, keep), value.index_select(0, keep)
     # A flat [num_blocks * block_size, Hkv, D] view makes slot = block * block_size + offset a row index.
-    k_cache.view(-1, *k_cache.shape[2:])[slots] = key[keep].to(k_cache.dtype)
-    v_cache.view(-1, *v_cache.shape[2:])[slots] = value[keep].to(v_cache.dtype)
+    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, key.to(k_cache.dtype))
+    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, value.to(v_cache.dtype))
+
+
+def _kept_slots(slot_mapping: Tensor) -> tuple[Tensor, Tensor | None]:
+    """The slots to write and, only when some are skipped, the rows that go to them."""
+    slots = slot_mapping.long()
+    if slots.numel() == 0 or int(slots.min()) >= 0:
+        return slots, None
+    keep = torch.nonzero(slots >= 0).flatten()
+    return slots.index_select(0, keep), keep
 
 
 def gather_kv(cache: Tensor, block_table: Tensor, seq_len: int) -> Tensor:
@@ -28,6 +68,59 @@ def gather_kv(cache: Tensor, block_table: Tensor, seq_len: int) -> Tensor:
     # index_select, not cache[blocks]: the same copy, about twice as fast on CPU.
     blocks = block_table[:num_blocks].long()
     return cache.index_select(0, blocks).flatten(0, 1)[:seq_len]
+
+
+@dataclass(slots=True)
+class _Extend:
+    """One sequence with several query rows (a prefill chunk or an extend after a prefix-cache hit)."""
+
+    start: int
+    end: int
+    seq_len: int
+    block_table: Tensor
+    mask: Tensor | None  # [q_len, seq_len] True where a query may look; None: plain causal (q_len == seq_len)
+
+
+@dataclass(slots=True)
+class _AttentionPlan:
+    """What a step's attention needs besides q and the caches, built once for all layers."""
+
+    decode_rows: Tensor | None  # [S_d] rows of q that are single-token sequences; None when there are none
+    decode_slots: Tensor  # [S_d * L] flat cache rows of their contexts, each padded to the longest, L
+    decode_mask: Tensor  # [S_d, 1, 1, L] True where a key is part of the context
+    extends: list[_Extend]
+
+
+def _plan_attention(block_tables: Tensor, seq_lens: Tensor, query_start_loc: Tensor, block_size: int) -> _AttentionPlan:
+    starts = query_start_loc.tolist()
+    lens = seq_lens.tolist()
+    device = block_tables.device
+    decode = [i for i in range(len(lens)) if starts[i + 1] - starts[i] == 1]
+    extends = []
+    for i, seq_len in enumerate(lens):
+        q_len = starts[i + 1] - starts[i]
+        if q_len > 1:
+            mask = None
+            if q_len < seq_len:
+                # Query j sits at position seq_len - q_len + j and sees keys 0..that position.
+                q_pos = torch.arange(seq_len - q_len, seq_len, device=device)
+                mask = torch.arange(seq_len, device=device)[None, :] <= q_pos[:, None]
+            extends.append(_Extend(starts[i], starts[i + 1], seq_len, block_tables[i], mask))
+    if not decode:
+        empty = torch.empty(0, dtype=torch.long, device=device)
+        return _AttentionPlan(None, empty, empty.bool(), extends)
+    index = torch.tensor(decode, device=device)
+    dec_lens = seq_lens.index_select(0, index).long()[:, None]
+    pos = torch.arange(max(lens[i] for i in decode), device=device)[None, :]
+    # The single query sits at the last position, so it sees exactly the first seq_len keys.
+    mask = pos < dec_lens
+    # Padding reads position 0 of the same sequence: written, hence finite, data that the mask then
+    # drops (an unwritten slot may hold anything, and 0 * NaN would still poison the output).
+    pos = torch.where(mask, pos, 0)
+    blocks = block_tables.index_select(0, index).long().gather(1, pos // block_size)
+    slots = (blocks * block_size + pos % block_size).flatten()
+    rows = query_start_loc.index_select(0, index).long()
+    return _AttentionPlan(rows, slots, mask[:, None, None, :], extends)
 
 
 def paged_attention(
@@ -47,63 +140,54 @@ def paged_attention(
     """
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    starts = query_start_loc.tolist()
-    lens = seq_lens.tolist()
-    decode = [i for i in range(len(lens)) if starts[i + 1] - starts[i] == 1]
-    if decode:
-        _attend_decode_rows(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out, decode)
-    for i, seq_len in enumerate(lens):
-        start, end = starts[i], starts[i + 1]
-        if end - start > 1:
-            out[start:end] = _attend_sequence(q[start:end], k_cache, v_cache, block_tables[i], seq_len, scale)
+    block_size = k_cache.shape[1]
+    plan = _planned(
+        "attention",
+        (block_tables, seq_lens, query_start_loc, block_size),
+        lambda: _plan_attention(block_tables, seq_lens, query_start_loc, block_size),
+    )
+    if plan.decode_rows is not None:
+        _attend_decode_rows(q, k_cache, v_cache, plan, scale, out)
+    for ext in plan.extends:
+        out[ext.start : ext.end] = _attend_sequence(q[ext.start : ext.end], k_cache, v_cache, ext, scale)
     return out
 
 
-def _attend_sequence(
-    q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tensor, seq_len: int, scale: float
-) -> Tensor:
+def _attend_sequence(q: Tensor, k_cache: Tensor, v_cache: Tensor, ext: _Extend, scale: float) -> Tensor:
     """One sequence's q_len query rows [q_len, H, D], the last q_len positions of its context."""
-    q_len, num_heads, head_dim = q.shape
-    num_kv_heads = k_cache.shape[2]
-    k = gather_kv(k_cache, block_table, seq_len).float()  # [L, Hkv, D]
-    v = gather_kv(v_cache, block_table, seq_len).float()
-    # Grouped view: query head h reads KV head h // group, as in HF's repeat_kv.
-    qg = q.float().view(q_len, num_kv_heads, num_heads // num_kv_heads, head_dim)
-    scores = torch.einsum("qhgd,khd->hgqk", qg, k) * scale
-    q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)
-    future = torch.arange(seq_len, device=q.device)[None, :] > q_pos[:, None]  # [q_len, L]
-    probs = torch.softmax(scores.masked_fill_(future, float("-inf")), dim=-1)
-    return torch.einsum("hgqk,khd->qhgd", probs, v).reshape(q_len, num_heads, head_dim).to(q.dtype)
+    num_heads, num_kv_heads = q.shape[1], k_cache.shape[2]
+    # [1, heads, len, D] views; fp32 so the softmax runs in fp32 whatever the cache dtype.
+    k = gather_kv(k_cache, ext.block_table, ext.seq_len).float().transpose(0, 1)[None]
+    v = gather_kv(v_cache, ext.block_table, ext.seq_len).float().transpose(0, 1)[None]
+    attn = F.scaled_dot_product_attention(
+        q.float().transpose(0, 1)[None],
+        k,
+        v,
+        attn_mask=ext.mask,
+        is_causal=ext.mask is None,
+        scale=scale,
+        enable_gqa=num_heads != num_kv_heads,
+    )
+    return attn[0].transpose(0, 1).to(q.dtype)
 
 
 def _attend_decode_rows(
-    q: Tensor,
-    k_cache: Tensor,
-    v_cache: Tensor,
-    block_tables: Tensor,
-    seq_lens: Tensor,
-    query_start_loc: Tensor,
-    scale: float,
-    out: Tensor,
-    seqs: list[int],
+    q: Tensor, k_cache: Tensor, v_cache: Tensor, plan: _AttentionPlan, scale: float, out: Tensor
 ) -> None:
-    """All single-token sequences at once: their contexts gathered into one padded [S, L, Hkv, D]."""
-    _, num_heads, head_dim = q.shape
-    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
-    index = torch.tensor(seqs, device=q.device)
-    lens = seq_lens[index].long()
-    max_len = int(lens.max())
-    blocks = block_tables[index, : -(-max_len // block_size)].long()  # [S, nb]
-    shape = (len(seqs), -1, num_kv_heads, head_dim)
-    k = k_cache.index_select(0, blocks.flatten()).view(shape)[:, :max_len].float()  # [S, L, Hkv, D]
-    v = v_cache.index_select(0, blocks.flatten()).view(shape)[:, :max_len].float()
-    rows = query_start_loc[index].long()
-    qg = q[rows].float().view(len(seqs), num_kv_heads, num_heads // num_kv_heads, head_dim)
-    scores = torch.einsum("shgd,slhd->shgl", qg, k) * scale
-    # The single query sits at the last position, so it sees exactly the first seq_len keys.
-    padding = torch.arange(max_len, device=q.device)[None, :] >= lens[:, None]  # [S, L]
-    probs = torch.softmax(scores.masked_fill_(padding[:, None, None, :], float("-inf")), dim=-1)
-    out[rows] = torch.einsum("shgl,slhd->shgd", probs, v).reshape(len(seqs), num_heads, head_dim).to(out.dtype)
+    """All single-token sequences at once: their contexts gathered into one padded [S, Hkv, L, D]."""
+    assert plan.decode_rows is not None
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    num_kv_heads = k_cache.shape[2]
+    seqs = plan.decode_rows.shape[0]
+    shape = (seqs, -1, num_kv_heads, head_dim)
+    flat = (-1, num_kv_heads, head_dim)
+    k = k_cache.view(flat).index_select(0, plan.decode_slots).view(shape).float().transpose(1, 2)
+    v = v_cache.view(flat).index_select(0, plan.decode_slots).view(shape).float().transpose(1, 2)
+    # Grouped view: the G query heads that share a KV head become G query rows of that head, so
+    # no KV head is repeated (query head h reads KV head h // G, as in HF's repeat_kv).
+    qg = q.index_select(0, plan.decode_rows).float().view(seqs, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    attn = F.scaled_dot_product_attention(qg, k, v, attn_mask=plan.decode_mask, scale=scale)
+    out.index_copy_(0, plan.decode_rows, attn.reshape(seqs, num_heads, head_dim).to(out.dtype))
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
@@ -121,17 +205,22 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = No
 def rotary_embedding(positions: Tensor, q: Tensor, k: Tensor, cos_sin_cache: Tensor) -> tuple[Tensor, Tensor]:
     """NeoX / HF-Llama rotary embedding (rotate_half) of the first ``rotary_dim`` features of q and k."""
     rotary_dim = cos_sin_cache.shape[1]
-    half = rotary_dim // 2
-    cos_sin = cos_sin_cache[positions]  # [T, rotary_dim]
-    cos = torch.cat((cos_sin[:, :half], cos_sin[:, :half]), dim=-1)[:, None, :]
-    sin = torch.cat((cos_sin[:, half:], cos_sin[:, half:]), dim=-1)[:, None, :]
+    cos, sin = _planned(
+        "rotary", (positions, cos_sin_cache, q.dtype), lambda: _cos_sin(positions, cos_sin_cache, q.dtype)
+    )
     return _rotate(q, cos, sin, rotary_dim), _rotate(k, cos, sin, rotary_dim)
 
 
+def _cos_sin(positions: Tensor, cos_sin_cache: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """[T, 1, rotary_dim] cos and sin at ``positions``, cast like HF: to the activation dtype, after the lookup."""
+    half = cos_sin_cache.shape[1] // 2
+    cos_sin = cos_sin_cache.index_select(0, positions)  # [T, rotary_dim]
+    cos = torch.cat((cos_sin[:, :half], cos_sin[:, :half]), dim=-1)[:, None, :]
+    sin = torch.cat((cos_sin[:, half:], cos_sin[:, half:]), dim=-1)[:, None, :]
+    return cos.to(dtype), sin.to(dtype)
+
+
 def _rotate(x: Tensor, cos: Tensor, sin: Tensor, rotary_dim: int) -> Tensor:
-    # HF casts cos/sin to the activation dtype before multiplying; doing the same keeps fp16/bf16 equal too.
-    cos = cos.to(x.dtype)
-    sin = sin.to(x.dtype)
     rot = x[..., :rotary_dim]
     half = rotary_dim // 2
     rotated_half = torch.cat((-rot[..., half:], rot[..., :half]), dim=-1)

@@ -13,7 +13,8 @@ mcpmux's fp32 greedy tokens must equal HF `generate`'s, or the benchmark stops.
     python benchmarks/engine.py --quick            # tiny random model, CI smoke
     python benchmarks/engine.py --requests 64      # SmolLM2-135M (builtin), the real comparison
 
-Prints a table and writes JSON under benchmarks/results/.
+Prints a table and writes JSON under benchmarks/results/, plus a PNG of output throughput against
+TTFT p50 (one point per system and workload) when matplotlib is installed.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import anyio
 import torch
@@ -160,13 +162,13 @@ class _StepClock(LogitsProcessor):
         return scores
 
 
-def no_eos_config(model: torch.nn.Module, max_new: int) -> GenerationConfig:
+def no_eos_config(model: Any, max_new: int) -> GenerationConfig:
     pad = model.generation_config.pad_token_id
     pad = pad if pad is not None else 0
     return GenerationConfig(max_new_tokens=max_new, do_sample=False, eos_token_id=-1, pad_token_id=pad)
 
 
-def run_hf_static(model: torch.nn.Module, reqs: list[Req], batch_size: int) -> tuple[list[Timing], float]:
+def run_hf_static(model: Any, reqs: list[Req], batch_size: int) -> tuple[list[Timing], float]:
     start = time.perf_counter()
     timings: list[Timing] = []
     i = 0
@@ -194,7 +196,7 @@ def run_hf_static(model: torch.nn.Module, reqs: list[Req], batch_size: int) -> t
 # --- HF continuous batching ------------------------------------------------------------------------------
 
 
-def run_hf_cb(model: torch.nn.Module, reqs: list[Req], args: argparse.Namespace) -> tuple[list[Timing], float]:
+def run_hf_cb(model: Any, reqs: list[Req], args: argparse.Namespace) -> tuple[list[Timing], float]:
     cb = ContinuousBatchingConfig(page_size=32, num_blocks=max(64, args.num_blocks // 2),
                                   max_batch_tokens=args.max_batched_tokens)  # fmt: skip
     manager = model.init_continuous_batching(generation_config=no_eos_config(model, 16), continuous_batching_config=cb)
@@ -223,7 +225,7 @@ def run_hf_cb(model: torch.nn.Module, reqs: list[Req], args: argparse.Namespace)
 # --- main -----------------------------------------------------------------------------------------------
 
 
-def correctness_gate(loaded: LoadedModel, model: torch.nn.Module, reqs: list[Req]) -> None:
+def correctness_gate(loaded: LoadedModel, model: Any, reqs: list[Req]) -> None:
     async def ours() -> list[list[int]]:
         config = EngineConfig(model=loaded.name, num_blocks=256, prefill_chunk_size=32)
         async with await Engine.start(config, loaded) as engine:
@@ -264,6 +266,8 @@ def main() -> None:
     ap.add_argument("--workloads", default="all", help="comma-separated names, or all")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    # Every system runs in this process, so they all get the same intra-op thread count.
+    print(f"torch threads: {torch.get_num_threads()} (all systems), dtype {args.dtype}", flush=True)
     if args.quick:
         tests_dir = Path(__file__).resolve().parents[1]
         sys.path.insert(0, str(tests_dir))
@@ -314,6 +318,30 @@ def report(rows: list[Row], args: argparse.Namespace) -> None:
             "max_tokens": args.max_tokens, "batch_size": args.batch_size, "quick": args.quick}  # fmt: skip
     path.write_text(json.dumps({"meta": meta, "rows": [asdict(r) for r in rows]}, indent=2))
     print(f"\nwrote {path}")
+    plot(rows, path.with_suffix(".png"), f"{args.model}, {args.dtype}, {args.threads} threads")
+
+
+def plot(rows: list[Row], path: Path, title: str) -> None:
+    """Output tok/s against TTFT p50, one marker per system, one label per workload."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        from matplotlib import pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plot (pip install matplotlib)")
+        return
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for marker, system in zip("os^D", dict.fromkeys(r.system for r in rows), strict=False):
+        mine = [r for r in rows if r.system == system]
+        ax.scatter([r.ttft_p50 for r in mine], [r.output_tok_s for r in mine], marker=marker, label=system)
+        for r in mine:
+            ax.annotate(r.workload, (r.ttft_p50, r.output_tok_s), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    ax.set(xscale="log", xlabel="TTFT p50 (s, log)", ylabel="output tok/s", title=title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -101,6 +101,8 @@ class MuxSettings(_Model):
     """How long `Mux` waits for an upstream's first connection before serving without it."""
     restart_initial_backoff: float = Field(default=0.5, gt=0)
     restart_max_backoff: float = Field(default=30.0, gt=0)
+    client_priorities: dict[str, int] = Field(default_factory=dict)
+    """clientInfo name glob -> priority added to that client's calls (first match wins; default 0)."""
     cache_max_entries: int = Field(default=4096, ge=1)
     """Size of the result cache shared by all upstreams (LRU beyond it)."""
     page_size: int = Field(default=500, ge=1)

@@ -78,19 +78,30 @@ class UpstreamDispatcher:
             await stack.enter_async_context(batcher)
 
     async def call_tool(
-        self, tool: str, arguments: dict[str, Any], progress: ProgressFn | None, client: str | None
+        self,
+        tool: str,
+        arguments: dict[str, Any],
+        progress: ProgressFn | None,
+        client: str | None,
+        client_priority: int = 0,
     ) -> types.CallToolResult:
-        """Call `tool` (its upstream name) through cache, coalescing, batching and the gate."""
+        """Call `tool` (its upstream name) through cache, coalescing, batching and the gate.
+
+        The call's priority is the tool's (`[servers.X.priorities]`) plus the caller's `client_priority`.
+        """
+        priority = self._priority(tool) + client_priority
         try:
             if not self._cacheable(tool):
-                return await self._send(tool, arguments, progress)
+                return await self._send(tool, arguments, progress, priority)
             settings = self.upstream.config.cache
             scope = client if settings.scope == "client" else None
             key = (self.upstream.name, tool, canonical_json(arguments))
             cached = self.cache.get(key, scope=scope)
             if cached is not None:
                 return cached
-            result = await self.single_flight.call((scope, tool, key[2]), lambda: self._send(tool, arguments, progress))
+            result = await self.single_flight.call(
+                (scope, tool, key[2]), lambda: self._send(tool, arguments, progress, priority)
+            )
             if not result.is_error:
                 self.cache.put(key, result, scope=scope, ttl=settings.ttl, tags=(self.upstream.name,))
             return result
@@ -110,17 +121,21 @@ class UpstreamDispatcher:
             annotations.destructive_hint if annotations is not None else None,
         )
 
-    async def _send(self, tool: str, arguments: dict[str, Any], progress: ProgressFn | None) -> types.CallToolResult:
+    async def _send(
+        self, tool: str, arguments: dict[str, Any], progress: ProgressFn | None, priority: int
+    ) -> types.CallToolResult:
         batch = self.batchers.get(tool)
         if batch is not None and batch[0].argument in arguments:
             form, batcher = batch
             others = {k: v for k, v in arguments.items() if k != form.argument}
             item = (canonical_json(others), others, arguments[form.argument])
-            return await batcher.submit(item, priority=self._priority(tool), deadline=self._queue_deadline())
-        return await self._gated(tool, arguments, progress)
+            return await batcher.submit(item, priority=priority, deadline=self._queue_deadline())
+        return await self._gated(tool, arguments, progress, priority)
 
-    async def _gated(self, tool: str, arguments: dict[str, Any], progress: ProgressFn | None) -> types.CallToolResult:
-        async with self.gate.slot(priority=self._priority(tool), deadline=self._queue_deadline()):
+    async def _gated(
+        self, tool: str, arguments: dict[str, Any], progress: ProgressFn | None, priority: int
+    ) -> types.CallToolResult:
+        async with self.gate.slot(priority=priority, deadline=self._queue_deadline()):
             result: types.CallToolResult = await self.upstream.request(
                 f"tool {tool!r}", lambda client: client.call_tool(tool, arguments, progress_callback=progress)
             )
@@ -142,7 +157,7 @@ class UpstreamDispatcher:
             for indices in groups.values():
                 arguments = {**items[indices[0]][1], form.list_argument: [items[i][2] for i in indices]}
                 try:
-                    merged = await self._gated(form.batch_tool, arguments, None)
+                    merged = await self._gated(form.batch_tool, arguments, None, self._priority(form.batch_tool))
                     parts: Sequence[types.CallToolResult | BaseException] = split_batch_result(
                         merged, len(indices), form
                     )

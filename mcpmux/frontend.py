@@ -82,6 +82,12 @@ def _as_mcp_error(err: MuxError) -> MCPError:
     return MCPError(types.INTERNAL_ERROR, str(err))
 
 
+def _client_name(session: ServerSession) -> str | None:
+    """The name the client gave in its clientInfo (2025 initialize), if any."""
+    params = session.client_params
+    return params.client_info.name if params is not None else None
+
+
 class Frontend:
     """Serves one `Mux` to any number of clients over stdio or streamable HTTP."""
 
@@ -162,7 +168,11 @@ class Frontend:
         callers[session] = ctx.request_id
         try:
             return await self.mux.call_tool(
-                params.name, params.arguments, progress=relay_progress, client=self._client_id(session)
+                params.name,
+                params.arguments,
+                progress=relay_progress,
+                client=self._client_id(session),
+                client_name=_client_name(session),
             )
         except MuxError as err:
             raise _as_mcp_error(err) from None

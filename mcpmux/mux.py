@@ -25,6 +25,7 @@ from anyio.abc import TaskGroup
 from mcpmux.batching import CachePolicy, ResultCache
 from mcpmux.catalog import Catalog
 from mcpmux.config import Config, load_config
+from mcpmux.config_policy import priority_for
 from mcpmux.dispatch import UpstreamDispatcher
 from mcpmux.errors import MuxError, UpstreamTimeoutError, UpstreamUnavailableError
 from mcpmux.inference.sampling_bridge import SamplingBridge
@@ -202,20 +203,24 @@ class Mux:
         *,
         progress: ProgressFn | None = None,
         client: str | None = None,
+        client_name: str | None = None,
     ) -> types.CallToolResult:
         """Call a tool by its public name, through the upstream's queue, cache, coalescing and batching.
 
         Upstream `isError` results and JSON-RPC errors (`UpstreamError`) come back unchanged. An
         unavailable or timed-out upstream, or a call refused by a limit, gives an `isError` result whose
         text says what happened, so a model sees it and can carry on; an unknown name raises
-        `UnknownToolError`. `client` identifies the caller for per-client cache scopes.
+        `UnknownToolError`. `client` identifies the caller for per-client cache scopes; `client_name` (its
+        clientInfo name) adds its `[mux] client_priorities` entry to the call's priority.
         """
         local = self.local_tools.get(name)
         if local is not None:
             return await local.handler(arguments or {}, progress)
         route = self.catalog.resolve_tool(name)
         try:
-            return await self.dispatchers[route.upstream].call_tool(route.name, arguments or {}, progress, client)
+            boost = priority_for(self.config.mux.client_priorities, client_name) if client_name else 0
+            dispatcher = self.dispatchers[route.upstream]
+            return await dispatcher.call_tool(route.name, arguments or {}, progress, client, boost)
         except (UpstreamUnavailableError, UpstreamTimeoutError) as err:
             return types.CallToolResult(content=[types.TextContent(type="text", text=str(err))], is_error=True)
 

@@ -131,3 +131,26 @@ async def test_higher_priority_calls_overtake_queued_low_priority_ones() -> None
             await anyio.sleep(0.05)
             tasks.start_soon(call, "echo", {"text": "urgent"})
         assert order == ["sleep", "echo", "add"]
+
+
+async def test_clients_named_in_client_priorities_go_first() -> None:
+    config = config_from_dict(
+        {
+            "servers": {"alpha": {**demo("alpha"), "limits": {"max_concurrency": 1, "aging_interval": 60}}},
+            "mux": {"client_priorities": {"vip-*": 20}},
+        }
+    )
+    async with Mux(config) as mux:
+        order: list[str] = []
+
+        async def call(who: str, arguments: dict[str, Any], tool: str = "echo") -> None:
+            await mux.call_tool(f"alpha__{tool}", arguments, client_name=who)
+            order.append(who)
+
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(call, "first", {"seconds": 0.5}, "sleep")
+            await anyio.sleep(0.1)
+            tasks.start_soon(call, "cursor", {"text": "a"})
+            await anyio.sleep(0.05)
+            tasks.start_soon(call, "vip-agent", {"text": "b"})
+        assert order == ["first", "vip-agent", "cursor"]

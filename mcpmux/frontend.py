@@ -131,16 +131,19 @@ class Frontend:
 
     async def _list_tools(self, ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
         self._seen(ctx)
+        await self.mux.refresh_stale_listings()
         tools, next_cursor = _page(self.mux.list_tools(), _cursor(params), self.page_size)
         return types.ListToolsResult(tools=tools, next_cursor=next_cursor)
 
     async def _list_prompts(self, ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListPromptsResult:
         self._seen(ctx)
+        await self.mux.refresh_stale_listings()
         prompts, next_cursor = _page(self.mux.list_prompts(), _cursor(params), self.page_size)
         return types.ListPromptsResult(prompts=prompts, next_cursor=next_cursor)
 
     async def _list_resources(self, ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListResourcesResult:
         self._seen(ctx)
+        await self.mux.refresh_stale_listings()
         resources, next_cursor = _page(self.mux.list_resources(), _cursor(params), self.page_size)
         return types.ListResourcesResult(resources=resources, next_cursor=next_cursor)
 
@@ -148,6 +151,7 @@ class Frontend:
         self, ctx: Any, params: types.PaginatedRequestParams | None
     ) -> types.ListResourceTemplatesResult:
         self._seen(ctx)
+        await self.mux.refresh_stale_listings()
         templates, next_cursor = _page(self.mux.list_resource_templates(), _cursor(params), self.page_size)
         return types.ListResourceTemplatesResult(resource_templates=templates, next_cursor=next_cursor)
 

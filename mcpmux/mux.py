@@ -173,6 +173,12 @@ class Mux:
 
     # -- catalog ---------------------------------------------------------------------------------
 
+    async def refresh_stale_listings(self) -> None:
+        """Refetch, concurrently, every listing whose 2026 `ttlMs` has run out; call before serving a list."""
+        async with anyio.create_task_group() as tasks:
+            for upstream in self.upstreams.values():
+                tasks.start_soon(upstream.refresh_if_stale)
+
     def list_tools(self) -> list[types.Tool]:
         return [local.tool for local in self.local_tools.values()] + self.catalog.tools
 

@@ -176,12 +176,23 @@ class Upstream:
         self._client_changed.set()
         self._client_changed = anyio.Event()
 
+    async def refresh_if_stale(self) -> None:
+        """Refetch the listing when the server's `ttlMs` says it is stale (failures keep the old one)."""
+        if self._client is None or anyio.current_time() < self.listing.expires_at:
+            return
+        try:
+            with anyio.fail_after(self.timeout):
+                await self._refresh()
+        except (MCPError, TimeoutError) as err:
+            logger.warning("upstream %r: could not refresh its stale listing: %s", self.name, err)
+
     async def _refresh(self) -> None:
         client = self._client
         if client is None:
             return
-        self.listing = await fetch_listing(client)
-        await self.events.listing_changed(self.name)
+        old, self.listing = self.listing, await fetch_listing(client)
+        if _offer(self.listing) != _offer(old):  # a re-fetch that changed nothing must not echo to clients
+            await self.events.listing_changed(self.name)
 
     @asynccontextmanager
     async def _connect(self) -> AsyncIterator[Client]:
@@ -290,6 +301,10 @@ class Upstream:
 
 # How servers word "I no longer know your session" (HTTP 404): the SDK server, its client's stand-in, others.
 _EXPIRED = re.compile(r"session (not found|terminated|has been terminated|expired|is no longer valid)", re.IGNORECASE)
+
+
+def _offer(listing: Listing) -> tuple[object, ...]:
+    return (listing.tools, listing.resources, listing.resource_templates, listing.prompts)
 
 
 def _session_expired(err: MCPError) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
@@ -28,6 +29,8 @@ class Listing:
     resources: list[types.Resource] = field(default_factory=list)
     resource_templates: list[types.ResourceTemplate] = field(default_factory=list)
     prompts: list[types.Prompt] = field(default_factory=list)
+    expires_at: float = math.inf
+    """When the server's 2026 `ttlMs` says this listing goes stale (anyio clock); inf when it gave none."""
     tools_by_name: dict[str, types.Tool] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -91,8 +94,11 @@ class WatchedTransport:
         return await self._inner.__aexit__(exc_type, exc, tb)
 
 
-async def _all_pages(fetch: Callable[[str | None], Awaitable[Any]], attr: str) -> list[Any]:
-    """Every page of one list; a server that does not implement the list (-32601) has none."""
+async def _all_pages(fetch: Callable[[str | None], Awaitable[Any]], attr: str, ttls: list[int]) -> list[Any]:
+    """Every page of one list; a server that does not implement the list (-32601) has none.
+
+    Each page's `ttlMs`, where the server sent one, is appended to `ttls`.
+    """
     items: list[Any] = []
     cursor: str | None = None
     for _ in range(MAX_PAGES):
@@ -102,6 +108,8 @@ async def _all_pages(fetch: Callable[[str | None], Awaitable[Any]], attr: str) -
             if err.error.code == types.METHOD_NOT_FOUND:
                 return items
             raise
+        if "ttl_ms" in page.model_fields_set:
+            ttls.append(page.ttl_ms)
         items.extend(getattr(page, attr))
         cursor = page.next_cursor
         if not cursor:
@@ -112,20 +120,25 @@ async def _all_pages(fetch: Callable[[str | None], Awaitable[Any]], attr: str) -
 async def fetch_listing(client: Client) -> Listing:
     """Every page of tools, resources, templates and prompts the server advertises."""
     caps = client.server_capabilities
+    fetched_at = anyio.current_time()
+    ttls: list[int] = []
     tools: list[types.Tool] = []
     resources: list[types.Resource] = []
     templates: list[types.ResourceTemplate] = []
     prompts: list[types.Prompt] = []
     if caps.tools is not None:
-        tools = await _all_pages(lambda c: client.list_tools(cursor=c, cache_mode="refresh"), "tools")
+        tools = await _all_pages(lambda c: client.list_tools(cursor=c, cache_mode="refresh"), "tools", ttls)
     if caps.resources is not None:
-        resources = await _all_pages(lambda c: client.list_resources(cursor=c, cache_mode="refresh"), "resources")
+        resources = await _all_pages(lambda c: client.list_resources(cursor=c, cache_mode="refresh"), "resources", ttls)
         templates = await _all_pages(
-            lambda c: client.list_resource_templates(cursor=c, cache_mode="refresh"), "resource_templates"
+            lambda c: client.list_resource_templates(cursor=c, cache_mode="refresh"), "resource_templates", ttls
         )
     if caps.prompts is not None:
-        prompts = await _all_pages(lambda c: client.list_prompts(cursor=c, cache_mode="refresh"), "prompts")
-    return Listing(tools=tools, resources=resources, resource_templates=templates, prompts=prompts)
+        prompts = await _all_pages(lambda c: client.list_prompts(cursor=c, cache_mode="refresh"), "prompts", ttls)
+    expires_at = fetched_at + min(ttls) / 1000 if ttls else math.inf
+    return Listing(
+        tools=tools, resources=resources, resource_templates=templates, prompts=prompts, expires_at=expires_at
+    )
 
 
 async def listen_for_changes(

@@ -105,3 +105,15 @@ async def test_resource_reads_honour_ttl_and_cache_scope() -> None:
         mine = await read("paged://private", "a")
         assert await read("paged://private", "a") == mine  # private: cached for the same client ...
         assert await read("paged://private", "b") != mine  # ... never served to another
+
+
+async def test_listings_are_refetched_when_their_ttl_runs_out() -> None:
+    growing = {**PAGED, "env": {"PAGED_GROWING": "1"}}
+    async with Mux(config_from_dict({"servers": {"paged": growing}, "mux": {"meta_tools": False}})) as mux:
+        first = [t.name for t in mux.list_tools()]
+        assert first
+        await mux.refresh_stale_listings()  # still fresh (ttlMs = 300): nothing refetched
+        assert [t.name for t in mux.list_tools()] == first
+        await anyio.sleep(0.4)
+        await mux.refresh_stale_listings()  # stale: refetched, and the server's new tool is listed
+        assert [t.name for t in mux.list_tools()] == [*first, f"paged__grown_{len(first)}"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import anyio
@@ -17,10 +18,19 @@ TOOLS = [
 ]
 
 
+GROWING = os.environ.get("PAGED_GROWING") == "1"  # every listing adds a tool and is fresh for 300 ms
+listings = 0
+
+
 async def list_tools(ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
+    global listings
     start = int(params.cursor) if params is not None and params.cursor else 0
     end = start + PAGE
-    return types.ListToolsResult(tools=TOOLS[start:end], next_cursor=str(end) if end < len(TOOLS) else None)
+    if not GROWING:
+        return types.ListToolsResult(tools=TOOLS[start:end], next_cursor=str(end) if end < len(TOOLS) else None)
+    listings += 1
+    grown = [types.Tool(name=f"grown_{n}", input_schema={"type": "object"}) for n in range(listings)]
+    return types.ListToolsResult(tools=grown, ttl_ms=300)
 
 
 async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
@@ -34,7 +44,8 @@ reads = 0
 
 async def list_resources(ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListResourcesResult:
     return types.ListResourcesResult(
-        resources=[types.Resource(uri=f"paged://{scope}", name=scope) for scope in ("public", "private")]
+        resources=[types.Resource(uri=f"paged://{scope}", name=scope) for scope in ("public", "private")],
+        ttl_ms=60_000,
     )
 
 

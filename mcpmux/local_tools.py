@@ -17,7 +17,7 @@ import mcp_types as types
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from mcpmux.inference.config import EngineError, SamplingParams
-from mcpmux.mux import LocalTool
+from mcpmux.mux import Caller, LocalTool
 from mcpmux.upstream import ProgressFn
 
 if TYPE_CHECKING:
@@ -95,7 +95,7 @@ def inference_tools(service: Callable[[], InferenceService | None], namespace: s
             raise EngineError(f"{tool} cannot run: the inference service is not running (is the Mux started?)")
         return svc
 
-    async def generate(arguments: dict[str, Any], progress: ProgressFn | None) -> types.CallToolResult:
+    async def generate(arguments: dict[str, Any], progress: ProgressFn | None, caller: Caller) -> types.CallToolResult:
         try:
             args = _GenerateArgs.model_validate(arguments)
         except ValidationError as err:
@@ -134,7 +134,7 @@ def inference_tools(service: Callable[[], InferenceService | None], namespace: s
         }
         return types.CallToolResult(content=[types.TextContent(type="text", text=text)], structured_content=structured)
 
-    async def embed(arguments: dict[str, Any], progress: ProgressFn | None) -> types.CallToolResult:
+    async def embed(arguments: dict[str, Any], progress: ProgressFn | None, caller: Caller) -> types.CallToolResult:
         try:
             args = _EmbedArgs.model_validate(arguments)
         except ValidationError as err:

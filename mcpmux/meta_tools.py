@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from mcpmux.errors import MuxError, UpstreamError
 from mcpmux.meta_refs import BadReferenceError, StepOutput, check_refs, resolve_refs
 from mcpmux.meta_schemas import BATCH_TOOL, MAX_CALLS, MAX_CONCURRENT, MAX_STEPS, PARALLEL_TOOL, PIPELINE_TOOL
-from mcpmux.mux import LocalTool, Mux
+from mcpmux.mux import Caller, LocalTool, Mux
 from mcpmux.upstream import ProgressFn
 
 logger = logging.getLogger(__name__)
@@ -76,23 +76,29 @@ class MetaRunner:
     def __init__(self, mux: Mux) -> None:
         self.mux = mux
 
-    async def parallel(self, arguments: dict[str, Any], progress: ProgressFn | None) -> types.CallToolResult:
+    async def parallel(
+        self, arguments: dict[str, Any], progress: ProgressFn | None, caller: Caller
+    ) -> types.CallToolResult:
         """`mux_parallel`: every call at once (at most `MAX_CONCURRENT` in flight), results in input order."""
         parsed = _parse(_ParallelArgs, PARALLEL_TOOL.name, arguments)
         if isinstance(parsed, types.CallToolResult):
             return parsed
         calls = [(call.tool, call.arguments) for call in parsed.calls]
-        return _fan_out_result(PARALLEL_TOOL.name, await self._fan_out(calls, progress))
+        return _fan_out_result(PARALLEL_TOOL.name, await self._fan_out(calls, progress, caller))
 
-    async def batch(self, arguments: dict[str, Any], progress: ProgressFn | None) -> types.CallToolResult:
+    async def batch(
+        self, arguments: dict[str, Any], progress: ProgressFn | None, caller: Caller
+    ) -> types.CallToolResult:
         """`mux_batch`: one tool, once per argument object, concurrently, results in input order."""
         parsed = _parse(_BatchArgs, BATCH_TOOL.name, arguments)
         if isinstance(parsed, types.CallToolResult):
             return parsed
         calls = [(parsed.tool, item) for item in parsed.arguments]
-        return _fan_out_result(BATCH_TOOL.name, await self._fan_out(calls, progress))
+        return _fan_out_result(BATCH_TOOL.name, await self._fan_out(calls, progress, caller))
 
-    async def pipeline(self, arguments: dict[str, Any], progress: ProgressFn | None) -> types.CallToolResult:
+    async def pipeline(
+        self, arguments: dict[str, Any], progress: ProgressFn | None, caller: Caller
+    ) -> types.CallToolResult:
         """`mux_pipeline`: steps in order, `$ref`s resolved against earlier results; stops at a failure."""
         parsed = _parse(_PipelineArgs, PIPELINE_TOOL.name, arguments)
         if isinstance(parsed, types.CallToolResult):
@@ -102,7 +108,7 @@ class MetaRunner:
             _check_steps(steps)
         except BadReferenceError as err:
             return _malformed(PIPELINE_TOOL.name, str(err))
-        client = _invocation_client()
+        caller = _scoped(caller)
         outputs: list[StepOutput] = []
         records: list[Outcome] = []
         for index, step in enumerate(steps):
@@ -111,7 +117,7 @@ class MetaRunner:
             except BadReferenceError as err:
                 records.append({**_failed(index, step.tool, str(err)), "id": step.id})
                 break
-            outcome = {**await self._call(index, step.tool, resolved, client), "id": step.id}
+            outcome = {**await self._call(index, step.tool, resolved, caller), "id": step.id}
             records.append(outcome)
             if not outcome["ok"]:
                 break
@@ -121,8 +127,10 @@ class MetaRunner:
                 await progress(index + 1, len(steps), f"step {index} ({step.tool}) done")
         return _pipeline_result(records, len(steps))
 
-    async def _fan_out(self, calls: Sequence[tuple[str, dict[str, Any]]], progress: ProgressFn | None) -> list[Outcome]:
-        client = _invocation_client()
+    async def _fan_out(
+        self, calls: Sequence[tuple[str, dict[str, Any]]], progress: ProgressFn | None, caller: Caller
+    ) -> list[Outcome]:
+        caller = _scoped(caller)
         limiter = anyio.CapacityLimiter(MAX_CONCURRENT)
         outcomes: list[Outcome] = [{} for _ in calls]
         done = 0
@@ -130,7 +138,7 @@ class MetaRunner:
         async def one(index: int, tool: str, arguments: dict[str, Any]) -> None:
             nonlocal done
             async with limiter:
-                outcomes[index] = await self._call(index, tool, arguments, client)
+                outcomes[index] = await self._call(index, tool, arguments, caller)
             done += 1
             if progress is not None:
                 await progress(done, len(calls), f"{done} of {len(calls)} calls answered")
@@ -140,13 +148,13 @@ class MetaRunner:
                 tasks.start_soon(one, index, tool, arguments)
         return outcomes
 
-    async def _call(self, index: int, tool: str, arguments: dict[str, Any], client: str) -> Outcome:
+    async def _call(self, index: int, tool: str, arguments: dict[str, Any], caller: Caller) -> Outcome:
         if tool in META_TOOL_NAMES:
             return _failed(
                 index, tool, f"{tool} is a meta-tool and meta-tools cannot call meta-tools; list its calls here"
             )
         try:
-            result = await self.mux.call_tool(tool, arguments, client=client)
+            result = await self.mux.call_tool(tool, arguments, client=caller.client, client_name=caller.name)
         except UpstreamError as err:
             return _failed(index, tool, f"{err} (JSON-RPC error {err.code})")
         except MuxError as err:
@@ -167,11 +175,10 @@ class MetaRunner:
         return {"index": index, "tool": tool, "ok": True, "result": answer}
 
 
-def _invocation_client() -> str:
-    # LocalTool handlers do not learn the calling client; a fresh identity per meta-tool request keeps
-    # client-scoped cache entries private (never shared with another client), while shared-scope
-    # tools still coalesce and cache across everyone.
-    return f"meta-{uuid.uuid4().hex}"
+def _scoped(caller: Caller) -> Caller:
+    """The caller, with a fresh identity when it has none (a library call), so that client-scoped
+    cache entries are never shared by accident; shared-scope tools still coalesce and cache."""
+    return caller if caller.client is not None else Caller(f"meta-{uuid.uuid4().hex}", caller.name)
 
 
 def _check_steps(steps: Sequence[_Step]) -> None:

@@ -40,11 +40,19 @@ ChangeListener = Callable[[], Awaitable[None]]
 
 
 @dataclass(frozen=True, slots=True)
+class Caller:
+    """Who is calling: a per-connection id (the scope of private cache entries) and its clientInfo name."""
+
+    client: str | None = None
+    name: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class LocalTool:
-    """A tool mcpmux implements itself; `handler(arguments, progress)` answers it."""
+    """A tool mcpmux implements itself; `handler(arguments, progress, caller)` answers it."""
 
     tool: types.Tool
-    handler: Callable[[dict[str, Any], ProgressFn | None], Awaitable[types.CallToolResult]]
+    handler: Callable[[dict[str, Any], ProgressFn | None, Caller], Awaitable[types.CallToolResult]]
 
 
 LogListener = Callable[[str, types.LoggingMessageNotificationParams], Awaitable[None]]
@@ -221,7 +229,7 @@ class Mux:
         """
         local = self.local_tools.get(name)
         if local is not None:
-            return await local.handler(arguments or {}, progress)
+            return await local.handler(arguments or {}, progress, Caller(client, client_name))
         route = self.catalog.resolve_tool(name)
         try:
             boost = priority_for(self.config.mux.client_priorities, client_name) if client_name else 0

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mcpmux.errors import MuxError
 
-class EngineError(Exception):
+
+class EngineError(MuxError):
     """Base class of the errors the inference engine raises for a request or a configuration."""
 
 

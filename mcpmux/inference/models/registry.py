@@ -7,6 +7,7 @@ from typing import Any
 
 from torch import nn
 
+from mcpmux.errors import MuxError
 from mcpmux.inference.models.llama import LlamaCausalLM
 from mcpmux.inference.models.rope import rope_position_limit
 
@@ -18,7 +19,7 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCa
 _BY_MODEL_TYPE = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
 
 
-class ModelLoadError(ValueError):
+class ModelLoadError(MuxError, ValueError):
     """A model could not be loaded; the message names the path, name or architecture and what to do."""
 
 

@@ -13,8 +13,8 @@ import logging
 import socket
 import uuid
 import weakref
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import anyio
 import mcp_types as types
@@ -43,6 +43,7 @@ from mcpmux.errors import MuxError, UnknownToolError, UpstreamError
 from mcpmux.mux import Mux
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class _MuxServer(Server[Any]):
@@ -60,7 +61,7 @@ class _MuxServer(Server[Any]):
         )
 
 
-def _page(items: list[Any], cursor: str | None, size: int) -> tuple[list[Any], str | None]:
+def _page(items: list[T], cursor: str | None, size: int) -> tuple[list[T], str | None]:
     """Offset pagination with opaque-looking cursors; a bad cursor is the client's error."""
     try:
         start = int(cursor) if cursor else 0
@@ -68,10 +69,6 @@ def _page(items: list[Any], cursor: str | None, size: int) -> tuple[list[Any], s
         raise MCPError(types.INVALID_PARAMS, f"invalid cursor {cursor!r}") from None
     end = start + size
     return items[start:end], (str(end) if end < len(items) else None)
-
-
-def _cursor(params: types.PaginatedRequestParams | None) -> str | None:
-    return params.cursor if params is not None else None
 
 
 def _as_mcp_error(err: MuxError) -> MCPError:
@@ -129,30 +126,30 @@ class Frontend:
         """A random id per client connection: the scope of its private cache entries."""
         return self._client_ids.setdefault(session._connection, uuid.uuid4().hex)
 
-    async def _list_tools(self, ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
+    async def _list_page(
+        self, ctx: Any, params: types.PaginatedRequestParams | None, items: Callable[[], list[T]]
+    ) -> tuple[list[T], str | None]:
+        """One page of a list, after refetching upstream listings whose `ttlMs` ran out."""
         self._seen(ctx)
         await self.mux.refresh_stale_listings()
-        tools, next_cursor = _page(self.mux.list_tools(), _cursor(params), self.page_size)
+        return _page(items(), params.cursor if params is not None else None, self.page_size)
+
+    async def _list_tools(self, ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
+        tools, next_cursor = await self._list_page(ctx, params, self.mux.list_tools)
         return types.ListToolsResult(tools=tools, next_cursor=next_cursor)
 
     async def _list_prompts(self, ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListPromptsResult:
-        self._seen(ctx)
-        await self.mux.refresh_stale_listings()
-        prompts, next_cursor = _page(self.mux.list_prompts(), _cursor(params), self.page_size)
+        prompts, next_cursor = await self._list_page(ctx, params, self.mux.list_prompts)
         return types.ListPromptsResult(prompts=prompts, next_cursor=next_cursor)
 
     async def _list_resources(self, ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListResourcesResult:
-        self._seen(ctx)
-        await self.mux.refresh_stale_listings()
-        resources, next_cursor = _page(self.mux.list_resources(), _cursor(params), self.page_size)
+        resources, next_cursor = await self._list_page(ctx, params, self.mux.list_resources)
         return types.ListResourcesResult(resources=resources, next_cursor=next_cursor)
 
     async def _list_resource_templates(
         self, ctx: Any, params: types.PaginatedRequestParams | None
     ) -> types.ListResourceTemplatesResult:
-        self._seen(ctx)
-        await self.mux.refresh_stale_listings()
-        templates, next_cursor = _page(self.mux.list_resource_templates(), _cursor(params), self.page_size)
+        templates, next_cursor = await self._list_page(ctx, params, self.mux.list_resource_templates)
         return types.ListResourceTemplatesResult(resource_templates=templates, next_cursor=next_cursor)
 
     async def _call_tool(self, ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import shlex
 import signal
@@ -13,12 +14,17 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+from anyio.abc import TaskGroup
 
 from mcpmux import __version__
 from mcpmux.config import Config, config_from_dict, load_config
 from mcpmux.errors import MuxError
 from mcpmux.frontend import Frontend, bind
+from mcpmux.http_edge import prepare_edge
+from mcpmux.logs import configure_logging
 from mcpmux.mux import Mux
+from mcpmux.reload import ConfigReloader
+from mcpmux.status_cmd import add_status_parser, status_main
 
 EXAMPLES = """examples:
   mcpmux serve --config mcpmux.toml                      serve over stdio (what MCP clients launch)
@@ -28,6 +34,7 @@ EXAMPLES = """examples:
   mcpmux tools --config ~/Library/Application\\ Support/Claude/claude_desktop_config.json
   mcpmux call --config mcpmux.toml time__get_current_time '{"timezone": "UTC"}'
   mcpmux check --config .vscode/mcp.json
+  mcpmux status --url http://127.0.0.1:8765              summary of a running HTTP server's /metrics
 
 --config defaults to $MCPMUX_CONFIG, then ./mcpmux.toml. Accepted formats: mcpmux.toml, Claude
 Desktop / Cursor / Claude Code JSON ({"mcpServers": ...}) and VS Code JSON ({"servers": ...}).
@@ -36,11 +43,9 @@ Desktop / Cursor / Claude Code JSON ({"mcpServers": ...}) and VS Code JSON ({"se
 
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
-    logging.basicConfig(
-        level=getattr(logging, args.log_level.upper()),
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging(args.log_level, args.log_format)
+    if args.command == "status":  # talks to a running server: no config of its own
+        sys.exit(status_main(args))
     try:
         config = _resolve_config(args)
         code = anyio.run(_COMMANDS[args.command], args, config)
@@ -61,6 +66,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"mcpmux {__version__}")
     parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--log-format", default="text", choices=["text", "json"], help="stderr lines as text or JSON")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="run the multiplexer as an MCP server")
     serve.add_argument("--transport", choices=["stdio", "http"], default="stdio")
@@ -71,6 +77,11 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="serve only the OpenAI-compatible API at /v1 over HTTP ([inference]; no upstreams are started)",
     )
+    serve.add_argument(
+        "--allow-unauthenticated-remote",
+        action="store_true",
+        help="serve HTTP on a non-loopback address with no [http] auth tokens set (docs/security.md)",
+    )
     serve.add_argument("wrapped", nargs=argparse.REMAINDER, help="-- CMD ARGS...: wrap one stdio server")
     commands.add_parser("tools", help="list the aggregated catalog and each upstream's status")
     call = commands.add_parser("call", help="call one tool and print its result as JSON")
@@ -79,6 +90,7 @@ def _parser() -> argparse.ArgumentParser:
     commands.add_parser("check", help="validate the config and print the resolved upstreams")
     for sub in commands.choices.values():
         sub.add_argument("--config", "-c", default=None, help="config file (TOML or client JSON)")
+    add_status_parser(commands)
     return parser
 
 
@@ -97,20 +109,36 @@ def _resolve_config(args: argparse.Namespace) -> Config:
 
 
 async def _serve(args: argparse.Namespace, config: Config) -> int:
-    """Serve until stdin closes (stdio) or SIGINT/SIGTERM arrives; upstream children end with the Mux."""
+    """Serve until stdin closes (stdio) or SIGINT/SIGTERM arrives; upstream children end with the Mux.
+
+    SIGINT/SIGTERM stop accepting, let calls in flight finish within `[mux] shutdown_grace` and cancel
+    the rest (a second signal skips the wait); SIGHUP, or a change to the file, reloads the config.
+    """
     if args.openai_only:
         return await _serve_openai_only(args, config)
+    if args.transport == "http":  # refused before any upstream starts
+        prepare_edge(config, args.host or config.http.host, args.allow_unauthenticated_remote)
     async with Mux(config) as mux, anyio.create_task_group() as tasks:
         frontend = Frontend(mux)
-        stop = anyio.Event()
-        tasks.start_soon(_stop_on_signal, stop, None if args.transport == "http" else tasks.cancel_scope)
+        stop, skip = anyio.Event(), anyio.Event()
+        from_file = not [part for part in args.wrapped if part != "--"]
+        reloader = ConfigReloader(mux, config.source) if from_file else None
+        tasks.start_soon(_handle_signals, stop, skip, reloader, tasks)
+        if reloader is not None:
+            tasks.start_soon(reloader.watch)
+        grace = config.mux.shutdown_grace
         if args.transport == "stdio":
-            await frontend.serve_stdio()
+            async with anyio.create_task_group() as serving:
+                serving.start_soon(_drain_when_stopped, mux, stop, skip, serving.cancel_scope)
+                await frontend.serve_stdio()
+                serving.cancel_scope.cancel()  # stdin closed: no client is left to answer
         else:
             host = args.host or config.http.host
             sock = bind(host, config.http.port if args.port is None else args.port)
             _announce_http(host, sock.getsockname()[1], config)
-            await frontend.serve_http(sock, config.http.path, stop)
+            tasks.start_soon(_drain_when_stopped, mux, stop, skip, None)
+            # The margin past the grace lets cancelled calls' errors reach their clients.
+            await frontend.serve_http(sock, config.http.path, stop, shutdown_timeout=math.ceil(grace) + 3)
         tasks.cancel_scope.cancel()
     return 0
 
@@ -119,26 +147,54 @@ async def _serve_openai_only(args: argparse.Namespace, config: Config) -> int:
     """Only `/v1`, over HTTP, until SIGINT/SIGTERM; the engine loads here (torch is imported only now)."""
     if config.inference.backend == "off":
         raise MuxError(f'--openai-only needs [inference] backend = "local" or "openai" in {config.source}')
+    host = args.host or config.http.host
+    edge = prepare_edge(config, host, args.allow_unauthenticated_remote)
     from mcpmux.inference.openai_server import serve_openai_only
 
     async with anyio.create_task_group() as tasks:
         stop = anyio.Event()
-        tasks.start_soon(_stop_on_signal, stop, None)
-        sock = bind(args.host or config.http.host, config.http.port if args.port is None else args.port)
-        await serve_openai_only(config.inference, sock, stop)
+        tasks.start_soon(_stop_on_signal, stop)
+        sock = bind(host, config.http.port if args.port is None else args.port)
+        await serve_openai_only(config.inference, sock, stop, edge)
         tasks.cancel_scope.cancel()
     return 0
 
 
-async def _stop_on_signal(stop: anyio.Event, cancel: anyio.CancelScope | None) -> None:
-    """HTTP winds down through `stop` (uvicorn finishes open responses); stdio is cancelled at once."""
+async def _stop_on_signal(stop: anyio.Event) -> None:
+    """Winds down through `stop` (uvicorn finishes open responses)."""
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async for signum in signals:
             logging.getLogger("mcpmux").info("%s received: shutting down", signal.Signals(signum).name)
             stop.set()
-            if cancel is not None:
-                cancel.cancel()
             return
+
+
+async def _handle_signals(
+    stop: anyio.Event, skip: anyio.Event, reloader: ConfigReloader | None, tasks: TaskGroup
+) -> None:
+    """SIGINT/SIGTERM set `stop` (a second one sets `skip`: no more grace); SIGHUP reloads the config file."""
+    log = logging.getLogger("mcpmux")
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
+        async for signum in signals:
+            name = signal.Signals(signum).name
+            if signum != signal.SIGHUP:
+                what = "skipping the rest of the grace period" if stop.is_set() else "shutting down"
+                log.warning("%s received: %s", name, what)
+                (skip if stop.is_set() else stop).set()
+            elif reloader is None:
+                log.warning("SIGHUP received: nothing to reload (serving a command line, not a config file)")
+            elif not stop.is_set():
+                log.warning("SIGHUP received: reloading %s", reloader.path)
+                tasks.start_soon(reloader.reload)
+
+
+async def _drain_when_stopped(mux: Mux, stop: anyio.Event, skip: anyio.Event, then: anyio.CancelScope | None) -> None:
+    """Once `stop` is set, let calls in flight finish (`[mux] shutdown_grace`), then cancel `then`."""
+    await stop.wait()
+    await mux.drain(mux.config.mux.shutdown_grace, skip)
+    if then is not None:
+        await anyio.sleep(0.25)  # the last answers leave the Mux before the front end has written them
+        then.cancel()
 
 
 def _announce_http(host: str, port: int, config: Config) -> None:

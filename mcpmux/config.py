@@ -111,6 +111,12 @@ class MuxSettings(_Model):
     """Parent environment given to stdio servers: everything, the SDK's minimal set, or these names/globs."""
     meta_tools: bool = True
     """Serve the meta-tools `mux_parallel`, `mux_batch` and `mux_pipeline` next to the upstream tools."""
+    fast_path: bool = True
+    """Relay plain `tools/call` requests as raw JSON-RPC, skipping the SDK's sessions (docs/fastpath.md)."""
+    reload: bool = True
+    """Watch the config file and apply changes while serving (docs/lifecycle.md); SIGHUP reloads either way."""
+    shutdown_grace: float = Field(default=10.0, ge=0)
+    """Seconds SIGTERM/SIGINT lets calls in flight finish before cancelling them."""
 
     @field_validator("separator")
     @classmethod
@@ -121,11 +127,33 @@ class MuxSettings(_Model):
 
 
 class HttpSettings(_Model):
-    """Where the streamable HTTP front end listens."""
+    """Where the streamable HTTP front end listens, and who may talk to it (docs/security.md)."""
 
     host: str = "127.0.0.1"
     port: int = Field(default=8765, ge=0, le=65535)
     path: str = "/mcp"
+    auth_token_env: str | None = None
+    """NAME of an environment variable holding the accepted bearer token(s), never a token itself."""
+    auth_token_file: str | None = None
+    """File of accepted bearer tokens, one a line (# comments); relative to the config file's folder."""
+    allowed_hosts: list[str] = Field(default_factory=list)
+    """Host headers accepted besides loopback and the bind host: `name` (any port), `name:port`, or `*`."""
+    allowed_origins: list[str] = Field(default_factory=list)
+    """Origin headers accepted besides loopback: `https://app.example.com`, `http://name:*`, or `*`."""
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1)
+    rate_limit: float = Field(default=0.0, ge=0)
+    """Requests per second per client (its token, else its IP); 0 turns rate limiting off."""
+    rate_burst: int = Field(default=100, ge=1)
+    """Requests a client may send at once before `rate_limit` paces it."""
+    metrics_auth: bool = True
+    """Whether `/metrics` needs a bearer token like everything else (false: scrapers need none)."""
+
+    @field_validator("auth_token_env")
+    @classmethod
+    def _check_env_name(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", value):
+            raise ValueError("must be the NAME of an environment variable (letters, digits, _), not a token")
+        return value
 
 
 class Config(_Model):

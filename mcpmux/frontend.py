@@ -13,7 +13,7 @@ import logging
 import socket
 import uuid
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 import anyio
@@ -31,6 +31,7 @@ from mcp.server.subscriptions import (
     ResourcesListChanged,
     ToolsListChanged,
 )
+from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
 from mcp.shared.message import ServerMessageMetadata
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
@@ -40,6 +41,12 @@ from mcpmux import __version__
 from mcpmux.batch_http import BatchArrayMiddleware
 from mcpmux.batch_stdio import StdioBatchEdge, claimed_stdio
 from mcpmux.errors import MuxError, UnknownToolError, UpstreamError
+from mcpmux.fastpath import FastPath
+from mcpmux.fastpath_http import FastPathMiddleware
+from mcpmux.fastpath_stdio import StdioFastFront
+from mcpmux.http_edge import EdgePolicy, HttpEdge
+from mcpmux.input_rounds import InputRounds, ParkedCall, parks
+from mcpmux.metrics import metrics_route
 from mcpmux.mux import Mux
 
 logger = logging.getLogger(__name__)
@@ -96,6 +103,8 @@ class Frontend:
         self._client_ids: weakref.WeakKeyDictionary[Connection, str] = weakref.WeakKeyDictionary()
         # Per upstream, the requests in flight on it (and their ids): where that upstream's logs belong.
         self._callers: dict[str, weakref.WeakKeyDictionary[ServerSession, types.RequestId]] = {}
+        # 2026-07-28 callers' upstream calls parked while the client answers sampling (input-required rounds).
+        self.rounds = InputRounds()
         self.server = _MuxServer(
             "mcpmux",
             version=__version__,
@@ -109,6 +118,7 @@ class Frontend:
             on_get_prompt=self._get_prompt,
             on_completion=self._complete,
             on_subscriptions_listen=ListenHandler(self.bus),
+            lifespan=self.rounds.lifespan,
             # Without it the SDK runs the whole tools/list handler on every 2026 HTTP call.
             get_tool_input_schema=mux.input_schema,
         )
@@ -152,33 +162,51 @@ class Frontend:
         templates, next_cursor = await self._list_page(ctx, params, self.mux.list_resource_templates)
         return types.ListResourceTemplatesResult(resource_templates=templates, next_cursor=next_cursor)
 
-    async def _call_tool(self, ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+    async def _call_tool(
+        self, ctx: Any, params: types.CallToolRequestParams
+    ) -> types.CallToolResult | types.InputRequiredResult:
         session = self._seen(ctx)
-
-        async def relay_progress(progress: float, total: float | None, message: str | None) -> None:
-            await session.report_progress(progress, total, message)
-
         # Calls in flight per upstream: where its logs and sampling requests belong. Local tools have none.
         callers: weakref.WeakKeyDictionary[ServerSession, types.RequestId] = weakref.WeakKeyDictionary()
-        if params.name not in self.mux.local_tools:
+        upstream: str | None = None
+        if params.name not in self.mux.local_tools and params.request_state is None:
             try:
                 upstream = self.mux.catalog.resolve_tool(params.name).upstream
             except MuxError as err:
                 raise _as_mcp_error(err) from None
             callers = self._callers.setdefault(upstream, callers)
-        callers[session] = ctx.request_id
+
+        async def call(progress_to: Callable[[], ServerSession | None]) -> types.CallToolResult:
+            async def relay_progress(progress: float, total: float | None, message: str | None) -> None:
+                target = progress_to()  # a parked call's progress rides whichever request waits on it
+                if target is not None:
+                    await target.report_progress(progress, total, message)
+
+            callers[session] = ctx.request_id
+            try:
+                return await self.mux.call_tool(
+                    params.name,
+                    params.arguments,
+                    progress=relay_progress,
+                    client=self._client_id(session),
+                    client_name=_client_name(session),
+                )
+            finally:
+                callers.pop(session, None)
+
+        def parked(call_: ParkedCall) -> Awaitable[types.CallToolResult]:
+            return call(lambda: call_.current)
+
         try:
-            return await self.mux.call_tool(
-                params.name,
-                params.arguments,
-                progress=relay_progress,
-                client=self._client_id(session),
-                client_name=_client_name(session),
-            )
+            if params.request_state is not None:  # a 2026-07-28 client's retry of a call parked for sampling
+                return await self.rounds.resume(params, session)
+            held = self.mux.upstreams.get(upstream) if upstream is not None else None
+            # A 2026-07-28 client has no back channel: sampling it may answer goes out in input-required rounds.
+            if held is not None and self.rounds.available and parks(session, held.config.sampling.policy):
+                return await self.rounds.start(params.name, params.arguments or {}, session, parked)
+            return await call(lambda: session)
         except MuxError as err:
             raise _as_mcp_error(err) from None
-        finally:
-            callers.pop(session, None)
 
     async def _read_resource(self, ctx: Any, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
         self._seen(ctx)
@@ -236,12 +264,18 @@ class Frontend:
         """Forward an upstream's sampling request to a client whose call on that upstream is in flight.
 
         Nothing in the protocol says which call caused the request, so when several clients have calls
-        in flight the most recent one that declared sampling, on a connection that can carry a
-        server-to-client request (2025 sessions), is asked. None when there is no such client.
+        in flight the most recent one that declared sampling is asked: a 2025 session by a pushed
+        request, a 2026-07-28 client (no back channel) in its parked call's next input-required round.
+        None when there is no such client.
         """
         for session, request_id in reversed(list(self._callers.get(upstream, {}).items())):
             capabilities = session.client_capabilities
-            if capabilities is None or capabilities.sampling is None or not session.can_send_request:
+            if capabilities is None or capabilities.sampling is None:
+                continue
+            parked = self.rounds.call_of(session)
+            if parked is not None:
+                return await parked.ask(params)
+            if not session.can_send_request:
                 continue
             # The upstream's params go as they are; related_request_id rides the caller's own stream on HTTP.
             request = types.CreateMessageRequest(params=params)
@@ -257,24 +291,52 @@ class Frontend:
         """Serve one client on this process's stdin/stdout until stdin closes (2025-03-26 batch arrays too)."""
         with claimed_stdio() as (wire_in, wire_out):
             edge = StdioBatchEdge(wire_in, wire_out)
-            async with stdio_server(edge.stdin, edge.stdout) as (read_stream, write_stream):
-                await self.server.run(read_stream, write_stream, self.server.create_initialization_options())
+            async with anyio.create_task_group() as fast_calls:
+                if self.mux.config.mux.fast_path:
+                    edge.take = StdioFastFront(FastPath.of(self), edge, fast_calls).take
+                async with stdio_server(edge.stdin, edge.stdout) as (read_stream, write_stream):
+                    await self.server.run(read_stream, write_stream, self.server.create_initialization_options())
+                fast_calls.cancel_scope.cancel()
 
     def http_app(self, host: str, path: str = "/mcp") -> Starlette:
-        """The streamable HTTP app (Host/Origin checks on for loopback hosts; 2025-03-26 batch arrays too)."""
-        app = self.server.streamable_http_app(streamable_http_path=path, host=host)
+        """The streamable HTTP app behind the `HttpEdge` security checks (2025-03-26 batch arrays too)."""
+        policy = EdgePolicy.load(self.mux.config, host)
+        # The edge checks Host/Origin on every route; the SDK's own check (/mcp only, loopback names only)
+        # would refuse the hosts `[http] allowed_hosts` adds.
+        unchecked = TransportSecuritySettings(enable_dns_rebinding_protection=False)
+        limit = policy.max_body_bytes
+        app = self.server.streamable_http_app(
+            streamable_http_path=path, host=host, transport_security=unchecked, max_request_body_size=limit
+        )
         app.add_middleware(BatchArrayMiddleware, path=path)
+        if self.mux.config.mux.fast_path:
+            fast = FastPath.of(self)
+            app.add_middleware(FastPathMiddleware, fast=fast, session_manager=self.server.session_manager, path=path)
+        app.add_middleware(HttpEdge, policy=policy, mcp_path=path)  # added last: outermost, in front of every route
         inference = self.mux.inference
         if inference is not None and inference.settings.openai_api:
             from mcpmux.inference.openai_api import openai_mount  # imported here: it pulls in torch
 
             app.router.routes.append(openai_mount(inference))
+        app.router.routes.append(metrics_route(self.mux.metrics.registry))
         return app
 
-    async def serve_http(self, sock: socket.socket, path: str = "/mcp", stop: anyio.Event | None = None) -> None:
-        """Serve streamable HTTP on an already-bound socket until `stop` is set (or cancelled)."""
+    async def serve_http(
+        self,
+        sock: socket.socket,
+        path: str = "/mcp",
+        stop: anyio.Event | None = None,
+        shutdown_timeout: int | None = None,
+    ) -> None:
+        """Serve streamable HTTP on an already-bound socket until `stop` is set (or cancelled).
+
+        Once stopped, no new connection is accepted; open responses get `shutdown_timeout` seconds (None:
+        no limit) to finish before they are closed, so a held-open SSE stream cannot block the exit.
+        """
         host = sock.getsockname()[0]
-        config = uvicorn.Config(self.http_app(host, path), log_level="warning", lifespan="on")
+        config = uvicorn.Config(
+            self.http_app(host, path), log_level="warning", lifespan="on", timeout_graceful_shutdown=shutdown_timeout
+        )
         server = _UvicornServer(config)
         async with anyio.create_task_group() as tasks:
             if stop is not None:

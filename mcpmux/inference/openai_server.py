@@ -10,9 +10,11 @@ from collections.abc import Iterator
 import anyio
 import uvicorn
 
+from mcpmux.http_edge import EdgePolicy, HttpEdge
 from mcpmux.inference.openai_api import openai_app
 from mcpmux.inference.service import InferenceService
 from mcpmux.inference.settings import InferenceSettings
+from mcpmux.metrics import engine_registry, metrics_route
 
 
 class _Server(uvicorn.Server):
@@ -23,13 +25,17 @@ class _Server(uvicorn.Server):
         yield
 
 
-async def serve_openai_only(settings: InferenceSettings, sock: socket.socket, stop: anyio.Event) -> None:
-    """Start the service, serve `/v1` on the bound socket until `stop` is set, then shut the service down."""
+async def serve_openai_only(
+    settings: InferenceSettings, sock: socket.socket, stop: anyio.Event, edge: EdgePolicy
+) -> None:
+    """Start the service, serve `/v1` (behind the `edge` checks) on the bound socket until `stop` is set."""
     async with await InferenceService.start(settings) as service:
         host, port = sock.getsockname()[:2]
         sys.stderr.write(f"mcpmux serving the OpenAI-compatible API at http://{host}:{port}/v1\n")
         sys.stderr.flush()
-        server = _Server(uvicorn.Config(openai_app(service), log_level="warning", lifespan="off"))
+        app = openai_app(service)
+        app.router.routes.append(metrics_route(engine_registry(service)))
+        server = _Server(uvicorn.Config(HttpEdge(app, edge), log_level="warning", lifespan="off"))
         async with anyio.create_task_group() as tasks:
 
             async def stop_when_asked() -> None:

@@ -15,7 +15,7 @@ import json
 import logging
 import os
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import contextmanager, suppress
 from typing import Any, BinaryIO, cast
 
@@ -61,6 +61,8 @@ class StdioBatchEdge:
         """The revision the server negotiated with this client (None before initialize)."""
         self._initialize_ids: set[str] = set()
         self._pending: dict[str, BatchPlan] = {}
+        self.take: Callable[[str], Awaitable[bool]] | None = None
+        """A hook that may answer a client line itself (the fast path); True keeps it from the SDK."""
 
     @property
     def stdin(self) -> anyio.AsyncFile[str]:
@@ -102,6 +104,8 @@ class StdioBatchEdge:
                     yield json.dumps(message) + "\n"
                 continue
             await self._observe(line)
+            if self.take is not None and await self.take(line):
+                continue  # answered by the fast path (mcpmux.fastpath_stdio)
             yield line
 
     async def _observe(self, line: str) -> None:
@@ -168,6 +172,10 @@ class StdioBatchEdge:
 
     async def _write(self, payload: object) -> None:
         await self._write_text(json.dumps(payload, separators=(",", ":")) + "\n")
+
+    async def write_line(self, text: str) -> None:
+        """Write one line (ending in a newline) to the client, between the SDK's own lines."""
+        await self._write_text(text)
 
     async def _write_text(self, text: str) -> None:
         # One thread hop per line (write and flush together): a blocked pipe must not stall the loop.

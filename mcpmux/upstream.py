@@ -33,6 +33,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from mcpmux.config import MuxSettings, ServerConfig
 from mcpmux.errors import UpstreamError, UpstreamTimeoutError, UpstreamUnavailableError
+from mcpmux.fastpath_lane import UpstreamLane
 from mcpmux.upstream_io import Listing, WatchedTransport, fetch_listing, listen_for_changes
 
 logger = logging.getLogger(__name__)
@@ -97,6 +98,8 @@ class Upstream:
         self.last_error: str | None = None
         self.settled = anyio.Event()  # set after the first connection attempt succeeds or fails
         self._client: Client | None = None
+        self.lane: UpstreamLane | None = None
+        """Raw `tools/call` requests on the current connection (`mcpmux.fastpath`); None while down."""
         self._health = _Health()
         self._client_changed = anyio.Event()
 
@@ -198,6 +201,7 @@ class Upstream:
     async def _connect(self) -> AsyncIterator[Client]:
         self._health = _Health()
         health = self._health
+        lane = UpstreamLane()
         if self.config.transport == "stdio":
             params = StdioServerParameters(
                 command=self.config.command or "",
@@ -205,10 +209,12 @@ class Upstream:
                 env=self._child_env(),
                 cwd=self.config.cwd,
             )
-            transport: Any = WatchedTransport(stdio_client(params), health.lost)
+            transport: Any = WatchedTransport(stdio_client(params), health.lost, lane)
         else:
             http = httpx2.AsyncClient(headers=dict(self.config.headers), timeout=httpx2.Timeout(30.0, read=None))
-            transport = WatchedTransport(streamable_http_client(self.config.url or "", http_client=http), health.lost)
+            transport = WatchedTransport(
+                streamable_http_client(self.config.url or "", http_client=http), health.lost, lane
+            )
         client = Client(
             transport,
             mode=self.config.protocol,
@@ -222,7 +228,11 @@ class Upstream:
         with anyio.CancelScope(deadline=anyio.current_time() + self.settings.startup_timeout) as scope:
             async with client:
                 scope.deadline = math.inf
-                yield client
+                self.lane = lane
+                try:
+                    yield client
+                finally:
+                    self.lane = None
         if scope.cancelled_caught:
             raise TimeoutError
 

@@ -16,6 +16,8 @@ from anyio.abc import TaskStatus
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 
+from mcpmux.fastpath_lane import UpstreamLane
+
 logger = logging.getLogger(__name__)
 
 MAX_PAGES = 1000  # a paginator that never ends must not hang the listing
@@ -38,24 +40,36 @@ class Listing:
 
 
 class _WatchedReadStream:
-    """Delegates to the transport's read stream and sets `ended` when the stream ends."""
+    """Delegates to the transport's read stream and sets `ended` when the stream ends.
 
-    def __init__(self, inner: Any, ended: anyio.Event) -> None:
+    Messages that answer a fast-path call are handed to the `lane` instead (see `mcpmux.fastpath_lane`).
+    """
+
+    def __init__(self, inner: Any, ended: anyio.Event, lane: UpstreamLane | None = None) -> None:
         self._inner = inner
         self._ended = ended
+        self._lane = lane
 
     def __getattr__(self, name: str) -> Any:  # e.g. `last_context`, read by the SDK's dispatcher
         return getattr(self._inner, name)
 
     async def receive(self) -> Any:
         try:
-            return await self._inner.receive()
+            while True:
+                item = await self._inner.receive()
+                if self._lane is None or not self._lane.divert(item):
+                    return item
         except (anyio.EndOfStream, anyio.ClosedResourceError):
-            self._ended.set()
+            self._end()
             raise
 
-    async def aclose(self) -> None:
+    def _end(self) -> None:
         self._ended.set()
+        if self._lane is not None:
+            self._lane.close()
+
+    async def aclose(self) -> None:
+        self._end()
         await self._inner.aclose()
 
     def __aiter__(self) -> _WatchedReadStream:
@@ -79,18 +93,25 @@ class _WatchedReadStream:
 class WatchedTransport:
     """Wraps an SDK transport so that the end of its read stream (a dead child, a dropped server) is seen."""
 
-    def __init__(self, inner: AbstractAsyncContextManager[Any], ended: anyio.Event) -> None:
+    def __init__(
+        self, inner: AbstractAsyncContextManager[Any], ended: anyio.Event, lane: UpstreamLane | None = None
+    ) -> None:
         self._inner = inner
         self._ended = ended
+        self._lane = lane
 
     async def __aenter__(self) -> tuple[Any, Any]:
         read_stream, write_stream = await self._inner.__aenter__()
-        return _WatchedReadStream(read_stream, self._ended), write_stream
+        if self._lane is not None:
+            self._lane.attach(write_stream)
+        return _WatchedReadStream(read_stream, self._ended, self._lane), write_stream
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> bool | None:
         self._ended.set()
+        if self._lane is not None:
+            self._lane.close()
         return await self._inner.__aexit__(exc_type, exc, tb)
 
 

@@ -1,0 +1,250 @@
+"""The fast path: `tools/call` relayed as raw JSON-RPC, around the SDK's server and client sessions.
+
+The SDK path parses, validates and re-serialises every call twice (the server session that
+answers the client, the client session that asks the upstream) and spends a task and session
+bookkeeping on each side. A call that needs none of mcpmux's own machinery skips all that: the
+front edge (`fastpath_stdio`, `fastpath_http`) hands the parsed JSON-RPC request to `FastPath.route`;
+when it returns a `FastCall`, `FastPath.answer` sends it through the upstream's `UpstreamLane` and
+returns the JSON-RPC response to write back. Everything else takes the SDK path unchanged.
+
+A call takes the fast path only when nothing else needs it: the name routes to a connected upstream
+(not a local tool, not an unknown name: the SDK path words that error), the upstream caches no
+result of the tool and merges it into no list form, no `[servers.X.priorities]` or `[mux]
+client_priorities` are set (the admission gate is still passed, with priority 0, so limits hold),
+no argument is mirrored into `Mcp-Param-*` headers, the request carries nothing but `name`,
+`arguments` and `_meta`, and the upstream cannot want to ask the calling client for sampling (its
+sampling policy is not `client*`, or the client declared no sampling). `[mux] fast_path = false`
+turns it off.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import mcp_types as types
+from mcp import Client
+from mcp.shared.exceptions import MCPError
+from mcp.shared.inbound import InboundLadderRejection, classify_inbound_request
+from mcp_types import methods
+from mcp_types.jsonrpc import CONNECTION_CLOSED
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import ValidationError
+
+from mcpmux.batching import RejectedError
+from mcpmux.errors import MuxError, UpstreamError, UpstreamTimeoutError, UpstreamUnavailableError
+from mcpmux.metrics import outcome_of
+from mcpmux.mux import Mux
+from mcpmux.upstream import ProgressFn, Upstream, UpstreamState
+
+if TYPE_CHECKING:
+    from mcpmux.frontend import Frontend
+
+logger = logging.getLogger(__name__)
+
+_PARAM_KEYS = frozenset({"name", "arguments", "_meta"})
+_SERVER_INFO = "io.modelcontextprotocol/serverInfo"
+_PROTOCOL_VERSION = "io.modelcontextprotocol/protocolVersion"
+_CLIENT_CAPABILITIES = "io.modelcontextprotocol/clientCapabilities"
+_CLIENT_SAMPLING_POLICIES = ("client", "client-then-local")
+
+
+@dataclass(slots=True)
+class FastCall:
+    """A `tools/call` the fast path serves: the client's id and era, and where the call goes."""
+
+    request_id: types.RequestId
+    version: str
+    """The protocol revision the client speaks (the response is shaped for it)."""
+    upstream: Upstream
+    tool: str
+    """The tool's name on its upstream."""
+    arguments: dict[str, Any]
+    progress_token: types.ProgressToken | None
+
+
+@dataclass(slots=True)
+class FastPathStats:
+    """How many calls took the fast path, and how many of those fell back to the SDK path mid-way."""
+
+    taken: int = 0
+    input_required: int = 0
+
+
+@dataclass(slots=True)
+class _Eligibility:
+    listing: object
+    upstream: Upstream | None
+    tool: str = ""
+
+
+@dataclass(slots=True)
+class FastPath:
+    """Decides which `tools/call` requests skip the SDK, and serves them."""
+
+    mux: Mux
+    server_info: dict[str, Any]
+    """mcpmux's `serverInfo` stamp, put in 2026 results whose upstream gave none (as the SDK server does)."""
+    stats: FastPathStats = field(default_factory=FastPathStats)
+    _eligible: dict[str, _Eligibility] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.mux.on_catalog_changed(self._forget)
+
+    @classmethod
+    def of(cls, frontend: Frontend) -> FastPath:
+        """The fast path for a frontend's mux; 2026 results get that frontend's `serverInfo` stamp."""
+        return cls(frontend.mux, frontend.server.server_info_stamp)
+
+    async def _forget(self) -> None:
+        self._eligible.clear()
+
+    def route(self, message: Any, legacy_version: str | None, declares_sampling: bool = False) -> FastCall | None:
+        """The `FastCall` for a parsed JSON-RPC message, or None when the SDK path must serve it.
+
+        `legacy_version` is what a 2025 client negotiated on its session (None if unknown); a 2026
+        request names its revision in `_meta`. `declares_sampling`: the 2025 client declared sampling.
+        """
+        if not isinstance(message, dict) or message.get("method") != "tools/call" or "id" not in message:
+            return None
+        params = message.get("params")
+        if not isinstance(params, dict) or not _PARAM_KEYS.issuperset(params):
+            return None
+        name, arguments, meta = params.get("name"), params.get("arguments", {}), params.get("_meta") or {}
+        if not isinstance(name, str) or not isinstance(arguments, dict) or not isinstance(meta, dict):
+            return None
+        version = meta.get(_PROTOCOL_VERSION)
+        if version in MODERN_PROTOCOL_VERSIONS:
+            if isinstance(classify_inbound_request(message), InboundLadderRejection):
+                return None  # a malformed envelope: the SDK words the refusal
+            capabilities = meta.get(_CLIENT_CAPABILITIES)
+            declares_sampling = isinstance(capabilities, dict) and capabilities.get("sampling") is not None
+        elif version is None and legacy_version is not None:
+            version = legacy_version
+        else:
+            return None
+        upstream = self._upstream_for(name)
+        if upstream is None or upstream.lane is None or upstream.state != UpstreamState.READY:
+            return None
+        if declares_sampling and upstream.config.sampling.policy in _CLIENT_SAMPLING_POLICIES:
+            return None  # the upstream may want this very client to sample: `Frontend` tracks that
+        request_id = message["id"]
+        if not isinstance(request_id, str | int) or isinstance(request_id, bool):
+            return None
+        token = meta.get("progressToken")
+        return FastCall(request_id, version, upstream, self._eligible[name].tool, arguments, token)
+
+    def _upstream_for(self, name: str) -> Upstream | None:
+        """The upstream of a fast-path tool, decided once per listing of its upstream."""
+        known = self._eligible.get(name)
+        if known is not None and (known.upstream is None or known.listing is known.upstream.listing):
+            return known.upstream
+        known = self._eligibility(name)
+        self._eligible[name] = known
+        return known.upstream
+
+    def _eligibility(self, name: str) -> _Eligibility:
+        mux = self.mux
+        if not mux.config.mux.fast_path or name in mux.local_tools or mux.config.mux.client_priorities:
+            return _Eligibility(None, None)
+        try:
+            route = mux.catalog.resolve_tool(name)
+        except MuxError:
+            return _Eligibility(None, None)  # unknown: the SDK path words the error
+        upstream = mux.upstreams[route.upstream]
+        dispatcher = mux.dispatchers[route.upstream]
+        listed = upstream.listing.tools_by_name.get(route.name)
+        mirrored = listed is not None and "x-mcp-header" in json.dumps(listed.input_schema)
+        if (
+            upstream.config.priorities
+            or route.name in dispatcher.batchers
+            or dispatcher._cacheable(route.name)
+            or mirrored
+        ):
+            return _Eligibility(upstream.listing, None)
+        return _Eligibility(upstream.listing, upstream, route.name)
+
+    async def answer(self, call: FastCall, progress: ProgressFn | None = None) -> dict[str, Any]:
+        """Serve `call`; the JSON-RPC response (result or error) to send back, with the client's id.
+
+        Failures read as on the SDK path: an unavailable or timed-out upstream, or a limit's refusal,
+        is an `isError` result saying so; the upstream's JSON-RPC errors pass through.
+        """
+        self.stats.taken += 1
+        started = time.perf_counter()
+        outcome = "error"
+        try:
+            try:
+                raw, upstream_version = await self._call(call, progress)
+            except (UpstreamUnavailableError, UpstreamTimeoutError, RejectedError) as err:
+                outcome = outcome_of(err)
+                failed = types.CallToolResult(content=[types.TextContent(type="text", text=str(err))], is_error=True)
+                raw, upstream_version = failed.model_dump(by_alias=True, mode="json", exclude_none=True), None
+            except UpstreamError as err:
+                error = types.ErrorData(code=err.code, message=str(err), data=err.data)
+                return {"jsonrpc": "2.0", "id": call.request_id, "error": _dump(error)}
+            try:
+                result = self._shape(raw, upstream_version, call.version)
+            except ValidationError as err:
+                problem = f"upstream {call.upstream.name!r} answered tool {call.tool!r} with an invalid result: {err}"
+                error = types.ErrorData(code=types.INTERNAL_ERROR, message=problem)
+                return {"jsonrpc": "2.0", "id": call.request_id, "error": _dump(error)}
+            if outcome == "error" and not result.get("isError"):
+                outcome = "ok"
+            return {"jsonrpc": "2.0", "id": call.request_id, "result": result}
+        except BaseException as err:
+            outcome = outcome_of(err)
+            raise
+        finally:
+            self.mux.metrics.observe_call(call.upstream.name, call.tool, time.perf_counter() - started, outcome)
+
+    async def _call(self, call: FastCall, progress: ProgressFn | None) -> tuple[Any, str | None]:
+        """The upstream's raw result and its protocol revision, through the upstream's admission gate."""
+        dispatcher = self.mux.dispatchers[call.upstream.name]
+        what = f"tool {call.tool!r}"
+        # Private on purpose: the gate's deadline rule stays in one place, the dispatcher.
+        async with dispatcher.gate.slot(priority=0, deadline=dispatcher._queue_deadline()):
+            raw, version = await call.upstream.request(what, lambda client: _send(client, call, progress))
+            if methods.is_input_required(raw):
+                # The SDK client drives input-required rounds (sampling under the mux's policy); the
+                # first leg only asked for input, so it is asked again on that path.
+                self.stats.input_required += 1
+                slow: types.CallToolResult = await call.upstream.request(
+                    what, lambda client: client.call_tool(call.tool, call.arguments, progress_callback=progress)
+                )
+                raw, version = slow.model_dump(by_alias=True, mode="json", exclude_none=True), None
+        return raw, version
+
+    def _shape(self, raw: Any, upstream_version: str | None, version: str) -> dict[str, Any]:
+        """The result as the SDK path sends it: read as the upstream's revision, written as the client's.
+
+        Raises `ValidationError` for a result that is no `CallToolResult`, as the SDK's client does.
+        """
+        if upstream_version is not None and upstream_version not in MODERN_PROTOCOL_VERSIONS:
+            raw = methods.serialize_server_result("tools/call", upstream_version, raw)
+            raw.setdefault("resultType", "complete")  # the SDK model's default, which its path sends on
+        if isinstance(raw, dict):
+            raw.setdefault("isError", False)  # likewise
+        result = methods.serialize_server_result("tools/call", version, raw)
+        if version in MODERN_PROTOCOL_VERSIONS:
+            result.setdefault("resultType", "complete")
+            meta = result.get("_meta")
+            if meta is None:
+                result["_meta"] = {_SERVER_INFO: self.server_info}
+            elif isinstance(meta, dict) and meta.get(_SERVER_INFO) is None:
+                result["_meta"] = {**meta, _SERVER_INFO: self.server_info}
+        return result
+
+
+async def _send(client: Client, call: FastCall, progress: ProgressFn | None) -> tuple[Any, str | None]:
+    lane = call.upstream.lane
+    if lane is None:  # the connection is closing under us
+        raise MCPError(code=CONNECTION_CLOSED, message="Connection closed")
+    return await lane.call(client, call.tool, call.arguments, progress), client.protocol_version
+
+
+def _dump(error: types.ErrorData) -> dict[str, Any]:
+    return error.model_dump(by_alias=True, mode="json", exclude_none=True)

@@ -1,0 +1,196 @@
+"""The streamable HTTP half of the fast path: ASGI middleware in front of the SDK's MCP endpoint.
+
+A `POST` to the MCP path whose body is a `tools/call` the fast path serves is answered here, as
+`application/json` (which every streamable HTTP client accepts), and never reaches the SDK:
+
+- a 2026-07-28 request when its envelope and `MCP-Protocol-Version` / `Mcp-Method` / `Mcp-Name`
+  headers pass the SDK's own checks (`classify_inbound_request`); the client closing the connection
+  cancels the call, as closing the response stream does on the SDK path;
+- a 2025 request when its `mcp-session-id` is one the SDK's session manager holds (else the SDK
+  answers 404 as ever) and it names its revision in `MCP-Protocol-Version`. Whether the client
+  declared sampling is read off its `initialize` request as it goes by (paired with the session id
+  its response carries); for a session opened before that, it counts as declared.
+
+Requests that ask for progress (`progressToken`) take the SDK path too: their notifications need
+its SSE response stream. Every other request goes to the app behind, its body replayed unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import anyio
+from cachetools import LRUCache
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.shared.inbound import (
+    ERROR_CODE_HTTP_STATUS,
+    InboundLadderRejection,
+    classify_inbound_request,
+    find_duplicated_routing_header,
+)
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from mcpmux.fastpath import FastCall, FastPath
+
+logger = logging.getLogger(__name__)
+
+MAX_BODY = 4 * 1024 * 1024
+"""Bodies above this go to the SDK, which applies its own limit."""
+
+
+class FastPathMiddleware:
+    """Answers fast-path `tools/call` POSTs on `path`; everything else goes to `app` unchanged."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        fast: FastPath,
+        session_manager: StreamableHTTPSessionManager,
+        path: str = "/mcp",
+        max_sessions: int = 10_000,
+    ) -> None:
+        self.app = app
+        self.fast = fast
+        self.sessions = session_manager
+        self.path = path.rstrip("/") or "/"
+        self.declares_sampling: LRUCache[str, bool] = LRUCache(maxsize=max_sessions)
+        """Per 2025 session id: whether its client declared sampling in `initialize`."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] != "http"
+            or scope["method"] != "POST"
+            or (scope["path"].rstrip("/") or "/") != self.path
+            or scope.get("user") is not None  # sessions bound to a credential are the SDK's to check
+        ):
+            await self.app(scope, receive, send)
+            return
+        body, complete = await _read_body(receive)
+        call = self._route(scope, body) if complete else None
+        if call is None:
+            if b'"initialize"' in body:
+                send = self._learning(body, send)
+            await self.app(scope, _replaying(body, complete, receive), send)
+            return
+        response = await _answer_unless_gone(self.fast, call, receive)
+        if response is None:
+            return  # the client went away: the call was cancelled, nobody is left to answer
+        status = ERROR_CODE_HTTP_STATUS.get(response["error"]["code"], 200) if "error" in response else 200
+        payload = json.dumps(response, separators=(",", ":")).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": payload})
+
+    def _route(self, scope: Scope, body: bytes) -> FastCall | None:
+        if b'"tools/call"' not in body:
+            return None
+        headers = {key.decode("latin-1").lower(): value.decode("latin-1") for key, value in scope["headers"]}
+        content_type = headers.get("content-type", "").lower()
+        if not content_type.startswith("application/json") or not _accepts_json_and_sse(headers.get("accept", "")):
+            return None
+        try:
+            message = json.loads(body)
+        except (ValueError, RecursionError):
+            return None
+        version = headers.get("mcp-protocol-version")
+        session = headers.get("mcp-session-id")
+        if session is None:
+            if version not in MODERN_PROTOCOL_VERSIONS or not isinstance(message, dict):
+                return None
+            if find_duplicated_routing_header(_raw_headers(scope)) is not None:
+                return None
+            if isinstance(classify_inbound_request(message, headers=headers), InboundLadderRejection):
+                return None
+            call = self.fast.route(message, None)
+        else:
+            # The SDK keeps its sessions here; an unknown one must get its 404.
+            if version is None or version in MODERN_PROTOCOL_VERSIONS or session not in self.sessions._server_instances:
+                return None
+            call = self.fast.route(message, version, self.declares_sampling.get(session, True))
+        if call is None or call.progress_token is not None:
+            return None
+        return call
+
+    def _learning(self, body: bytes, send: Send) -> Send:
+        """`send`, also noting whether the client opening a session with `body` declared sampling."""
+        try:
+            message = json.loads(body)
+        except (ValueError, RecursionError):
+            return send
+        if not isinstance(message, dict) or message.get("method") != "initialize":
+            return send
+        params = message.get("params")
+        capabilities = params.get("capabilities") if isinstance(params, dict) else None
+        declares = not isinstance(capabilities, dict) or capabilities.get("sampling") is not None
+
+        async def learn(event: Message) -> None:
+            if event["type"] == "http.response.start":
+                for key, value in event.get("headers", []):
+                    if key.lower() == b"mcp-session-id":
+                        self.declares_sampling[value.decode("latin-1")] = declares
+            await send(event)
+
+        return learn
+
+
+async def _answer_unless_gone(fast: FastPath, call: FastCall, receive: Receive) -> dict[str, Any] | None:
+    """`fast.answer(call)`, or None when the client disconnects first (which cancels the call)."""
+    response: dict[str, Any] | None = None
+    async with anyio.create_task_group() as tasks:
+
+        async def watch_client() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            tasks.cancel_scope.cancel()
+
+        tasks.start_soon(watch_client)
+        response = await fast.answer(call)
+        tasks.cancel_scope.cancel()
+    return response
+
+
+async def _read_body(receive: Receive) -> tuple[bytes, bool]:
+    """The request body, and whether it is complete (False: over `MAX_BODY`, or the client left)."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return b"".join(chunks), False
+        chunk = message.get("body", b"")
+        chunks.append(chunk)
+        size += len(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks), True
+        if size > MAX_BODY:
+            return b"".join(chunks), False
+
+
+def _replaying(body: bytes, complete: bool, receive: Receive) -> Receive:
+    """A `receive` that first gives back what `_read_body` read, then reads on."""
+    pending = True
+
+    async def replay() -> Message:
+        nonlocal pending
+        if pending:
+            pending = False
+            return {"type": "http.request", "body": body, "more_body": not complete}
+        return await receive()
+
+    return replay
+
+
+def _raw_headers(scope: Scope) -> list[tuple[str, str]]:
+    return [(key.decode("latin-1").lower(), value.decode("latin-1")) for key, value in scope["headers"]]
+
+
+def _accepts_json_and_sse(accept: str) -> bool:
+    """Whether `Accept` names both JSON and SSE (wildcards count), which the SDK requires of a POST."""
+    types = {part.split(";")[0].strip().lower() for part in accept.split(",")}
+    wildcard = "*/*" in types
+    has_json = wildcard or "application/json" in types or "application/*" in types
+    has_sse = wildcard or "text/event-stream" in types or "text/*" in types
+    return has_json and has_sse

@@ -1,0 +1,93 @@
+"""The stdio half of the fast path: lines a `StdioBatchEdge` hands over before the SDK reads them.
+
+`StdioFastFront.take(line)` answers a `tools/call` line itself when `FastPath.route` accepts it:
+the call runs in a task of the front's task group and its response line is written straight to
+stdout. A `notifications/cancelled` naming such a call cancels it (the upstream hears of it, the
+client gets no response, as on the SDK path). Every other line goes on to the SDK.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup
+
+from mcpmux.batch_stdio import StdioBatchEdge
+from mcpmux.fastpath import FastCall, FastPath
+from mcpmux.jsonrpc_batch import id_key
+from mcpmux.upstream import ProgressFn
+
+logger = logging.getLogger(__name__)
+
+
+class StdioFastFront:
+    """Takes fast-path calls off the lines of the one client on `edge`; calls run in `tasks`."""
+
+    def __init__(self, fast: FastPath, edge: StdioBatchEdge, tasks: TaskGroup) -> None:
+        self.fast = fast
+        self._edge = edge
+        self._tasks = tasks
+        self._running: dict[str, anyio.CancelScope] = {}
+        self._declares_sampling = False
+
+    async def take(self, line: str) -> bool:
+        """True when the fast path took `line` (the SDK must not see it)."""
+        if '"tools/call"' in line:
+            message = _decode(line)
+            call = self.fast.route(message, self._edge.protocol_version, self._declares_sampling)
+            if call is None:
+                return False
+            key = id_key(call.request_id)
+            if key in self._running:
+                return False  # a duplicate id in flight: the SDK path answers that as it always has
+            scope = anyio.CancelScope()
+            self._running[key] = scope
+            self._tasks.start_soon(self._serve, call, key, scope)
+            return True
+        if '"notifications/cancelled"' in line:
+            message = _decode(line)
+            params = message.get("params") if isinstance(message, dict) else None
+            running = self._running.get(id_key(params.get("requestId"))) if isinstance(params, dict) else None
+            if running is None:
+                return False
+            running.cancel()
+            return True
+        if '"initialize"' in line:
+            message = _decode(line)
+            if isinstance(message, dict) and message.get("method") == "initialize":
+                capabilities = (message.get("params") or {}).get("capabilities") or {}
+                self._declares_sampling = capabilities.get("sampling") is not None
+        return False
+
+    async def _serve(self, call: FastCall, key: str, scope: anyio.CancelScope) -> None:
+        progress = self._progress_relay(call.progress_token) if call.progress_token is not None else None
+        try:
+            with scope:
+                response = await self.fast.answer(call, progress)
+                await self._write(response)
+        finally:
+            self._running.pop(key, None)
+
+    def _progress_relay(self, token: Any) -> ProgressFn:
+        async def relay(progress: float, total: float | None, message: str | None) -> None:
+            params: dict[str, Any] = {"progressToken": token, "progress": progress}
+            if total is not None:
+                params["total"] = total
+            if message is not None:
+                params["message"] = message
+            await self._write({"jsonrpc": "2.0", "method": "notifications/progress", "params": params})
+
+        return relay
+
+    async def _write(self, message: dict[str, Any]) -> None:
+        await self._edge.write_line(json.dumps(message, separators=(",", ":")) + "\n")
+
+
+def _decode(line: str) -> Any:
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError:
+        return None  # the SDK answers malformed lines itself

@@ -1,0 +1,314 @@
+"""The raw JSON-RPC fast path for `tools/call` (mcpmux.fastpath*), end to end on real processes.
+
+Whether a call took the fast path is seen where it lands: the probe upstream below reports the
+JSON-RPC id each call reached it with, a lane id (`mux.N`) on the fast path, the SDK's integer on
+the SDK path. Every answer is compared with what an mcpmux with `fast_path = false` answers.
+
+Run as a script, this file is that probe upstream: `python test_fastpath.py [http PORT]`.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from mcp import Client
+from mcp.shared.exceptions import MCPError
+
+if __name__ != "__main__":
+    from tests.e2e.conftest import free_port, mux_over_http, mux_over_stdio, stop, text_of, wait_for_port, write_config
+
+PROBE = Path(__file__).resolve()
+
+
+def probe(**extra: Any) -> dict[str, Any]:
+    return {"command": sys.executable, "args": [str(PROBE)], **extra}
+
+
+def seen_id(result: Any) -> Any:
+    """The JSON-RPC id the probe's `whoami` was called with."""
+    return json.loads(text_of(result))["id"]
+
+
+def dump(outcome: Any) -> Any:
+    """A result or an error as the client sees it, for comparing two paths."""
+    if isinstance(outcome, MCPError):
+        return {"error": outcome.error.model_dump(by_alias=True, exclude_none=True)}
+    return outcome.model_dump(by_alias=True, exclude_none=True)
+
+
+async def outcome_of(client: Client, name: str, arguments: dict[str, Any]) -> Any:
+    try:
+        return await client.call_tool(name, arguments)
+    except MCPError as err:
+        return err
+
+
+@contextmanager
+def probe_over_http() -> Iterator[str]:
+    """The probe upstream serving streamable HTTP on loopback; yields its URL."""
+    port = free_port()
+    process = subprocess.Popen([sys.executable, str(PROBE), "http", str(port)], stderr=subprocess.DEVNULL)
+    try:
+        wait_for_port(port, process)
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        stop(process)
+
+
+@pytest.fixture
+def configs(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
+    """Probe upstreams (stdio and HTTP, 2026 and 2025) behind an mcpmux with the fast path on, and one with it off."""
+    with probe_over_http() as url:
+        servers = {"probe": probe(), "old": probe(protocol="legacy"), "web": {"url": url}}
+        fast = write_config(tmp_path / "fast.json", servers)
+        slow = write_config(tmp_path / "slow.json", servers, fast_path=False)
+        yield fast, slow
+
+
+CALLS = [
+    ("probe__whoami", {"text": "hi"}),
+    ("old__whoami", {"text": "hi"}),
+    ("web__whoami", {"text": "hi"}),
+    ("probe__shapes", {}),
+    ("old__shapes", {}),
+    ("web__shapes", {}),
+    ("probe__fail", {}),
+    ("probe__reject", {}),
+    ("web__reject", {}),
+    ("probe__nope", {}),
+]
+
+
+async def assert_same_answers(fast: Client, slow: Client) -> None:
+    """The fast path is taken on `fast` and not on `slow`, and both answer every call alike."""
+    for upstream in ("probe", "old", "web"):
+        assert str(seen_id(await fast.call_tool(f"{upstream}__whoami", {}))).startswith("mux.")
+        assert isinstance(seen_id(await slow.call_tool(f"{upstream}__whoami", {})), int)
+    for name, arguments in CALLS:
+        fast_outcome, slow_outcome = (
+            dump(await outcome_of(fast, name, arguments)),
+            dump(await outcome_of(slow, name, arguments)),
+        )
+        if name.endswith("whoami"):  # the ids differ by design
+            fast_outcome["content"] = slow_outcome["content"] = None
+        assert fast_outcome == slow_outcome, name
+    assert dump(await outcome_of(fast, "probe__reject", {})) == {
+        "error": {"code": -32042, "message": "the probe refuses", "data": {"why": "asked to"}}
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+async def test_fast_path_answers_stdio_clients_exactly_as_the_sdk_path(configs: tuple[Path, Path], mode: str) -> None:
+    fast_config, slow_config = configs
+    async with mux_over_stdio(fast_config, mode=mode) as fast, mux_over_stdio(slow_config, mode=mode) as slow:
+        await assert_same_answers(fast, slow)
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_fast_path_answers_http_clients_exactly_as_the_sdk_path(configs: tuple[Path, Path]) -> None:
+    fast_config, slow_config = configs
+    with mux_over_http(fast_config) as fast_url, mux_over_http(slow_config) as slow_url:
+        for mode in ("auto", "legacy"):
+            async with Client(fast_url, mode=mode) as fast, Client(slow_url, mode=mode) as slow:
+                await assert_same_answers(fast, slow)
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_progress_and_cancellation_on_the_fast_path(tmp_path: Path) -> None:
+    config = write_config(tmp_path / "mux.json", {"probe": probe()})
+    async with mux_over_stdio(config) as client:
+        steps: list[tuple[float, float | None, str | None]] = []
+
+        async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+            steps.append((progress, total, message))
+
+        result = await client.call_tool("probe__slow", {"seconds": 0.2, "steps": 3}, progress_callback=on_progress)
+        assert str(seen_id(result)).startswith("mux.")
+        assert steps == [(1, 3, "step 1"), (2, 3, "step 2"), (3, 3, "step 3")]
+
+        with anyio.move_on_after(0.5):
+            await client.call_tool("probe__slow", {"seconds": 30})
+        cancelled: list[Any] = []
+        with anyio.fail_after(10):
+            while not cancelled:  # the upstream hears of it as soon as it reads the cancellation
+                cancelled = json.loads(text_of(await client.call_tool("probe__cancelled", {})))
+                await anyio.sleep(0.05)
+        assert len(cancelled) == 1
+        assert str(cancelled[0]).startswith("mux.")
+        # The lane and the connection are fine afterwards.
+        assert str(seen_id(await client.call_tool("probe__whoami", {}))).startswith("mux.")
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_timeout_and_crash_read_as_on_the_sdk_path(tmp_path: Path) -> None:
+    servers = {"probe": probe(timeout=0.5)}
+    fast_config = write_config(tmp_path / "fast.json", servers)
+    slow_config = write_config(tmp_path / "slow.json", servers, fast_path=False)
+    async with mux_over_stdio(fast_config) as fast, mux_over_stdio(slow_config) as slow:
+        timed_out = await fast.call_tool("probe__slow", {"seconds": 5})
+        assert timed_out.is_error
+        assert "did not answer tool 'slow' within 0.5s" in text_of(timed_out)
+        assert dump(timed_out) == dump(await slow.call_tool("probe__slow", {"seconds": 5}))
+        cancelled = json.loads(text_of(await fast.call_tool("probe__cancelled", {})))
+        assert [str(request_id)[:4] for request_id in cancelled] == ["mux."]  # the upstream was told
+
+        # Several calls in flight when the upstream dies: each gets the unavailable error, none hangs.
+        with anyio.fail_after(20):
+            crashed = await _crash_with_calls_in_flight(fast)
+            crashed_slow = await _crash_with_calls_in_flight(slow)
+        assert all(result.is_error and "lost its connection" in text_of(result) for result in crashed)
+        assert [dump(result) for result in crashed] == [dump(result) for result in crashed_slow]
+        with anyio.fail_after(20):  # reconnected, and on the fast path again
+            while True:
+                result = await fast.call_tool("probe__whoami", {})
+                if not result.is_error:
+                    break
+                await anyio.sleep(0.1)
+        assert str(seen_id(result)).startswith("mux.")
+
+
+async def _crash_with_calls_in_flight(client: Client) -> list[Any]:
+    results: list[Any] = []
+
+    async def call(name: str, arguments: dict[str, Any]) -> None:
+        results.append(await client.call_tool(name, arguments))
+
+    async with anyio.create_task_group() as tasks:
+        for _ in range(3):
+            tasks.start_soon(call, "probe__slow", {"seconds": 0.4})
+        await anyio.sleep(0.1)
+        tasks.start_soon(call, "probe__crash", {})
+    return sorted(results, key=text_of)
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_two_hundred_concurrent_calls_from_several_clients_each_get_their_own_answer(tmp_path: Path) -> None:
+    config = write_config(tmp_path / "mux.json", {"probe": probe(), "old": probe(protocol="legacy")})
+    with mux_over_http(config) as url:
+        async with Client(url) as first, Client(url, mode="legacy") as second, Client(url) as third:
+            ids: list[Any] = []
+
+            async def call(client: Client, index: int) -> None:
+                result = await client.call_tool(("probe__whoami", "old__whoami")[index % 2], {"tag": index})
+                answer = json.loads(text_of(result))
+                assert answer["tag"] == index
+                ids.append(answer["id"])
+
+            with anyio.fail_after(60):
+                async with anyio.create_task_group() as tasks:
+                    for index in range(200):
+                        tasks.start_soon(call, (first, second, third)[index % 3], index)
+    assert len(ids) == 200
+    assert all(str(request_id).startswith("mux.") for request_id in ids)
+
+
+@pytest.mark.anyio
+async def test_calls_that_need_the_mux_take_the_sdk_path(tmp_path: Path) -> None:
+    servers = {
+        "probe": probe(
+            batch=[{"tool": "one", "batch_tool": "many", "argument": "item", "list_argument": "items"}],
+            cache={"allow": ["cached"]},
+        )
+    }
+    config = write_config(tmp_path / "mux.json", servers)
+    async with mux_over_stdio(config) as client:
+        assert str(seen_id(await client.call_tool("probe__whoami", {}))).startswith("mux.")
+        assert isinstance(seen_id(await client.call_tool("probe__cached", {})), int)  # cacheable
+        batched = await client.call_tool("probe__one", {"item": "x"})
+        assert isinstance(json.loads(text_of(batched))["id"], int)  # merged into a `many` call
+        steps = [{"tool": "probe__whoami", "arguments": {}}]
+        parallel = await client.call_tool("mux_parallel", {"calls": steps})  # a local tool
+        inner = parallel.structured_content["results"][0]["result"]["text"]
+        assert isinstance(json.loads(inner)["id"], int)
+
+
+# -- the probe upstream ---------------------------------------------------------------------------
+
+
+def _serve_probe() -> None:
+    """A low-level SDK server whose tools report the JSON-RPC id they were called with."""
+    import os
+
+    import mcp_types as types
+    import uvicorn
+    from mcp.server.lowlevel.server import NotificationOptions, Server
+    from mcp.server.stdio import stdio_server
+
+    cancelled: list[Any] = []
+    schema = {"type": "object"}
+    names = ["whoami", "shapes", "fail", "reject", "slow", "cancelled", "crash", "cached", "one", "many"]
+    tools = [types.Tool(name=name, input_schema=schema) for name in names]
+
+    def text(value: Any) -> types.CallToolResult:
+        return types.CallToolResult(content=[types.TextContent(type="text", text=json.dumps(value))])
+
+    async def list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=tools)
+
+    async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+        arguments = params.arguments or {}
+        if params.name in ("whoami", "cached"):
+            return text({"id": ctx.request_id, **arguments})
+        if params.name == "one":
+            return text({"id": ctx.request_id, "item": arguments["item"]})
+        if params.name == "many":
+            return types.CallToolResult(
+                content=[
+                    types.TextContent(type="text", text=json.dumps({"id": ctx.request_id, "item": item}))
+                    for item in arguments["items"]
+                ]
+            )
+        if params.name == "shapes":
+            return types.CallToolResult(
+                content=[types.TextContent(type="text", text="a"), types.TextContent(type="text", text="b")],
+                structured_content={"answer": 42, "nested": {"list": [1, None, "x"]}},
+                _meta={"probe/extra": True},
+            )
+        if params.name == "fail":
+            return types.CallToolResult(content=[types.TextContent(type="text", text="failed")], is_error=True)
+        if params.name == "reject":
+            raise MCPError(code=-32042, message="the probe refuses", data={"why": "asked to"})
+        if params.name == "slow":
+            steps = int(arguments.get("steps", 1))
+            try:
+                for step in range(steps):
+                    await anyio.sleep(float(arguments["seconds"]) / steps)
+                    await ctx.session.report_progress(step + 1, steps, f"step {step + 1}")
+            except anyio.get_cancelled_exc_class():
+                cancelled.append(ctx.request_id)
+                raise
+            return text({"id": ctx.request_id})
+        if params.name == "cancelled":
+            return text(cancelled)
+        os._exit(3)  # crash
+
+    server = Server("probe", version="1.0", on_list_tools=list_tools, on_call_tool=call_tool)
+    if sys.argv[1:2] == ["http"]:
+        app = server.streamable_http_app(streamable_http_path="/mcp", host="127.0.0.1")
+        uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[2]), log_level="warning")
+        return
+
+    async def serve() -> None:
+        async with stdio_server() as (read_stream, write_stream):
+            options = server.create_initialization_options(NotificationOptions())
+            await server.run(read_stream, write_stream, options)
+
+    anyio.run(serve)
+
+
+if __name__ == "__main__":
+    _serve_probe()

@@ -46,6 +46,7 @@ _SESSION = b"mcp-session-id"
 _INVALID_REQUEST = -32600  # JSON-RPC codes, as the SDK's streamable HTTP transport answers refusals
 _SERVER_ERROR = -32000
 _MAX_BOUND_SESSIONS = 100_000
+_READ = frozenset({b"host", b"origin", b"authorization", b"content-length", _SESSION})
 _Headers = list[tuple[bytes, bytes]]
 _Refusal = tuple[int, str, _Headers]
 # OpenAI's error `type` and `code` per status, so OpenAI clients surface refusals as they do OpenAI's own.
@@ -209,7 +210,8 @@ class HttpEdge:
         if scope["type"] != "http":  # lifespan; the app serves no websocket routes
             await self.app(scope, receive, send)
             return
-        headers = {key.decode("latin-1").lower(): value.decode("latin-1") for key, value in scope["headers"]}
+        # ASGI servers give header names in lower case; only the few the checks read are decoded.
+        headers = {key.decode(): value.decode("latin-1") for key, value in scope["headers"] if key in _READ}
         client = self.policy.client_of(headers.get("authorization")) if self.policy.tokens else None
         refusal = self._check_headers(scope, headers, client) or self._check_rate(_client_key(scope, client))
         if refusal is not None:

@@ -11,6 +11,7 @@ simply absent from the catalog (see `status()`) until its supervisor connects it
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, replace
@@ -24,11 +25,14 @@ from anyio.abc import TaskGroup
 
 from mcpmux.batching import CachePolicy, ResultCache
 from mcpmux.catalog import Catalog
-from mcpmux.config import Config, load_config
+from mcpmux.config import Config, ServerConfig, load_config
 from mcpmux.config_policy import priority_for
 from mcpmux.dispatch import UpstreamDispatcher
 from mcpmux.errors import MuxError, UpstreamTimeoutError, UpstreamUnavailableError
 from mcpmux.inference.sampling_bridge import SamplingBridge
+from mcpmux.logs import RequestContext, set_upstream
+from mcpmux.metrics import MuxMetrics, outcome_of
+from mcpmux.reload import CallCancelledError, CallTracker, ReloadReport, TrackedCall, UpstreamLifetime, reload_mux
 from mcpmux.upstream import ProgressFn, Upstream, UpstreamEvents, UpstreamStatus
 
 if TYPE_CHECKING:
@@ -64,23 +68,25 @@ class Mux:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.catalog = Catalog(separator=config.mux.separator, prefix_single=config.mux.prefix_single)
-        events = UpstreamEvents(listing_changed=self._on_listing_changed, log=self._on_log)
+        self._events = UpstreamEvents(listing_changed=self._on_listing_changed, log=self._on_log)
         # Upstream sampling requests go to the bridge, which answers under each server's policy.
         self.sampling = SamplingBridge()
         self.inference: InferenceService | None = None  # started on entry when [inference] backend != "off"
-        self.upstreams = {
-            name: Upstream(
-                name, server, config.mux, replace(events, sampling=self.sampling.callback(name, server.sampling))
-            )
-            for name, server in config.enabled_servers.items()
-        }
+        self.upstreams: dict[str, Upstream] = {}
         self.cache: ResultCache[types.CallToolResult] = ResultCache(
             CachePolicy(max_entries=config.mux.cache_max_entries), name="tool results"
         )
         self.resource_cache: ResultCache[types.ReadResourceResult] = ResultCache(
             CachePolicy(max_entries=config.mux.cache_max_entries), name="resource reads"
         )
-        self.dispatchers = {name: UpstreamDispatcher(upstream, self.cache) for name, upstream in self.upstreams.items()}
+        self.metrics = MuxMetrics(self)  # Prometheus /metrics; its collectors read the parts at scrape time
+        self.dispatchers: dict[str, UpstreamDispatcher] = {}
+        for name, server in config.enabled_servers.items():
+            self._add_upstream(name, server)
+        self.calls = CallTracker()  # client calls in flight: shutdown drains them, a reload cancels some
+        self._lifetimes: dict[str, UpstreamLifetime] = {}  # each upstream stops alone (reload)
+        self._reload_lock = anyio.Lock()
+        self._reloading = False  # while set, listing changes wait for the reload's one announcement
         self.local_tools: dict[str, LocalTool] = {}
         self._change_listeners: list[ChangeListener] = []
         self._log_listeners: list[LogListener] = []
@@ -104,13 +110,11 @@ class Mux:
 
     async def __aenter__(self) -> Mux:
         await self._stack.__aenter__()
-        for dispatcher in self.dispatchers.values():
-            await dispatcher.start(self._stack)
         self._tasks = anyio.create_task_group()
         await self._tasks.__aenter__()
         try:
-            for upstream in self.upstreams.values():
-                self._tasks.start_soon(upstream.run, name=f"upstream {upstream.name}")
+            for name, upstream in self.upstreams.items():
+                self._lifetimes[name] = await UpstreamLifetime.start(self._tasks, upstream, self.dispatchers[name])
             # The model loads while the upstreams connect.
             await self._start_inference()
             with anyio.move_on_after(self.config.mux.startup_timeout):
@@ -151,6 +155,42 @@ class Mux:
             await self.inference.shutdown()
             self.inference = None
 
+    # -- lifecycle (mcpmux.reload) ---------------------------------------------------------------
+
+    async def reload(self, config: Config) -> ReloadReport:
+        """Apply a new config while serving: added upstreams start, removed ones stop, changed ones
+        restart, unchanged ones are left alone with their calls in flight; list_changed is announced once."""
+        return await reload_mux(self, config)
+
+    def track_call(self, upstream: str | None = None) -> TrackedCall:
+        """`with mux.track_call(upstream):` around one client call (`upstream` None: a local tool).
+
+        Shutdown waits for tracked calls and cancels those past its grace; a reload cancels those on the
+        upstreams it stops. Enter it before looking the upstream up: it raises `CallCancelledError` (an
+        `UpstreamUnavailableError`) when the call is refused or cancelled, with the reason."""
+        return self.calls.track(upstream)
+
+    async def drain(self, grace: float, skip: anyio.Event | None = None) -> int:
+        """Refuse new calls, let those in flight finish within `grace` seconds (or until `skip` is set),
+        then cancel the rest, each with an error saying so; returns how many were cancelled."""
+        return await self.calls.drain(grace, skip)
+
+    def _add_upstream(self, name: str, server: ServerConfig) -> None:
+        events = replace(self._events, sampling=self.sampling.callback(name, server.sampling))
+        upstream = Upstream(name, server, self.config.mux, events)
+        self.upstreams[name] = upstream
+        self.dispatchers[name] = UpstreamDispatcher(upstream, self.cache, self.metrics.observe_call)
+
+    async def _start_upstream(self, name: str, server: ServerConfig) -> None:
+        assert self._tasks is not None, "Mux was not entered"
+        self._add_upstream(name, server)
+        self._lifetimes[name] = await UpstreamLifetime.start(self._tasks, self.upstreams[name], self.dispatchers[name])
+
+    def _detach_upstream(self, name: str) -> UpstreamLifetime:
+        """Take an upstream out of the Mux; it runs until the returned lifetime's `stop()`."""
+        del self.upstreams[name], self.dispatchers[name]
+        return self._lifetimes.pop(name)
+
     # -- listeners -------------------------------------------------------------------------------
 
     def on_catalog_changed(self, listener: ChangeListener) -> None:
@@ -168,8 +208,12 @@ class Mux:
 
     async def _on_listing_changed(self, upstream: str) -> None:
         # A new listing means new tools or a restarted server: results cached before may be stale.
-        self.dispatchers[upstream].invalidate()
+        self.cache.invalidate_tag(upstream)
         self.resource_cache.invalidate_tag(upstream)
+        if not self._reloading:
+            await self._catalog_changed()
+
+    async def _catalog_changed(self) -> None:
         self.catalog.rebuild(self.upstreams.values(), self.local_tools)
         for listener in list(self._change_listeners):
             await listener()
@@ -226,15 +270,46 @@ class Mux:
         text says what happened, so a model sees it and can carry on; an unknown name raises
         `UnknownToolError`. `client` identifies the caller for per-client cache scopes; `client_name` (its
         clientInfo name) adds its `[mux] client_priorities` entry to the call's priority.
+
+        Every log line written while the call runs carries its request id (`mcpmux.logs`).
         """
+        with RequestContext(tool=name):
+            started = time.perf_counter()
+            outcome = "error"
+            logger.debug("client call started: %s", name)
+            try:
+                result = await self._call_tool(name, arguments, progress, client, client_name)
+                outcome = "isError" if result.is_error else "ok"
+                return result
+            except BaseException as err:
+                outcome = outcome_of(err)
+                raise
+            finally:
+                elapsed_ms = (time.perf_counter() - started) * 1e3
+                logger.debug("client call ended: %s, %s in %.1f ms", name, outcome, elapsed_ms)
+
+    async def _call_tool(
+        self,
+        name: str,
+        arguments: dict[str, Any] | None,
+        progress: ProgressFn | None,
+        client: str | None,
+        client_name: str | None,
+    ) -> types.CallToolResult:
         local = self.local_tools.get(name)
         if local is not None:
-            return await local.handler(arguments or {}, progress, Caller(client, client_name))
+            try:
+                with self.track_call():
+                    return await local.handler(arguments or {}, progress, Caller(client, client_name))
+            except CallCancelledError as err:
+                return types.CallToolResult(content=[types.TextContent(type="text", text=str(err))], is_error=True)
         route = self.catalog.resolve_tool(name)
+        set_upstream(route.upstream)  # for the log lines of this call
         try:
-            boost = priority_for(self.config.mux.client_priorities, client_name) if client_name else 0
-            dispatcher = self.dispatchers[route.upstream]
-            return await dispatcher.call_tool(route.name, arguments or {}, progress, client, boost)
+            with self.track_call(route.upstream):
+                boost = priority_for(self.config.mux.client_priorities, client_name) if client_name else 0
+                dispatcher = self.dispatchers[route.upstream]
+                return await dispatcher.call_tool(route.name, arguments or {}, progress, client, boost)
         except (UpstreamUnavailableError, UpstreamTimeoutError) as err:
             return types.CallToolResult(content=[types.TextContent(type="text", text=str(err))], is_error=True)
 
@@ -249,9 +324,10 @@ class Mux:
             cached = self.resource_cache.get(key, scope=scope)
             if cached is not None:
                 return cached
-        result: types.ReadResourceResult = await self.upstreams[owner].request(
-            f"resource {uri!r}", lambda session: session.read_resource(uri, cache_mode="bypass")
-        )
+        with self.track_call(owner):
+            result: types.ReadResourceResult = await self.upstreams[owner].request(
+                f"resource {uri!r}", lambda session: session.read_resource(uri, cache_mode="bypass")
+            )
         public = result.cache_scope == "public"
         if result.ttl_ms > 0 and (public or client is not None):
             self.resource_cache.put(
@@ -261,9 +337,10 @@ class Mux:
 
     async def get_prompt(self, name: str, arguments: dict[str, str] | None = None) -> types.GetPromptResult:
         route = self.catalog.resolve_prompt(name)
-        result: types.GetPromptResult = await self.upstreams[route.upstream].request(
-            f"prompt {route.name!r}", lambda client: client.get_prompt(route.name, arguments)
-        )
+        with self.track_call(route.upstream):
+            result: types.GetPromptResult = await self.upstreams[route.upstream].request(
+                f"prompt {route.name!r}", lambda client: client.get_prompt(route.name, arguments)
+            )
         return result
 
     async def complete(
@@ -279,9 +356,10 @@ class Mux:
             owner, upstream_ref = route.upstream, ref.model_copy(update={"name": route.name})
         else:
             owner = self._template_owner(ref.uri)
-        result: types.CompleteResult = await self.upstreams[owner].request(
-            "completion", lambda client: client.complete(upstream_ref, argument, context_arguments)
-        )
+        with self.track_call(owner):
+            result: types.CompleteResult = await self.upstreams[owner].request(
+                "completion", lambda client: client.complete(upstream_ref, argument, context_arguments)
+            )
         return result
 
     def _template_owner(self, uri_template: str) -> str:

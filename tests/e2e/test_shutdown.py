@@ -1,0 +1,154 @@
+"""Graceful shutdown of `mcpmux serve`: SIGTERM lets calls in flight finish within `[mux] shutdown_grace`,
+cancels the rest with an error the client sees, ends the children and exits 0."""
+
+from __future__ import annotations
+
+import json
+import queue
+import signal
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import IO, Any
+
+import anyio
+import pytest
+from mcp import Client
+
+from tests.e2e.conftest import PY, demo, free_port, text_of, wait_for_port, write_config
+from tests.e2e.test_cli import _gone
+
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+
+SHUTDOWN = "mcpmux is shutting down: the call was cancelled after the 2 s grace period"
+
+
+def _serve(config: Path, *extra: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [PY, "-m", "mcpmux", "serve", "--config", str(config), *extra],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+
+
+def _refused(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) != 0
+
+
+async def test_sigterm_over_http_finishes_short_calls_and_cancels_long_ones(tmp_path: Path) -> None:
+    config = write_config(tmp_path / "c.json", {"alpha": demo("alpha")}, shutdown_grace=2, fast_path=False)
+    port = free_port()
+    process = _serve(config, "--transport", "http", "--port", str(port))
+    results: dict[str, Any] = {}
+    try:
+        wait_for_port(port, process)
+        # A 2025 client holds a session (and its SSE stream) open across the shutdown.
+        async with Client(f"http://127.0.0.1:{port}/mcp", mode="legacy") as client:
+            pid = int(text_of(await client.call_tool("alpha__pid", {})))
+
+            async def call(key: str, seconds: float) -> None:
+                results[key] = await client.call_tool("alpha__sleep", {"seconds": seconds})
+
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(call, "short", 1.0)
+                tasks.start_soon(call, "long", 60.0)
+                await anyio.sleep(0.5)
+                process.send_signal(signal.SIGTERM)
+                signalled = time.monotonic()
+                await anyio.sleep(0.5)
+                refused = _refused(port)
+                with anyio.fail_after(15):
+                    while len(results) < 2:
+                        await anyio.sleep(0.05)
+    finally:
+        code = process.wait(timeout=30)
+        exited = time.monotonic() - signalled
+        _, stderr = process.communicate()
+    assert code == 0, stderr.decode()
+    assert refused, "a new connection was accepted after SIGTERM"
+    assert exited < 2 + 6, f"exit took {exited:.1f}s with a 2 s grace"
+    assert not results["short"].is_error
+    assert text_of(results["short"]) == "slept 1.0"
+    assert results["long"].is_error
+    assert text_of(results["long"]) == SHUTDOWN
+    assert _gone(pid)
+
+
+class _StdioClient:
+    """Raw JSON-RPC lines to `mcpmux serve` over stdio, so the test owns the process and its exit code."""
+
+    def __init__(self, process: subprocess.Popen[bytes]) -> None:
+        self.process = process
+        self.answers: queue.Queue[dict[str, Any]] = queue.Queue()
+        assert process.stdout is not None
+        threading.Thread(target=self._read, args=(process.stdout,), daemon=True).start()
+
+    def _read(self, stdout: IO[bytes]) -> None:
+        for line in stdout:
+            message = json.loads(line)
+            if "id" in message:
+                self.answers.put(message)
+
+    def send(self, method: str, params: dict[str, Any], id: int | None = None) -> None:
+        message: dict[str, Any] = {"jsonrpc": "2.0", "method": method, "params": params}
+        if id is not None:
+            message["id"] = id
+        assert self.process.stdin is not None
+        self.process.stdin.write(json.dumps(message).encode() + b"\n")
+        self.process.stdin.flush()
+
+    def call(self, id: int, tool: str, arguments: dict[str, Any]) -> None:
+        self.send("tools/call", {"name": tool, "arguments": arguments}, id)
+
+    def collect(self, count: int, timeout: float) -> dict[int, dict[str, Any]]:
+        deadline = time.monotonic() + timeout
+        got: dict[int, dict[str, Any]] = {}
+        while len(got) < count:
+            message = self.answers.get(timeout=max(0.01, deadline - time.monotonic()))
+            got[message["id"]] = message
+        return got
+
+
+def _text(answer: dict[str, Any]) -> str:
+    return "".join(block.get("text", "") for block in answer["result"]["content"])
+
+
+def test_sigterm_over_stdio_drains_refuses_new_calls_and_exits_0(tmp_path: Path) -> None:
+    config = write_config(tmp_path / "c.json", {"alpha": demo("alpha")}, shutdown_grace=2, fast_path=False)
+    process = _serve(config)
+    try:
+        client = _StdioClient(process)
+        info = {"name": "raw", "version": "0"}
+        client.send("initialize", {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": info}, 1)
+        client.collect(1, timeout=30)
+        client.send("notifications/initialized", {})
+        client.call(2, "alpha__pid", {})
+        pid = int(_text(client.collect(1, timeout=30)[2]))
+        client.call(3, "alpha__sleep", {"seconds": 1.0})
+        client.call(4, "alpha__sleep", {"seconds": 60.0})
+        time.sleep(0.5)
+        process.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        time.sleep(0.3)
+        client.call(5, "alpha__echo", {"text": "too late"})
+        answers = client.collect(3, timeout=15)
+        code = process.wait(timeout=15)
+        exited = time.monotonic() - signalled
+    finally:
+        if process.poll() is None:
+            process.kill()
+        _, stderr = process.communicate()
+    assert code == 0, stderr.decode()
+    assert exited < 2 + 6
+    assert _text(answers[3]) == "slept 1.0"
+    assert not answers[3]["result"].get("isError")
+    assert answers[4]["result"]["isError"]
+    assert _text(answers[4]) == SHUTDOWN
+    assert answers[5]["result"]["isError"]
+    assert _text(answers[5]) == "mcpmux is shutting down and accepts no new calls"
+    assert b"SIGTERM received: shutting down" in stderr
+    assert _gone(pid)

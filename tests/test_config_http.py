@@ -74,12 +74,12 @@ def test_hosts_and_origins() -> None:
     policy = EdgePolicy.load(config, "10.0.0.5", environ={})
     for host in ("localhost:1", "127.0.0.1", "[::1]:8765", "10.0.0.5:8765", "MCP.example.com:443", "[fd00::1]:80"):
         assert policy.host_allowed(host), host
-    for host in ("evil.com", "proxy.example.com:443", "127.0.0.1.evil.com", "", None):
-        assert not policy.host_allowed(host), host
+    for refused in ("evil.com", "proxy.example.com:443", "127.0.0.1.evil.com", "", None):
+        assert not policy.host_allowed(refused), refused
     for origin in (None, "http://localhost:3000", "https://app.example.com/", "http://tools.example.com:9"):
         assert policy.origin_allowed(origin), origin
-    for origin in ("http://evil.com", "https://app.example.com.evil.com", "null", "https://tools.example.com:9"):
-        assert not policy.origin_allowed(origin), origin
+    for bad in ("http://evil.com", "https://app.example.com.evil.com", "null", "https://tools.example.com:9"):
+        assert not policy.origin_allowed(bad), bad
     wide = EdgePolicy.load(config_from_dict({"http": {"allowed_hosts": ["*"], "allowed_origins": ["*"]}}), "::1")
     assert wide.host_allowed("anything:1")
     assert wide.origin_allowed("https://anything")

@@ -309,16 +309,16 @@ async def _restart_servers(mux: Mux, new: Config, diff: ServerDiff) -> None:
         async with anyio.create_task_group() as tasks:
             for lifetime in stopping:
                 tasks.start_soon(lifetime.stop)
-        for name in diff.removed:
-            mux.calls.admit(name)
         for name in (*diff.changed, *diff.added):
             await mux._start_upstream(name, new.servers[name])
-            mux.calls.admit(name)
+            mux.calls.admit(name)  # calls wait for the new connection, up to the upstream's timeout
         with anyio.move_on_after(mux.config.mux.startup_timeout):
             for name in (*diff.changed, *diff.added):
                 await mux.upstreams[name].settled.wait()
     finally:
         mux._reloading = False
+        for name in (*diff.removed, *diff.changed):
+            mux.calls.admit(name)
     for name in (*diff.removed, *diff.changed, *diff.added):
         mux.cache.invalidate_tag(name)
         mux.resource_cache.invalidate_tag(name)

@@ -87,6 +87,11 @@ class _StdioClient:
         assert process.stdout is not None
         threading.Thread(target=self._read, args=(process.stdout,), daemon=True).start()
 
+        info = {"name": "raw", "version": "0"}
+        self.send("initialize", {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": info}, 1)
+        self.collect(1, timeout=30)
+        self.send("notifications/initialized", {})
+
     def _read(self, stdout: IO[bytes]) -> None:
         for line in stdout:
             message = json.loads(line)
@@ -122,10 +127,6 @@ def test_sigterm_over_stdio_drains_refuses_new_calls_and_exits_0(tmp_path: Path)
     process = _serve(config)
     try:
         client = _StdioClient(process)
-        info = {"name": "raw", "version": "0"}
-        client.send("initialize", {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": info}, 1)
-        client.collect(1, timeout=30)
-        client.send("notifications/initialized", {})
         client.call(2, "alpha__pid", {})
         pid = int(_text(client.collect(1, timeout=30)[2]))
         client.call(3, "alpha__sleep", {"seconds": 1.0})
@@ -152,3 +153,29 @@ def test_sigterm_over_stdio_drains_refuses_new_calls_and_exits_0(tmp_path: Path)
     assert _text(answers[5]) == "mcpmux is shutting down and accepts no new calls"
     assert b"SIGTERM received: shutting down" in stderr
     assert _gone(pid)
+
+
+def test_a_second_sigint_skips_the_rest_of_the_grace(tmp_path: Path) -> None:
+    config = write_config(tmp_path / "c.json", {"alpha": demo("alpha")}, shutdown_grace=60, fast_path=False)
+    process = _serve(config)
+    try:
+        client = _StdioClient(process)
+        client.call(2, "alpha__sleep", {"seconds": 60.0})
+        time.sleep(0.5)
+        process.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+        process.send_signal(signal.SIGINT)
+        second = time.monotonic()
+        answer = client.collect(1, timeout=15)[2]
+        code = process.wait(timeout=15)
+        exited = time.monotonic() - second
+    finally:
+        if process.poll() is None:
+            process.kill()
+        _, stderr = process.communicate()
+    assert code == 0, stderr.decode()
+    assert exited < 6, f"exit took {exited:.1f}s after the second SIGINT"
+    assert answer["result"]["isError"]
+    cut_short = "mcpmux is shutting down: the call was cancelled (a second signal cut the grace period short)"
+    assert _text(answer) == cut_short
+    assert b"SIGINT received: skipping the rest of the grace period" in stderr

@@ -17,6 +17,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import time
 from collections.abc import Sequence
 from contextlib import AsyncExitStack
 from typing import Any
@@ -36,17 +38,22 @@ from mcpmux.batching import (
     deadline_in,
 )
 from mcpmux.config_policy import BatchForm, priority_for
+from mcpmux.metrics import CallObserver, outcome_of
 from mcpmux.upstream import ProgressFn, Upstream
 
 BatchItem = tuple[str, dict[str, Any], Any]  # (key of the other arguments, the other arguments, the varying value)
+logger = logging.getLogger(__name__)
 
 
 class UpstreamDispatcher:
     """Schedules, coalesces, caches and batches the calls to one upstream."""
 
-    def __init__(self, upstream: Upstream, cache: ResultCache[types.CallToolResult]) -> None:
+    def __init__(
+        self, upstream: Upstream, cache: ResultCache[types.CallToolResult], observe: CallObserver | None = None
+    ) -> None:
         self.upstream = upstream
         self.cache = cache
+        self.observe = observe  # told (upstream, tool, seconds, outcome) of every call: `MuxMetrics.observe_call`
         settings = upstream.config.limits
         queue = QueuePolicy(
             max_queue=settings.max_queue, on_full=settings.on_full, aging_interval=settings.aging_interval
@@ -89,24 +96,45 @@ class UpstreamDispatcher:
 
         The call's priority is the tool's (`[servers.X.priorities]`) plus the caller's `client_priority`.
         """
-        priority = self._priority(tool) + client_priority
+        started = time.perf_counter()
+        outcome = "error"
         try:
-            if not self._cacheable(tool):
-                return await self._send(tool, arguments, progress, priority)
-            settings = self.upstream.config.cache
-            scope = client if settings.scope == "client" else None
-            key = (self.upstream.name, tool, canonical_json(arguments))
-            cached = self.cache.get(key, scope=scope)
-            if cached is not None:
-                return cached
-            result = await self.single_flight.call(
-                (scope, tool, key[2]), lambda: self._send(tool, arguments, progress, priority)
-            )
-            if not result.is_error:
-                self.cache.put(key, result, scope=scope, ttl=settings.ttl, tags=(self.upstream.name,))
+            result = await self._call_tool(tool, arguments, progress, client, client_priority)
+            outcome = "error" if result.is_error else "ok"
             return result
         except RejectedError as err:
+            outcome = "rejected"
             return types.CallToolResult(content=[types.TextContent(type="text", text=str(err))], is_error=True)
+        except BaseException as err:
+            outcome = outcome_of(err)
+            raise
+        finally:
+            if self.observe is not None:
+                self.observe(self.upstream.name, tool, time.perf_counter() - started, outcome)
+
+    async def _call_tool(
+        self,
+        tool: str,
+        arguments: dict[str, Any],
+        progress: ProgressFn | None,
+        client: str | None,
+        client_priority: int,
+    ) -> types.CallToolResult:
+        priority = self._priority(tool) + client_priority
+        if not self._cacheable(tool):
+            return await self._send(tool, arguments, progress, priority)
+        settings = self.upstream.config.cache
+        scope = client if settings.scope == "client" else None
+        key = (self.upstream.name, tool, canonical_json(arguments))
+        cached = self.cache.get(key, scope=scope)
+        if cached is not None:
+            return cached
+        result = await self.single_flight.call(
+            (scope, tool, key[2]), lambda: self._send(tool, arguments, progress, priority)
+        )
+        if not result.is_error:
+            self.cache.put(key, result, scope=scope, ttl=settings.ttl, tags=(self.upstream.name,))
+        return result
 
     def invalidate(self) -> None:
         """Forget every cached result of this upstream (its tools changed, or it restarted)."""
@@ -129,6 +157,8 @@ class UpstreamDispatcher:
             form, batcher = batch
             others = {k: v for k, v in arguments.items() if k != form.argument}
             item = (canonical_json(others), others, arguments[form.argument])
+            # The batch call itself runs in the batcher's task, outside this request's log context.
+            logger.debug("call joins a %s batch", form.batch_tool)
             return await batcher.submit(item, priority=priority, deadline=self._queue_deadline())
         return await self._gated(tool, arguments, progress, priority)
 
@@ -136,9 +166,11 @@ class UpstreamDispatcher:
         self, tool: str, arguments: dict[str, Any], progress: ProgressFn | None, priority: int
     ) -> types.CallToolResult:
         async with self.gate.slot(priority=priority, deadline=self._queue_deadline()):
+            logger.debug("upstream call sent: %s", tool)
             result: types.CallToolResult = await self.upstream.request(
                 f"tool {tool!r}", lambda client: client.call_tool(tool, arguments, progress_callback=progress)
             )
+            logger.debug("upstream call answered: %s%s", tool, " (isError)" if result.is_error else "")
             return result
 
     def _priority(self, tool: str) -> int:

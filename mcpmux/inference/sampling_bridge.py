@@ -5,10 +5,11 @@ the SDK calls it for 2025 pushed requests and for 2026-07-28 input-required roun
 upstream's `[servers.NAME.sampling] policy` decides who answers:
 
 - `local`: the in-process `InferenceService` (the continuous-batching engine, or the remote backend);
-- `client`: the client whose tool call caused the request, if it declared sampling and its connection
-  can carry a server-to-client request (2025 sessions; 2026-07-28 connections have no back channel).
-  Nothing in the protocol links the two requests, so the frontend tracks the calls in flight on each
-  upstream and the most recent caller that can sample is asked;
+- `client`: the client whose tool call caused the request, if it declared sampling. A 2025 session
+  gets a pushed request; a 2026-07-28 client, which has no back channel, gets it in an input-required
+  round of its parked call (`mcpmux.input_rounds`). Nothing in the protocol links the two requests, so
+  the frontend tracks the calls in flight on each upstream and the most recent caller that can sample
+  is asked;
 - `client-then-local` (the default): the client when one can answer, else the local model;
 - `off`: refused with an error that names the setting to change.
 
@@ -143,7 +144,7 @@ class SamplingBridge:
             raise SamplingRefusedError(
                 f"upstream {upstream!r} asked for sampling under policy 'client', but no client with a call in "
                 # Never say "session" here: upstream.py reads INVALID_REQUEST + "session" as an expired session.
-                "flight on it declared sampling on a connection that can carry the request (2025 revisions only); "
+                "flight on it declared sampling; "
                 f'set [servers.{upstream}.sampling] policy = "client-then-local" to fall back to the local model'
             )
         result = await self._sample_locally(upstream, settings, params)

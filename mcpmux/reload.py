@@ -290,8 +290,9 @@ async def reload_mux(mux: Mux, new: Config) -> ReloadReport:
 
 
 async def _restart_servers(mux: Mux, new: Config, diff: ServerDiff) -> None:
-    # Nothing awaits between taking an upstream out of the dicts and taking its routes out of the
-    # catalog (removed) or refusing its calls (changed), so no call can route to a missing upstream.
+    # Nothing awaits between taking a removed upstream out of the dicts and its routes out of the
+    # catalog, so no call routes to a missing upstream; a changed one stays in the dicts (its calls
+    # refused) until its successor replaces it there.
     mux._reloading = True
     try:
         stopping: list[UpstreamLifetime] = []
@@ -305,7 +306,7 @@ async def _restart_servers(mux: Mux, new: Config, diff: ServerDiff) -> None:
                 f"upstream {name!r} is restarting because a config reload changed it; the call was cancelled, "
                 "retry it shortly",
             )
-            stopping.append(mux._detach_upstream(name))
+            stopping.append(mux._lifetimes.pop(name))
         async with anyio.create_task_group() as tasks:
             for lifetime in stopping:
                 tasks.start_soon(lifetime.stop)

@@ -49,7 +49,7 @@ async def _upstreams(client: Client) -> set[str]:
 
 async def test_rewritten_file_is_applied_without_touching_unchanged_upstreams(tmp_path: Path) -> None:
     servers = {"alpha": demo("alpha"), "beta": demo("beta"), "gamma": demo("gamma")}
-    config = write_config(tmp_path / "mcp.json", servers, fast_path=False)
+    config = write_config(tmp_path / "mcp.json", servers)
     port = free_port()
     process = _serve_http(config, port)
     changed = anyio.Event()
@@ -73,7 +73,7 @@ async def test_rewritten_file_is_applied_without_touching_unchanged_upstreams(tm
                 await anyio.sleep(0.3)
                 # alpha unchanged, beta changed (one more env var), gamma removed, delta added.
                 beta = {**demo("beta"), "env": {"RELOADED": "1"}}
-                write_config(config, {"alpha": demo("alpha"), "beta": beta, "delta": demo("delta")}, fast_path=False)
+                write_config(config, {"alpha": demo("alpha"), "beta": beta, "delta": demo("delta")})
                 with anyio.fail_after(10):
                     while not _gone(pids["gamma"], timeout=0.01):
                         await anyio.sleep(0.05)
@@ -96,7 +96,7 @@ async def test_rewritten_file_is_applied_without_touching_unchanged_upstreams(tm
 
 async def test_invalid_file_keeps_the_running_config_and_sighup_reloads(tmp_path: Path) -> None:
     # reload = false: no watcher, so only SIGHUP reads the file (and the test knows when).
-    config = write_config(tmp_path / "mcp.json", {"alpha": demo("alpha")}, reload=False, fast_path=False)
+    config = write_config(tmp_path / "mcp.json", {"alpha": demo("alpha")}, reload=False)
     port = free_port()
     process = _serve_http(config, port)
     try:
@@ -108,7 +108,7 @@ async def test_invalid_file_keeps_the_running_config_and_sighup_reloads(tmp_path
             assert await _upstreams(client) == {"alpha"}
             assert text_of(await client.call_tool("alpha__echo", {"text": "still"})) == "alpha: still"
 
-            write_config(config, {"alpha": demo("alpha"), "beta": demo("beta")}, reload=False, fast_path=False)
+            write_config(config, {"alpha": demo("alpha"), "beta": demo("beta")}, reload=False)
             process.send_signal(signal.SIGHUP)
             with anyio.fail_after(20):
                 while await _upstreams(client) != {"alpha", "beta"}:

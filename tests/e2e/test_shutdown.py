@@ -40,7 +40,7 @@ def _refused(port: int) -> bool:
 
 
 async def test_sigterm_over_http_finishes_short_calls_and_cancels_long_ones(tmp_path: Path) -> None:
-    config = write_config(tmp_path / "c.json", {"alpha": demo("alpha")}, shutdown_grace=2, fast_path=False)
+    config = write_config(tmp_path / "c.json", {"alpha": demo("alpha")}, shutdown_grace=2)
     port = free_port()
     process = _serve(config, "--transport", "http", "--port", str(port))
     results: dict[str, Any] = {}
@@ -122,8 +122,9 @@ def _text(answer: dict[str, Any]) -> str:
     return "".join(block.get("text", "") for block in answer["result"]["content"])
 
 
-def test_sigterm_over_stdio_drains_refuses_new_calls_and_exits_0(tmp_path: Path) -> None:
-    config = write_config(tmp_path / "c.json", {"alpha": demo("alpha")}, shutdown_grace=2, fast_path=False)
+@pytest.mark.parametrize("fast_path", [True, False], ids=["fast-path", "sdk-path"])
+def test_sigterm_over_stdio_drains_refuses_new_calls_and_exits_0(tmp_path: Path, fast_path: bool) -> None:
+    config = write_config(tmp_path / "c.json", {"alpha": demo("alpha")}, shutdown_grace=2, fast_path=fast_path)
     process = _serve(config)
     try:
         client = _StdioClient(process)
@@ -156,7 +157,7 @@ def test_sigterm_over_stdio_drains_refuses_new_calls_and_exits_0(tmp_path: Path)
 
 
 def test_a_second_sigint_skips_the_rest_of_the_grace(tmp_path: Path) -> None:
-    config = write_config(tmp_path / "c.json", {"alpha": demo("alpha")}, shutdown_grace=60, fast_path=False)
+    config = write_config(tmp_path / "c.json", {"alpha": demo("alpha")}, shutdown_grace=60)
     process = _serve(config)
     try:
         client = _StdioClient(process)

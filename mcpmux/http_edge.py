@@ -228,7 +228,8 @@ class HttpEdge:
         elif session is None:
             await self.app(scope, replay, self._binding(send, client))
         elif self.session_owners.get(session) != client:
-            # Answered exactly as the SDK answers an unknown session, so no one learns which ids exist.
+            # The SDK's answer to an unknown session (and the edge's, to ids it never saw opened under a
+            # token): nothing tells a client that another's session exists.
             await self._refuse(scope, send, 404, "Session not found")
         else:
             await self.app(scope, replay, send)
@@ -293,7 +294,7 @@ class HttpEdge:
             payload = {"error": {"message": message, "type": kind, "param": None, "code": code_name}}
         else:
             payload = {"error": message}
-        body = json.dumps(payload).encode()
+        body = json.dumps(payload, separators=(",", ":")).encode()  # compact, as the SDK writes its errors
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *(extra or [])]
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})

@@ -12,9 +12,9 @@ A call takes the fast path only when nothing else needs it: the name routes to a
 result of the tool and merges it into no list form, no `[servers.X.priorities]` or `[mux]
 client_priorities` are set (the admission gate is still passed, with priority 0, so limits hold),
 no argument is mirrored into `Mcp-Param-*` headers, the request carries nothing but `name`,
-`arguments` and `_meta`, and the upstream cannot want to ask the calling client for sampling (its
-sampling policy is not `client*`, or the client declared no sampling). `[mux] fast_path = false`
-turns it off.
+`arguments` and `_meta` (and no 2026 `logLevel`: the SDK path relays the upstream's logs to such a
+request), and the upstream cannot want to ask the calling client for sampling (its sampling policy
+is not `client*`, or the client declared no sampling). `[mux] fast_path = false` turns it off.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ _PARAM_KEYS = frozenset({"name", "arguments", "_meta"})
 _SERVER_INFO = "io.modelcontextprotocol/serverInfo"
 _PROTOCOL_VERSION = "io.modelcontextprotocol/protocolVersion"
 _CLIENT_CAPABILITIES = "io.modelcontextprotocol/clientCapabilities"
+_LOG_LEVEL = "io.modelcontextprotocol/logLevel"
 _CLIENT_SAMPLING_POLICIES = ("client", "client-then-local")
 
 
@@ -116,6 +117,8 @@ class FastPath:
         name, arguments, meta = params.get("name"), params.get("arguments", {}), params.get("_meta") or {}
         if not isinstance(name, str) or not isinstance(arguments, dict) or not isinstance(meta, dict):
             return None
+        if _LOG_LEVEL in meta:
+            return None  # the SDK path relays the upstream's logs on this request (2026 logging is per request)
         version = meta.get(_PROTOCOL_VERSION)
         if version in MODERN_PROTOCOL_VERSIONS:
             if isinstance(classify_inbound_request(message), InboundLadderRejection):
@@ -143,7 +146,8 @@ class FastPath:
         if known is not None and (known.upstream is None or known.listing is known.upstream.listing):
             return known.upstream
         known = self._eligibility(name)
-        self._eligible[name] = known
+        if known.listing is not None:  # unknown names are not remembered: a client could send any number
+            self._eligible[name] = known
         return known.upstream
 
     def _eligibility(self, name: str) -> _Eligibility:
@@ -178,7 +182,9 @@ class FastPath:
         outcome = "error"
         try:
             try:
-                raw, upstream_version = await self._call(call, progress)
+                # Shutdown waits for (or cancels) it and a reload that stops its upstream cancels it.
+                with self.mux.track_call(call.upstream.name):
+                    raw, upstream_version = await self._call(call, progress)
             except (UpstreamUnavailableError, UpstreamTimeoutError, RejectedError) as err:
                 outcome = outcome_of(err)
                 failed = types.CallToolResult(content=[types.TextContent(type="text", text=str(err))], is_error=True)

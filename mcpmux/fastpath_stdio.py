@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import json
 import logging
+import weakref
 from typing import Any
 
 import anyio
 from anyio.abc import TaskGroup
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from mcpmux.batch_stdio import StdioBatchEdge
 from mcpmux.fastpath import FastCall, FastPath
@@ -26,12 +28,16 @@ logger = logging.getLogger(__name__)
 class StdioFastFront:
     """Takes fast-path calls off the lines of the one client on `edge`; calls run in `tasks`."""
 
-    def __init__(self, fast: FastPath, edge: StdioBatchEdge, tasks: TaskGroup) -> None:
+    def __init__(self, fast: FastPath, edge: StdioBatchEdge, tasks: TaskGroup, callers: dict[str, Any]) -> None:
+        """`callers`: `Frontend`'s calls in flight per upstream, where upstream logs are delivered."""
         self.fast = fast
         self._edge = edge
         self._tasks = tasks
+        self._callers = callers
         self._running: dict[str, anyio.CancelScope] = {}
         self._declares_sampling = False
+        self._outbox: list[str] = []
+        self._writing = False
 
     async def take(self, line: str) -> bool:
         """True when the fast path took `line` (the SDK must not see it)."""
@@ -64,12 +70,18 @@ class StdioFastFront:
 
     async def _serve(self, call: FastCall, key: str, scope: anyio.CancelScope) -> None:
         progress = self._progress_relay(call.progress_token) if call.progress_token is not None else None
+        # Registered like an SDK-path call, so the upstream's logs meanwhile reach this call's client.
+        relay = _LogRelay(self, call.version)
+        callers = self._callers.setdefault(call.upstream.name, weakref.WeakKeyDictionary())
+        callers[relay] = call.request_id
         try:
             with scope:
                 response = await self.fast.answer(call, progress)
-                await self._write(response)
         finally:
             self._running.pop(key, None)
+            callers.pop(relay, None)
+        if not scope.cancelled_caught:  # a cancelled request gets no response at all
+            await self._write(response)
 
     def _progress_relay(self, token: Any) -> ProgressFn:
         async def relay(progress: float, total: float | None, message: str | None) -> None:
@@ -83,7 +95,47 @@ class StdioFastFront:
         return relay
 
     async def _write(self, message: dict[str, Any]) -> None:
-        await self._edge.write_line(json.dumps(message, separators=(",", ":")) + "\n")
+        """Queue one line; the first writer writes every line queued meanwhile in one go.
+
+        Each write is a hop to a worker thread (a blocked pipe must not stall the loop), so calls
+        answered together share one.
+        """
+        self._outbox.append(json.dumps(message, separators=(",", ":")) + "\n")
+        if self._writing:
+            return
+        self._writing = True
+        try:
+            with anyio.CancelScope(shield=True):  # the lines queued are other calls' too
+                while self._outbox:
+                    lines, self._outbox = self._outbox, []
+                    await self._edge.write_line("".join(lines))
+        finally:
+            self._writing = False
+
+
+class _LogRelay:
+    """Stands in for the SDK's per-request session in `Frontend`'s callers: it is told the upstream's logs.
+
+    A 2025 client hears every level, as from the SDK path; a 2026 request did not opt in (those that
+    do take the SDK path), so it hears none. It never carries sampling requests.
+    """
+
+    client_capabilities = None
+    can_send_request = False
+
+    def __init__(self, front: StdioFastFront, version: str) -> None:
+        self._front = front
+        self._version = version
+
+    async def send_log_message(
+        self, level: str, data: Any, logger: str | None = None, related_request_id: Any = None
+    ) -> None:
+        if self._version in MODERN_PROTOCOL_VERSIONS:
+            return
+        params: dict[str, Any] = {"level": level, "data": data}
+        if logger is not None:
+            params["logger"] = logger
+        await self._front._write({"jsonrpc": "2.0", "method": "notifications/message", "params": params})
 
 
 def _decode(line: str) -> Any:

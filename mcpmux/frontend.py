@@ -293,7 +293,7 @@ class Frontend:
             edge = StdioBatchEdge(wire_in, wire_out)
             async with anyio.create_task_group() as fast_calls:
                 if self.mux.config.mux.fast_path:
-                    edge.take = StdioFastFront(FastPath.of(self), edge, fast_calls).take
+                    edge.take = StdioFastFront(FastPath.of(self), edge, fast_calls, self._callers).take
                 async with stdio_server(edge.stdin, edge.stdout) as (read_stream, write_stream):
                     await self.server.run(read_stream, write_stream, self.server.create_initialization_options())
                 fast_calls.cancel_scope.cancel()
@@ -327,11 +327,13 @@ class Frontend:
         path: str = "/mcp",
         stop: anyio.Event | None = None,
         shutdown_timeout: int | None = None,
+        drained: anyio.Event | None = None,
     ) -> None:
         """Serve streamable HTTP on an already-bound socket until `stop` is set (or cancelled).
 
-        Once stopped, no new connection is accepted; open responses get `shutdown_timeout` seconds (None:
-        no limit) to finish before they are closed, so a held-open SSE stream cannot block the exit.
+        Once stopped, no new connection is accepted. With `drained`, open connections are served until
+        it is set too (the calls in flight finish); then open responses get `shutdown_timeout` seconds
+        (None: no limit) before they are closed, so a held-open SSE stream cannot block the exit.
         """
         host = sock.getsockname()[0]
         config = uvicorn.Config(
@@ -343,6 +345,10 @@ class Frontend:
 
                 async def stop_when_asked() -> None:
                     await stop.wait()
+                    if drained is not None:
+                        for listener in getattr(server, "servers", []):  # set by uvicorn's startup
+                            listener.close()  # existing connections stay open
+                        await drained.wait()
                     server.should_exit = True
 
                 tasks.start_soon(stop_when_asked)

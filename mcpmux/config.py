@@ -278,6 +278,8 @@ def _describe(err: ValidationError, source: str) -> str:
         elif item["type"] == "missing":
             message = "required key is missing"
         elif "input" in item and item["type"].endswith("_type"):
-            message = f"{message}, got {type(item['input']).__name__} {item['input']!r}"
+            # A string may hold an expanded ${SECRET}: name its type, never echo it.
+            shown = "" if isinstance(item["input"], str) else f" {item['input']!r}"
+            message = f"{message}, got {type(item['input']).__name__}{shown}"
         lines.append(f"  {_dotted(loc)}: {message}")
     return "\n".join(lines)

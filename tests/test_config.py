@@ -141,3 +141,15 @@ def test_example_config_is_valid() -> None:
     example = Path(__file__).resolve().parents[1] / "examples" / "mcpmux.toml"
     config = load_config(example)
     assert config.enabled_servers
+
+
+def test_a_wrongly_typed_string_is_named_by_type_never_echoed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A string in the wrong place may be an expanded secret: the error names its type, not its value."""
+    monkeypatch.setenv("SECRET_TOKEN", "s3cr3t-value")
+    path = tmp_path / "mcpmux.toml"
+    path.write_text('[servers.api]\nurl = "http://127.0.0.1:1/mcp"\nheaders = "Bearer ${SECRET_TOKEN}"\n')
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert "servers.api.headers" in str(caught.value)
+    assert "got str" in str(caught.value)
+    assert "s3cr3t" not in str(caught.value)

@@ -215,6 +215,36 @@ async def test_two_sampling_requests_in_one_call(served: Served, name: str) -> N
     assert len(model.requests) == 4
 
 
+def _answer(text: str) -> types.CreateMessageResult:
+    return types.CreateMessageResult(role="assistant", content=types.TextContent(type="text", text=text), model="m")
+
+
+async def test_a_request_left_unanswered_is_asked_again(served: Served) -> None:
+    """Two requests asked together (one round or two): answering one key per retry still completes the call."""
+    async with Client(served.url, mode="auto", sampling_callback=RecordingClient()) as client:
+        arguments = {"prompt": "R"}
+        result = await client.session.call_tool("modern__both", arguments, allow_input_required=True)
+        asked: list[set[str]] = []
+        while isinstance(result, types.InputRequiredResult):
+            requests = result.input_requests or {}
+            asked.append(set(requests))
+            key = min(requests)  # answer one key only; any other must come back in a later round
+            request = requests[key]
+            assert isinstance(request, types.CreateMessageRequest)
+            prompt = request.params.messages[0].content
+            assert isinstance(prompt, types.TextContent)
+            result = await client.session.call_tool(
+                "modern__both",
+                arguments,
+                input_responses={key: _answer(f"answer to {prompt.text}")},
+                request_state=result.request_state,
+                allow_input_required=True,
+            )
+    assert result.structured_content == {"result": ["answer to R", "answer to R (other)"]}
+    assert set().union(*asked) == {"sampling-1", "sampling-2"}
+    assert len(asked) == 2
+
+
 @pytest.mark.slow
 async def test_rounds_on_the_wire_and_an_expired_or_unknown_request_state(served: Served) -> None:
     """Driven by hand: the round's request, then a retry after the parked call expired (after IDLE_TIMEOUT here)."""
@@ -233,14 +263,11 @@ async def test_rounds_on_the_wire_and_an_expired_or_unknown_request_state(served
         with pytest.raises(MCPError, match="retry the same tool with the same arguments"):
             await client.session.call_tool("legacy__sample", {"prompt": "Ho"}, request_state=first.request_state)
         await anyio.sleep(IDLE_TIMEOUT + 1.5)
-        answer = types.CreateMessageResult(
-            role="assistant", content=types.TextContent(type="text", text="late"), model="m"
-        )
         with pytest.raises(MCPError, match="requestState for tool 'legacy__sample' is unknown or expired"):
             await client.session.call_tool(
                 "legacy__sample",
                 {"prompt": "Hi"},
-                input_responses={"sampling-1": answer},
+                input_responses={"sampling-1": _answer("late")},
                 request_state=first.request_state,
             )
         with pytest.raises(MCPError, match=r"unknown or expired: .* call the tool again without requestState"):

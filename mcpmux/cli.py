@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import os
 import shlex
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -126,19 +126,18 @@ async def _serve(args: argparse.Namespace, config: Config) -> int:
         tasks.start_soon(_handle_signals, stop, skip, reloader, tasks)
         if reloader is not None:
             tasks.start_soon(reloader.watch)
-        grace = config.mux.shutdown_grace
         if args.transport == "stdio":
             async with anyio.create_task_group() as serving:
-                serving.start_soon(_drain_when_stopped, mux, stop, skip, serving.cancel_scope)
+                serving.start_soon(_drain_when_stopped, mux, stop, skip, serving.cancel_scope.cancel)
                 await frontend.serve_stdio()
                 serving.cancel_scope.cancel()  # stdin closed: no client is left to answer
         else:
             host = args.host or config.http.host
             sock = bind(host, config.http.port if args.port is None else args.port)
             _announce_http(host, sock.getsockname()[1], config)
-            tasks.start_soon(_drain_when_stopped, mux, stop, skip, None)
-            # The margin past the grace lets cancelled calls' errors reach their clients.
-            await frontend.serve_http(sock, config.http.path, stop, shutdown_timeout=math.ceil(grace) + 3)
+            drained = anyio.Event()
+            tasks.start_soon(_drain_when_stopped, mux, stop, skip, drained.set)
+            await frontend.serve_http(sock, config.http.path, stop, shutdown_timeout=2, drained=drained)
         tasks.cancel_scope.cancel()
     return 0
 
@@ -188,13 +187,12 @@ async def _handle_signals(
                 tasks.start_soon(reloader.reload)
 
 
-async def _drain_when_stopped(mux: Mux, stop: anyio.Event, skip: anyio.Event, then: anyio.CancelScope | None) -> None:
-    """Once `stop` is set, let calls in flight finish (`[mux] shutdown_grace`), then cancel `then`."""
+async def _drain_when_stopped(mux: Mux, stop: anyio.Event, skip: anyio.Event, then: Callable[[], object]) -> None:
+    """Once `stop` is set, let calls in flight finish (`[mux] shutdown_grace`), then call `then`."""
     await stop.wait()
     await mux.drain(mux.config.mux.shutdown_grace, skip)
-    if then is not None:
-        await anyio.sleep(0.25)  # the last answers leave the Mux before the front end has written them
-        then.cancel()
+    await anyio.sleep(0.25)  # the last answers leave the Mux before the front end has written them
+    then()
 
 
 def _announce_http(host: str, port: int, config: Config) -> None:

@@ -35,6 +35,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
 from mcp.shared.message import ServerMessageMetadata
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from sse_starlette.sse import AppStatus
 from starlette.applications import Starlette
 
 from mcpmux import __version__
@@ -349,6 +350,9 @@ class Frontend:
                         for listener in getattr(server, "servers", []):  # set by uvicorn's startup
                             listener.close()  # existing connections stay open
                         await drained.wait()
+                        # The process is ending: sse_starlette closes the held-open streams (2025 GET
+                        # streams, 2026 listens) on this process-wide flag instead of at the timeout.
+                        AppStatus.should_exit = True
                     server.should_exit = True
 
                 tasks.start_soon(stop_when_asked)

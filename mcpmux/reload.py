@@ -39,7 +39,8 @@ logger = logging.getLogger(__name__)
 
 # `[mux]` keys a reload applies at once; every other changed key (and all of `[http]`, `[inference]`)
 # is reported as needing a restart. Timeouts, backoffs and env_passthrough are read by each upstream
-# when it next uses them (env_passthrough: by children started from then on).
+# when it next uses them (env_passthrough: by children started from then on); shutdown_grace when
+# shutdown begins.
 LIVE_MUX_KEYS = frozenset(
     {
         "call_timeout",
@@ -49,6 +50,7 @@ LIVE_MUX_KEYS = frozenset(
         "env_passthrough",
         "client_priorities",
         "reload",
+        "shutdown_grace",
     }
 )
 # How long cancelled calls get to unwind and send their error before shutdown goes on without them.

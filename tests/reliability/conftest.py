@@ -1,0 +1,206 @@
+"""Real parts for the reliability suite: tagged mcpmux and upstream processes, /proc readings, raw pipes.
+
+Every process a test starts carries `MCPMUX_RELIABILITY_RUN=<id>` in its environment, and mcpmux
+passes its environment on to its stdio children, so after a run any process still carrying the tag
+is a leak, whoever started it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import threading
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import pytest
+
+from tests.e2e.conftest import DEMO, PY, ROOT, free_port, stop, wait_for_port
+
+FAULT = ROOT / "tests" / "servers" / "fault_server.py"
+RUN_ENV = "MCPMUX_RELIABILITY_RUN"
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+def run_id() -> Iterator[str]:
+    """A fresh tag for this test's processes; any still alive at the end fail the test (and are killed)."""
+    tag = uuid.uuid4().hex
+    yield tag
+    leaked = tagged_pids(tag)
+    for pid in leaked:
+        with suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    assert not leaked, f"processes left running after the test: {leaked}"
+
+
+def tagged_env(run_id: str, **extra: str) -> dict[str, str]:
+    """This process's environment plus the run tag (and `extra`)."""
+    return {**os.environ, RUN_ENV: run_id, **extra}
+
+
+def tagged_pids(run_id: str) -> list[int]:
+    """Live processes (zombies excluded) other than this one whose environment carries the run tag."""
+    marker = f"{RUN_ENV}={run_id}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        with suppress(OSError):
+            if marker in (entry / "environ").read_bytes().split(b"\0") and alive(int(entry.name)):
+                found.append(int(entry.name))
+    return found
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie waiting for its parent to reap it does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+@dataclass(frozen=True, slots=True)
+class ProcStats:
+    """What a process holds: open descriptors, OS threads, resident memory."""
+
+    fds: int
+    threads: int
+    rss_kib: int
+
+
+def proc_stats(pid: int) -> ProcStats:
+    """Read `pid`'s open descriptors and its thread count and RSS from /proc."""
+    status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    return ProcStats(
+        fds=len(os.listdir(f"/proc/{pid}/fd")),
+        threads=int(status["Threads"]),
+        rss_kib=int(status["VmRSS"].split()[0]),
+    )
+
+
+def stdio_upstream(name: str, script: Path = DEMO, **env: str) -> dict[str, Any]:
+    """Config entry for a test server over stdio (`env` e.g. FAULT_MODE for the fault server)."""
+    return {"command": PY, "args": [str(script), name], "env": env}
+
+
+def write_config(path: Path, servers: dict[str, dict[str, Any]], model: Path | None = None, **mux: Any) -> Path:
+    """A JSON config: the servers, `[mux]` settings, and the local engine on `model` if given."""
+    raw: dict[str, Any] = {"mcpServers": servers, "mux": {"startup_timeout": 30, **mux}}
+    if model is not None:
+        raw["inference"] = {
+            "backend": "local",
+            "models": {"tiny": {"model": str(model), "kv_cache_memory_mb": 16}},
+            "embeddings": {"model": ""},
+        }
+    path.write_text(json.dumps(raw))
+    return path
+
+
+@dataclass(slots=True)
+class Served:
+    """A process listening on loopback: the Popen and its URL."""
+
+    process: subprocess.Popen[bytes]
+    url: str
+
+
+@contextmanager
+def http_server(script: Path, name: str, run_id: str, port: int | None = None, **env: str) -> Iterator[Served]:
+    """A test server (demo or fault) over streamable HTTP, tagged; yields it with its MCP URL."""
+    port = port or free_port()
+    command = [PY, str(script), name, "http", str(port)]
+    process = subprocess.Popen(
+        command, env=tagged_env(run_id, **env), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        wait_for_port(port, process)
+        yield Served(process, f"http://127.0.0.1:{port}/mcp")
+    finally:
+        stop(process)
+
+
+@contextmanager
+def http_mux(config: Path, run_id: str, log: Path) -> Iterator[Served]:
+    """`mcpmux serve --transport http` on a free loopback port, tagged, stderr to `log`."""
+    port = free_port()
+    command = [PY, "-m", "mcpmux", "serve", "--config", str(config), "--transport", "http", "--port", str(port)]
+    with log.open("wb") as stderr:
+        process = subprocess.Popen(command, env=tagged_env(run_id), stderr=stderr, cwd=ROOT)
+        try:
+            wait_for_port(port, process, timeout=90)
+            yield Served(process, f"http://127.0.0.1:{port}/mcp")
+        finally:
+            stop(process)
+
+
+class RawStdio:
+    """mcpmux over stdio driven through raw pipes: bytes in, decoded JSON lines out."""
+
+    def __init__(self, config: Path, run_id: str, log: IO[bytes]) -> None:
+        command = [PY, "-m", "mcpmux", "serve", "--config", str(config)]
+        self.process = subprocess.Popen(
+            command, env=tagged_env(run_id), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, cwd=ROOT
+        )
+        self.lines: queue.Queue[Any] = queue.Queue()
+        threading.Thread(target=self._read, name="raw stdio reader", daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            try:
+                self.lines.put(json.loads(line))
+            except json.JSONDecodeError:
+                self.lines.put(("not json", line))
+        self.lines.put(("eof", b""))
+
+    def send(self, data: bytes) -> None:
+        """Write bytes as they are (add the newline yourself)."""
+        assert self.process.stdin is not None
+        self.process.stdin.write(data)
+        self.process.stdin.flush()
+
+    def send_json(self, message: Any) -> None:
+        self.send(json.dumps(message).encode() + b"\n")
+
+    def receive(self, timeout: float) -> Any:
+        """The next line from mcpmux, decoded; raises `queue.Empty` after `timeout` seconds."""
+        return self.lines.get(timeout=timeout)
+
+    def request(self, message: dict[str, Any], timeout: float = 30) -> dict[str, Any]:
+        """Send one request and return its response (lines for other ids are discarded)."""
+        self.send_json(message)
+        while True:
+            line = self.receive(timeout)
+            if isinstance(line, dict) and line.get("id") == message["id"] and "method" not in line:
+                return line
+
+    def initialize(self, version: str = "2025-11-25") -> dict[str, Any]:
+        """The 2025 handshake: initialize, then notifications/initialized."""
+        params = {"protocolVersion": version, "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}
+        response = self.request({"jsonrpc": "2.0", "id": "init", "method": "initialize", "params": params}, 90)
+        self.send_json({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        return response
+
+    def close(self) -> int:
+        """Close stdin (mcpmux's cue to shut down) and wait for the exit code."""
+        with suppress(BrokenPipeError):
+            assert self.process.stdin is not None
+            self.process.stdin.close()
+        try:
+            return self.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            stop(self.process)
+            raise

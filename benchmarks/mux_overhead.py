@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/mux_overhead.py            # full run (about 10 minutes on 2 cores)
     .venv/bin/python benchmarks/mux_overhead.py --quick    # fewer calls, for a smoke run
     .venv/bin/python benchmarks/mux_overhead.py --floor    # also a do-nothing stdio relay, for reference
+    .venv/bin/python benchmarks/mux_overhead.py --sdk-path # also mcpmux with `[mux] fast_path = false`
 
 For each transport the benchmark keeps real `mcp.Client` connections open, one straight to the echo
 upstream (`benchmarks/echo_upstream.py`) and one to mcpmux in front of the same kind of upstream,
@@ -11,6 +12,8 @@ and for N = 1, 16, 64 concurrent callers times a fixed number of `echo` calls: o
 
 - stdio: the client spawns the upstream (direct) or `mcpmux serve` (which spawns the upstream).
 - http: the upstream serves streamable HTTP on one loopback port, mcpmux on another.
+- `--sdk-path`: a second mcpmux (route `sdk`) with the raw `tools/call` fast path turned off, so
+  that every call takes the SDK's server and client sessions (docs/fastpath.md).
 - `--floor` (stdio): a relay that copies lines both ways without parsing them, i.e. what any
   process between client and upstream costs on this machine; mcpmux cannot do better than that.
 
@@ -277,6 +280,8 @@ async def stdio_routes(args: argparse.Namespace, workdir: Path) -> AsyncIterator
     echo = [ECHO, "stdio", "--tools", str(args.upstream_tools)]
     config = workdir / "stdio.json"
     config.write_text(json.dumps({"mcpServers": {"echo": {"command": sys.executable, "args": echo}}}))
+    sdk_config = workdir / "stdio-sdk.json"
+    sdk_config.write_text(json.dumps({**json.loads(config.read_text()), "mux": {"fast_path": False}}))
     path = {"PATH": os.environ.get("PATH", "")}
     mcpmux = _mcpmux_command()
     servers = {  # a middle process passes its environment, tag included, on to the upstream it spawns
@@ -287,6 +292,12 @@ async def stdio_routes(args: argparse.Namespace, workdir: Path) -> AsyncIterator
             env={**path, **_tag("stdio-mcpmux")},
         ),
     }
+    if args.sdk_path:
+        servers["sdk"] = StdioServerParameters(
+            command=mcpmux[0],
+            args=[*mcpmux[1:], "serve", "--config", str(sdk_config)],
+            env={**path, **_tag("stdio-sdk")},
+        )
     if args.floor:
         relay_args = [__file__, "--relay", sys.executable, *echo]
         servers["relay"] = StdioServerParameters(
@@ -296,7 +307,7 @@ async def stdio_routes(args: argparse.Namespace, workdir: Path) -> AsyncIterator
         routes: Routes = {}
         for name, server in servers.items():
             client = await stack.enter_async_context(Client(server, mode=args.era))
-            routes[name] = (client, "echo__echo" if name == "mcpmux" else "echo")
+            routes[name] = (client, "echo__echo" if name in ("mcpmux", "sdk") else "echo")
         yield routes
 
 
@@ -317,7 +328,22 @@ async def http_routes(args: argparse.Namespace, workdir: Path) -> AsyncIterator[
         http_server(mux_serve, mux_port, "http-mcpmux", workdir / "mcpmux-http.log") as mux_url,
     ):
         async with Client(direct_url, mode=args.era) as direct, Client(mux_url, mode=args.era) as mux:
-            yield {"direct": (direct, "echo"), "mcpmux": (mux, "echo__echo")}
+            routes: Routes = {"direct": (direct, "echo"), "mcpmux": (mux, "echo__echo")}
+            if not args.sdk_path:
+                yield routes
+                return
+            sdk_upstream_port, sdk_port = _free_port(), _free_port()
+            sdk_config = workdir / "http-sdk.json"
+            sdk_servers = {"echo": {"url": f"http://127.0.0.1:{sdk_upstream_port}/mcp"}}
+            sdk_config.write_text(json.dumps({"mcpServers": sdk_servers, "mux": {"fast_path": False}}))
+            sdk_serve = [*_mcpmux_command(), "serve", "--config", str(sdk_config), "--transport", "http"]
+            sdk_serve += ["--port", str(sdk_port)]
+            with (
+                http_server(echo(sdk_upstream_port), sdk_upstream_port, "http-sdk", workdir / "echo-sdk.log"),
+                http_server(sdk_serve, sdk_port, "http-sdk", workdir / "mcpmux-sdk.log") as sdk_url,
+            ):
+                async with Client(sdk_url, mode=args.era) as sdk:
+                    yield {**routes, "sdk": (sdk, "echo__echo")}
 
 
 async def measure(transport: str, routes: Routes, calls: dict[int, int], repeats: int) -> list[Row]:
@@ -419,6 +445,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--transport", nargs="+", choices=["stdio", "http"], default=["stdio", "http"])
     parser.add_argument("--concurrency", nargs="+", type=int, choices=CONCURRENCY, default=list(CONCURRENCY))
     parser.add_argument("--floor", action="store_true", help="also time a do-nothing stdio relay in the middle")
+    parser.add_argument("--sdk-path", action="store_true", help="also time mcpmux with its fast path turned off")
     parser.add_argument("--era", choices=["auto", "legacy"], default="auto", help="the benchmark client's handshake")
     parser.add_argument("--upstream-tools", type=int, default=0, help="inert tools each echo upstream lists too")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "mux_overhead.json")

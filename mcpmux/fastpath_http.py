@@ -78,7 +78,9 @@ class FastPathMiddleware:
         response = await _answer_unless_gone(self.fast, call, receive)
         if response is None:
             return  # the client went away: the call was cancelled, nobody is left to answer
-        status = ERROR_CODE_HTTP_STATUS.get(response["error"]["code"], 200) if "error" in response else 200
+        # A 2026 error's status comes from the SDK's table; a 2025 session's errors ride a 200, as on its SSE.
+        modern = call.version in MODERN_PROTOCOL_VERSIONS
+        status = ERROR_CODE_HTTP_STATUS.get(response["error"]["code"], 200) if modern and "error" in response else 200
         payload = json.dumps(response, separators=(",", ":")).encode()
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
         await send({"type": "http.response.start", "status": status, "headers": headers})

@@ -16,7 +16,8 @@ import pytest
 from mcp import Client
 
 from mcpmux import Mux
-from mcpmux.config import config_from_dict
+from mcpmux.config import config_from_dict, load_config
+from mcpmux.reload import ConfigReloader
 from tests.e2e.conftest import PY, demo, free_port, text_of, wait_for_port, write_config
 from tests.e2e.test_cli import _gone
 
@@ -169,3 +170,24 @@ async def test_mux_reload_in_process_reports_and_announces_once(tmp_path: Path) 
         assert {t.name for t in mux.list_tools()} >= {"alpha__echo", "gamma__echo"}
         assert not any(t.name.startswith("beta__") for t in mux.list_tools())
         assert text_of(await mux.call_tool("gamma__echo", {"text": "hi"})) == "gamma: hi"
+
+
+async def test_watcher_reads_a_file_once_it_has_stopped_changing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = write_config(tmp_path / "mcp.json", {})
+    async with Mux(load_config(path)) as mux, anyio.create_task_group() as tasks:
+        reloader = ConfigReloader(mux, path, interval=0.5)
+        tasks.start_soon(reloader.watch)
+        full = json.dumps({"mcpServers": {}, "mux": {"call_timeout": 5}})
+        await anyio.sleep(0.35)
+        path.write_text(full[:20])  # an editor midway through writing, just before the first poll sees it
+        await anyio.sleep(0.25)
+        path.write_text(full)
+        with anyio.fail_after(10):
+            while mux.config.mux.call_timeout != 5:
+                await anyio.sleep(0.05)
+        await anyio.sleep(1.2)  # no second read of an unchanged file
+        tasks.cancel_scope.cancel()
+    assert "config reload failed" not in caplog.text
+    assert caplog.text.count("config reloaded from") == 1

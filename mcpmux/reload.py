@@ -115,10 +115,6 @@ class CallTracker:
         """A context manager around one call (to `upstream`, or to a local tool when None)."""
         return TrackedCall(self, upstream)
 
-    @property
-    def in_flight(self) -> int:
-        return len(self._calls)
-
     def refuse(self, upstream: str | None, reason: str) -> None:
         """Refuse new calls to `upstream` (every call when None) and cancel those in flight, with `reason`."""
         self._refusing[upstream] = reason
@@ -238,11 +234,9 @@ class ReloadReport:
     """Setting keys that changed but take effect only when mcpmux restarts, e.g. `http.port`."""
 
     def summary(self) -> str:
-        parts = [f"{what} {', '.join(names)}" for what, names in self._servers() if names]
-        return "; ".join(parts) or "no server changed"
-
-    def _servers(self) -> tuple[tuple[str, tuple[str, ...]], ...]:
-        return (("added", self.added), ("removed", self.removed), ("restarted", self.changed))
+        """One line for the log, e.g. `added delta; removed gamma; restarted beta`."""
+        servers = (("added", self.added), ("removed", self.removed), ("restarted", self.changed))
+        return "; ".join(f"{what} {', '.join(names)}" for what, names in servers if names) or "no server changed"
 
 
 def diff_servers(old: Mapping[str, ServerConfig], new: Mapping[str, ServerConfig]) -> ServerDiff:

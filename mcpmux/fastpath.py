@@ -68,14 +68,6 @@ class FastCall:
 
 
 @dataclass(slots=True)
-class FastPathStats:
-    """How many calls took the fast path, and how many of those fell back to the SDK path mid-way."""
-
-    taken: int = 0
-    input_required: int = 0
-
-
-@dataclass(slots=True)
 class _Eligibility:
     listing: object
     upstream: Upstream | None
@@ -89,7 +81,6 @@ class FastPath:
     mux: Mux
     server_info: dict[str, Any]
     """mcpmux's `serverInfo` stamp, put in 2026 results whose upstream gave none (as the SDK server does)."""
-    stats: FastPathStats = field(default_factory=FastPathStats)
     _eligible: dict[str, _Eligibility] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -177,7 +168,6 @@ class FastPath:
         Failures read as on the SDK path: an unavailable or timed-out upstream, or a limit's refusal,
         is an `isError` result saying so; the upstream's JSON-RPC errors pass through.
         """
-        self.stats.taken += 1
         started = time.perf_counter()
         outcome = "error"
         try:
@@ -217,7 +207,7 @@ class FastPath:
             if methods.is_input_required(raw):
                 # The SDK client drives input-required rounds (sampling under the mux's policy); the
                 # first leg only asked for input, so it is asked again on that path.
-                self.stats.input_required += 1
+                logger.debug("%s on %r asked for input; the SDK path takes it over", what, call.upstream.name)
                 slow: types.CallToolResult = await call.upstream.request(
                     what, lambda client: client.call_tool(call.tool, call.arguments, progress_callback=progress)
                 )

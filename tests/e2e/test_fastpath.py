@@ -236,6 +236,20 @@ async def test_calls_that_need_the_mux_take_the_sdk_path(tmp_path: Path) -> None
         assert isinstance(json.loads(inner)["id"], int)
 
 
+@pytest.mark.anyio
+async def test_an_input_required_round_is_handed_to_the_sdk_path(tmp_path: Path) -> None:
+    servers = {"probe": probe(sampling={"policy": "off"})}
+    fast_config = write_config(tmp_path / "fast.json", servers)
+    slow_config = write_config(tmp_path / "slow.json", servers, fast_path=False)
+    async with mux_over_stdio(fast_config) as fast, mux_over_stdio(slow_config) as slow:
+        fast_outcome = dump(await outcome_of(fast, "probe__ask", {}))
+        assert fast_outcome == dump(await outcome_of(slow, "probe__ask", {}))
+        assert "error" in fast_outcome  # sampling is off for this upstream: the round fails, saying so
+        first_legs = json.loads(text_of(await fast.call_tool("probe__asked", {})))
+    assert str(first_legs[0]).startswith("mux.")  # the fast path asked first ...
+    assert isinstance(first_legs[1], int)  # ... and the SDK's client took the call over
+
+
 # -- the probe upstream ---------------------------------------------------------------------------
 
 
@@ -249,8 +263,10 @@ def _serve_probe() -> None:
     from mcp.server.stdio import stdio_server
 
     cancelled: list[Any] = []
+    asked: list[Any] = []
     schema = {"type": "object"}
-    names = ["whoami", "shapes", "fail", "reject", "slow", "cancelled", "crash", "cached", "one", "many"]
+    names = ["whoami", "shapes", "fail", "reject", "slow", "cancelled", "ask", "asked", "crash"]
+    names += ["cached", "one", "many"]
     tools = [types.Tool(name=name, input_schema=schema) for name in names]
 
     def text(value: Any) -> types.CallToolResult:
@@ -294,6 +310,18 @@ def _serve_probe() -> None:
             return text({"id": ctx.request_id})
         if params.name == "cancelled":
             return text(cancelled)
+        if params.name == "ask":  # a 2026 input-required round: sampling, then the answer
+            if not params.input_responses:
+                asked.append(ctx.request_id)
+                content = types.TextContent(type="text", text="say hi")
+                sampling = types.CreateMessageRequestParams(
+                    messages=[types.SamplingMessage(role="user", content=content)], max_tokens=5
+                )
+                requests = {"s1": types.CreateMessageRequest(params=sampling)}
+                return types.InputRequiredResult(input_requests=requests, request_state="asked")
+            return text({"answered": True})
+        if params.name == "asked":
+            return text(asked)
         os._exit(3)  # crash
 
     server = Server("probe", version="1.0", on_list_tools=list_tools, on_call_tool=call_tool)

@@ -117,6 +117,8 @@ class MuxSettings(_Model):
     """Watch the config file and apply changes while serving (docs/lifecycle.md); SIGHUP reloads either way."""
     shutdown_grace: float = Field(default=10.0, ge=0)
     """Seconds SIGTERM/SIGINT lets calls in flight finish before cancelling them."""
+    sampling_round_timeout: float = Field(default=30.0, gt=0)
+    """Seconds a 2026 client has to answer an input-required sampling round (docs/sampling_forward.md)."""
 
     @field_validator("separator")
     @classmethod

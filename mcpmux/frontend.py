@@ -105,7 +105,7 @@ class Frontend:
         # Per upstream, the requests in flight on it (and their ids): where that upstream's logs belong.
         self._callers: dict[str, weakref.WeakKeyDictionary[ServerSession, types.RequestId]] = {}
         # 2026-07-28 callers' upstream calls parked while the client answers sampling (input-required rounds).
-        self.rounds = InputRounds()
+        self.rounds = InputRounds(idle_timeout=mux.config.mux.sampling_round_timeout)
         self.server = _MuxServer(
             "mcpmux",
             version=__version__,

@@ -14,10 +14,10 @@ the waiting callbacks and the retry is answered, again, with the next thing that
 that arrive together (within `GATHER_SECONDS`) share a round; one asked while the client answers
 another waits for the next round. A key the client leaves unanswered is asked again.
 
-A parked call that no request is waiting on for `idle_timeout` seconds (default 30) expires: its unanswered sampling
-requests fail with an error the upstream sees, the upstream call is cancelled and the state dropped;
-a retry with its `requestState` (or one mcpmux never issued) is refused with an error saying so. A
-client that cancels a waiting request drops the call the same way.
+A parked call that no request is waiting on for `idle_timeout` seconds (`[mux] sampling_round_timeout`)
+expires: its unanswered sampling requests fail with an error the upstream sees, the upstream call is
+cancelled and the state dropped; a retry with its `requestState` (or one mcpmux never issued) is
+refused with an error saying so. A client that cancels a waiting request drops the call the same way.
 """
 
 from __future__ import annotations

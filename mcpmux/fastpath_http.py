@@ -9,7 +9,9 @@ A `POST` to the MCP path whose body is a `tools/call` the fast path serves is an
 - a 2025 request when its `mcp-session-id` is one the SDK's session manager holds (else the SDK
   answers 404 as ever) and it names its revision in `MCP-Protocol-Version`. Whether the client
   declared sampling is read off its `initialize` request as it goes by (paired with the session id
-  its response carries); for a session opened before that, it counts as declared.
+  its response carries); for a session opened before that, it counts as declared. The session's
+  `notifications/cancelled` for such a call is taken here too: the call is cancelled and answered
+  with the SDK's "Request cancelled" error (-32800).
 
 Requests that ask for progress (`progressToken`) take the SDK path too: their notifications need
 its SSE response stream. Every other request goes to the app behind, its body replayed unchanged.
@@ -34,11 +36,13 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mcpmux.fastpath import FastCall, FastPath
+from mcpmux.jsonrpc_batch import id_key
 
 logger = logging.getLogger(__name__)
 
 MAX_BODY = 4 * 1024 * 1024
 """Bodies above this go to the SDK, which applies its own limit."""
+_REQUEST_CANCELLED = -32800  # what the SDK answers a cancelled request with on a 2025 session
 
 
 class FastPathMiddleware:
@@ -58,6 +62,8 @@ class FastPathMiddleware:
         self.path = path.rstrip("/") or "/"
         self.declares_sampling: LRUCache[str, bool] = LRUCache(maxsize=max_sessions)
         """Per 2025 session id: whether its client declared sampling in `initialize`."""
+        self._running: dict[tuple[str, str], anyio.CancelScope] = {}
+        """2025 sessions' fast-path calls in flight, by (session id, request id key)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (
@@ -69,13 +75,17 @@ class FastPathMiddleware:
             await self.app(scope, receive, send)
             return
         body, complete = await _read_body(receive)
+        if complete and b'"notifications/cancelled"' in body and self._cancel(scope, body):
+            await send({"type": "http.response.start", "status": 202, "headers": []})
+            await send({"type": "http.response.body", "body": b""})
+            return
         call = self._route(scope, body) if complete else None
         if call is None:
             if b'"initialize"' in body:
                 send = self._learning(body, send)
             await self.app(scope, _replaying(body, complete, receive), send)
             return
-        response = await _answer_unless_gone(self.fast, call, receive)
+        response = await self._answer_unless_gone(call, _session(scope), receive)
         if response is None:
             return  # the client went away: the call was cancelled, nobody is left to answer
         # A 2026 error's status comes from the SDK's table; a 2025 session's errors ride a 200, as on its SSE.
@@ -116,6 +126,53 @@ class FastPathMiddleware:
             return None
         return call
 
+    async def _answer_unless_gone(self, call: FastCall, session: str | None, receive: Receive) -> dict[str, Any] | None:
+        """`fast.answer(call)`, or None when the client disconnects first (which cancels the call).
+
+        A 2025 session's `notifications/cancelled` for the call cancels it too (see `_cancel`); the
+        request is then answered with the error the SDK gives a cancelled request on such a session.
+        """
+        response: dict[str, Any] | None = None
+        key = (session, id_key(call.request_id)) if session is not None else None
+        async with anyio.create_task_group() as tasks:
+
+            async def watch_client() -> None:
+                while (await receive())["type"] != "http.disconnect":
+                    pass
+                tasks.cancel_scope.cancel()
+
+            tasks.start_soon(watch_client)
+            cancelled = anyio.CancelScope()
+            if key is not None:
+                self._running[key] = cancelled
+            try:
+                with cancelled:
+                    response = await self.fast.answer(call)
+            finally:
+                if key is not None:
+                    self._running.pop(key, None)
+            if cancelled.cancelled_caught:
+                cancelled_error = {"code": _REQUEST_CANCELLED, "message": "Request cancelled"}
+                response = {"jsonrpc": "2.0", "id": call.request_id, "error": cancelled_error}
+            tasks.cancel_scope.cancel()
+        return response
+
+    def _cancel(self, scope: Scope, body: bytes) -> bool:
+        """Cancel the fast-path call a 2025 session's `notifications/cancelled` names; False if none."""
+        session = _session(scope)
+        try:
+            message = json.loads(body)
+        except (ValueError, RecursionError):
+            return False
+        params = message.get("params") if isinstance(message, dict) else None
+        if session is None or not isinstance(params, dict) or message.get("method") != "notifications/cancelled":
+            return False
+        running = self._running.get((session, id_key(params.get("requestId"))))
+        if running is None:
+            return False
+        running.cancel()
+        return True
+
     def _learning(self, body: bytes, send: Send) -> Send:
         """`send`, also noting whether the client opening a session with `body` declared sampling."""
         try:
@@ -136,22 +193,6 @@ class FastPathMiddleware:
             await send(event)
 
         return learn
-
-
-async def _answer_unless_gone(fast: FastPath, call: FastCall, receive: Receive) -> dict[str, Any] | None:
-    """`fast.answer(call)`, or None when the client disconnects first (which cancels the call)."""
-    response: dict[str, Any] | None = None
-    async with anyio.create_task_group() as tasks:
-
-        async def watch_client() -> None:
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            tasks.cancel_scope.cancel()
-
-        tasks.start_soon(watch_client)
-        response = await fast.answer(call)
-        tasks.cancel_scope.cancel()
-    return response
 
 
 async def _read_body(receive: Receive) -> tuple[bytes, bool]:
@@ -183,6 +224,10 @@ def _replaying(body: bytes, complete: bool, receive: Receive) -> Receive:
         return await receive()
 
     return replay
+
+
+def _session(scope: Scope) -> str | None:
+    return next((value.decode("latin-1") for key, value in scope["headers"] if key.lower() == b"mcp-session-id"), None)
 
 
 def _raw_headers(scope: Scope) -> list[tuple[str, str]]:

@@ -153,6 +153,24 @@ async def test_progress_and_cancellation_on_the_fast_path(tmp_path: Path) -> Non
 
 @pytest.mark.slow
 @pytest.mark.anyio
+async def test_http_clients_of_both_eras_cancel_fast_path_calls(tmp_path: Path) -> None:
+    config = write_config(tmp_path / "mux.json", {"probe": probe()})
+    with mux_over_http(config) as url:
+        for expected, mode in enumerate(("auto", "legacy"), start=1):  # closing the stream; notifications/cancelled
+            async with Client(url, mode=mode) as client:
+                with anyio.move_on_after(0.5):
+                    await client.call_tool("probe__slow", {"seconds": 30})
+                cancelled: list[Any] = []
+                with anyio.fail_after(10):
+                    while len(cancelled) < expected:
+                        cancelled = json.loads(text_of(await client.call_tool("probe__cancelled", {})))
+                        await anyio.sleep(0.05)
+                assert str(cancelled[-1]).startswith("mux.")
+                assert str(seen_id(await client.call_tool("probe__whoami", {}))).startswith("mux.")
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
 async def test_timeout_and_crash_read_as_on_the_sdk_path(tmp_path: Path) -> None:
     servers = {"probe": probe(timeout=0.5)}
     fast_config = write_config(tmp_path / "fast.json", servers)

@@ -10,22 +10,26 @@ response as it goes out.
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import os
-import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from typing import Any, BinaryIO, cast
 
 import anyio
-import anyio.from_thread
-import anyio.lowlevel
-import anyio.to_thread
 import mcp_types as types
 
-from mcpmux.jsonrpc_batch import BatchPlan, array_refusal, error_message, id_key, is_response, plan_batch
+from mcpmux.jsonrpc_batch import (
+    BatchPlan,
+    array_refusal,
+    error_message,
+    id_key,
+    is_response,
+    line_refusal,
+    plan_batch,
+)
+from mcpmux.stdio_wire import LineWriter, read_lines
 
 logger = logging.getLogger(__name__)
 
@@ -46,17 +50,17 @@ def claimed_stdio() -> Iterator[tuple[BinaryIO, BinaryIO]]:
     try:
         yield os.fdopen(wire_in, "rb", closefd=False), os.fdopen(wire_out, "wb", closefd=False)
     finally:
-        os.dup2(wire_in, 0)
-        os.dup2(wire_out, 1)
+        for wire, fd in ((wire_in, 0), (wire_out, 1)):
+            os.set_blocking(wire, True)  # the wire may have been served non-blocking (mcpmux.stdio_wire)
+            os.dup2(wire, fd)
 
 
 class StdioBatchEdge:
     """Splits inbound batch arrays and joins their responses; give `stdin`/`stdout` to `stdio_server`."""
 
     def __init__(self, wire_in: BinaryIO, wire_out: BinaryIO) -> None:
-        self._in = io.TextIOWrapper(wire_in, encoding="utf-8", errors="replace")
-        self._out = io.TextIOWrapper(wire_out, encoding="utf-8")
-        self._write_lock = anyio.Lock()
+        self._in = wire_in
+        self._out = LineWriter(wire_out)
         self.protocol_version: str | None = None
         """The revision the server negotiated with this client (None before initialize)."""
         self._initialize_ids: set[str] = set()
@@ -76,32 +80,15 @@ class StdioBatchEdge:
         # stdio_server only calls write() and flush() on its stdout.
         return cast("anyio.AsyncFile[str]", _Writer(self))
 
-    async def _client_lines(self) -> AsyncIterator[str]:
-        """stdin's lines, read by a daemon thread: a worker thread blocked in a read would hold up
-        shutdown on SIGTERM until the client closed stdin."""
-        send, receive = anyio.create_memory_object_stream[str](1)
-        token = anyio.lowlevel.current_token()
-
-        def pump() -> None:
-            try:
-                for line in self._in:
-                    anyio.from_thread.run(send.send, line, token=token)
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError, RuntimeError):
-                return  # the server stopped reading, or its event loop is gone
-            finally:
-                with suppress(RuntimeError):
-                    anyio.from_thread.run_sync(send.close, token=token)
-
-        threading.Thread(target=pump, name="mcpmux stdin", daemon=True).start()
-        async with receive:
-            async for line in receive:
-                yield line
-
     async def _lines(self) -> AsyncIterator[str]:
-        async for line in self._client_lines():
+        async for line in read_lines(self._in):
             if line.lstrip().startswith("["):
                 for message in await self._split(line):
                     yield json.dumps(message) + "\n"
+                continue
+            refusal = line_refusal(line)
+            if refusal is not None and False:
+                await self._write(refusal)  # the SDK would drop the line and leave its sender waiting
                 continue
             await self._observe(line)
             if self.take is not None and await self.take(line):
@@ -114,8 +101,8 @@ class StdioBatchEdge:
             return
         try:
             message = json.loads(line)
-        except json.JSONDecodeError:
-            return  # the SDK answers malformed lines itself
+        except (ValueError, RecursionError):
+            return  # line_refusal has answered it already
         if not isinstance(message, dict):
             return
         if message.get("method") == "initialize" and "id" in message:
@@ -132,7 +119,7 @@ class StdioBatchEdge:
         """The messages of an array line to feed the server; refusals are answered right here."""
         try:
             items = json.loads(line)
-        except json.JSONDecodeError as err:
+        except (ValueError, RecursionError) as err:
             await self._write(error_message(None, types.PARSE_ERROR, f"the line is not valid JSON: {err}"))
             return []
         refusal = array_refusal(items, self.protocol_version)
@@ -178,13 +165,7 @@ class StdioBatchEdge:
         await self._write_text(text)
 
     async def _write_text(self, text: str) -> None:
-        # One thread hop per line (write and flush together): a blocked pipe must not stall the loop.
-        async with self._write_lock:
-            await anyio.to_thread.run_sync(self._write_sync, text)
-
-    def _write_sync(self, text: str) -> None:
-        self._out.write(text)
-        self._out.flush()
+        await self._out.write(text)
 
 
 class _Writer:

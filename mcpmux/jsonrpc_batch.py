@@ -116,6 +116,40 @@ def plan_batch(items: list[Any], in_flight: frozenset[str] = frozenset()) -> Bat
     return plan
 
 
+def line_refusal(line: str) -> Message | None:
+    """The error answering a single-message line the SDK cannot read: not JSON (-32700), not a JSON-RPC
+    message or nested deeper than its parser goes (-32600, with the id when usable), a request whose
+    id is not a string or integer (-32600, id null). None for a valid message or a blank line.
+
+    The SDK's stdio transport drops such lines without a word (and reads a request with a null or
+    fractional id as a notification), which leaves a client waiting forever for its response.
+    """
+    if not line.strip():
+        return None
+    try:
+        # The very parse the SDK does, so exactly the lines it would drop are refused here.
+        message = types.jsonrpc_message_adapter.validate_json(line, by_name=False)
+    except ValidationError:
+        return _invalid(line)
+    if isinstance(message, types.JSONRPCNotification) and '"id"' in line:
+        raw = json.loads(line)
+        if "id" in raw:
+            problem = f"a request id must be a string or an integer, not {json.dumps(raw['id'])[:40]}"
+            return error_message(None, types.INVALID_REQUEST, problem)
+    return None
+
+
+def _invalid(line: str) -> Message:
+    try:
+        message = json.loads(line)
+    except (ValueError, RecursionError) as err:  # RecursionError: nested deeper than Python's parser goes
+        return error_message(None, types.PARSE_ERROR, f"the line is not valid JSON: {err}")
+    request_id = message.get("id") if isinstance(message, dict) else None
+    usable = request_id if isinstance(request_id, str | int) and not isinstance(request_id, bool) else None
+    problem = "the line is not a valid JSON-RPC 2.0 request, notification or response (or is nested too deeply)"
+    return error_message(usable, types.INVALID_REQUEST, problem)
+
+
 def is_response(message: object) -> bool:
     """Whether a decoded message is a JSON-RPC response or error (not a request or notification)."""
     return isinstance(message, dict) and "method" not in message and ("result" in message or "error" in message)

@@ -26,7 +26,7 @@ from mcpmux.jsonrpc_batch import BatchPlan, array_refusal, error_message, id_key
 logger = logging.getLogger(__name__)
 
 MAX_BODY = 4 * 1024 * 1024
-"""Largest batch body accepted, in bytes (the SDK's own limit for one message)."""
+"""Largest batch body accepted by default, in bytes (`[http] max_body_bytes` sets it when serving)."""
 _SESSION = b"mcp-session-id"
 _OPENING_RESPONSE_LIMIT = 64 * 1024
 
@@ -70,8 +70,9 @@ def _header(scope: Scope, name: bytes) -> str | None:
 class BatchArrayMiddleware:
     """Accepts 2025-03-26 batch arrays on `path`; everything else goes to `app` unchanged."""
 
-    def __init__(self, app: ASGIApp, path: str = "/mcp", max_sessions: int = 10_000) -> None:
+    def __init__(self, app: ASGIApp, path: str = "/mcp", max_sessions: int = 10_000, max_body: int = MAX_BODY) -> None:
         self.app = app
+        self.max_body = max_body
         self.path = path.rstrip("/") or "/"
         self.versions: LRUCache[str, str] = LRUCache(maxsize=max_sessions)
         """Negotiated protocol version per session id (the most recent `max_sessions` sessions)."""
@@ -92,12 +93,12 @@ class BatchArrayMiddleware:
             await self.app(scope, replay, send if session is not None else self._learning(send))
             return
         body = b"".join(chunks)
-        while more and len(body) <= MAX_BODY:
+        while more and len(body) <= self.max_body:
             message = await receive()
             body += message.get("body", b"")
             more = message.get("more_body", False)
-        if len(body) > MAX_BODY:
-            problem = f"the batch body is larger than the {MAX_BODY} byte limit: send fewer messages per array"
+        if len(body) > self.max_body:
+            problem = f"the batch body is larger than the {self.max_body} byte limit: send fewer messages per array"
             await _reply(send, 413, error_message(None, types.INVALID_REQUEST, problem))
             return
         await self._batch(scope, body, session, receive, send)

@@ -309,7 +309,7 @@ class Frontend:
         app = self.server.streamable_http_app(
             streamable_http_path=path, host=host, transport_security=unchecked, max_request_body_size=limit
         )
-        app.add_middleware(BatchArrayMiddleware, path=path)
+        app.add_middleware(BatchArrayMiddleware, path=path, max_body=limit)
         if self.mux.config.mux.fast_path:
             fast = FastPath.of(self)
             app.add_middleware(FastPathMiddleware, fast=fast, session_manager=self.server.session_manager, path=path)

@@ -5,6 +5,12 @@ hashes mean equal whole prefixes. A block whose last reference goes away stays i
 (and keeps its contents) until it is handed out again; the free list is LRU, so the blocks reused
 first are the uncached ones, then the cached ones freed longest ago. Freeing walks a block table
 backwards, so a prefix's tail is evicted before its head.
+
+In-flight blocks: when a sequence is admitted, the hashes of the full blocks it is about to compute
+are *promised* (counted in a table of pending hashes) until it caches them or lets go of them
+(finished, preempted, aborted). `pending_blocks` tells the scheduler how many of a waiting prompt's
+next blocks some running sequence is computing right now, so that prompt can wait for the cache hit
+instead of computing the same prefix a second time in the same batch.
 """
 
 from __future__ import annotations
@@ -52,6 +58,8 @@ class BlockManager:
         # Unreferenced blocks, least recently freed first: the next one handed out is the front.
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self._cached: dict[int, int] = {}  # chained hash -> block id
+        self._pending: dict[int, int] = {}  # chained hash -> running sequences that will compute it
+        self._promised: dict[str, list[int]] = {}  # request id -> its uncached full-block hashes, in order
 
     @property
     def num_free_blocks(self) -> int:
@@ -85,6 +93,21 @@ class BlockManager:
             parent = h
         return match
 
+    def pending_blocks(self, token_ids: Tokens[int], match: PrefixMatch) -> int:
+        """How many of the full blocks right after `match` (within the range `match_prefix` may ever
+        hit) a running sequence is computing now: blocks that will be cached without computing them here."""
+        if not self._pending:
+            return 0
+        parent = match.hashes[-1] if match.hashes else None
+        bs = self.block_size
+        count = 0
+        for i in range(match.num_blocks, (len(token_ids) - 1) // bs):
+            parent = chain_hash(parent, token_ids[i * bs : (i + 1) * bs])
+            if parent not in self._pending:
+                break
+            count += 1
+        return count
+
     def can_allocate(self, seq: Sequence, num_new_tokens: int, match: PrefixMatch | None = None) -> bool:
         """Whether `seq` can get blocks for `num_new_tokens` more tokens (after taking `match`)."""
         reused = match.block_ids if match else []
@@ -110,13 +133,41 @@ class BlockManager:
         needed = self.blocks_for(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
         for _ in range(needed):
             seq.block_table.append(self._take_free_block())
+        if self.enable_prefix_caching and seq.request_id not in self._promised:
+            self._promise(seq)
+
+    def _promise(self, seq: Sequence) -> None:
+        """Count the hashes of the full blocks `seq` holds tokens for but has not computed yet."""
+        bs = self.block_size
+        parent = seq.block_hashes[-1] if seq.block_hashes else None
+        hashes = []
+        for i in range(len(seq.block_hashes), seq.num_tokens // bs):
+            parent = chain_hash(parent, seq.token_ids[i * bs : (i + 1) * bs])
+            hashes.append(parent)
+            self._pending[parent] = self._pending.get(parent, 0) + 1
+        self._promised[seq.request_id] = hashes
+
+    def _release(self, request_id: str, count: int | None = None) -> None:
+        """Drop the first `count` (None: all) of a sequence's outstanding promises."""
+        hashes = self._promised.get(request_id)
+        if not hashes:
+            return
+        done = hashes if count is None else hashes[:count]
+        for h in done:
+            left = self._pending[h] - 1
+            if left:
+                self._pending[h] = left
+            else:
+                del self._pending[h]
+        del hashes[: len(done)]
 
     def cache_full_blocks(self, seq: Sequence) -> None:
         """Register the blocks of `seq` that became full and computed since the last call."""
         if not self.enable_prefix_caching:
             return
         bs = self.block_size
-        for i in range(len(seq.block_hashes), seq.num_computed_tokens // bs):
+        first = len(seq.block_hashes)
+        for i in range(first, seq.num_computed_tokens // bs):
             chunk = tuple(seq.token_ids[i * bs : (i + 1) * bs])
             h = chain_hash(seq.block_hashes[-1] if seq.block_hashes else None, chunk)
             seq.block_hashes.append(h)
@@ -126,6 +177,7 @@ class BlockManager:
             block.hash = h
             block.token_ids = chunk
             self._cached[h] = block.block_id
+        self._release(seq.request_id, len(seq.block_hashes) - first)
 
     def free(self, seq: Sequence) -> None:
         """Drop `seq`'s references; blocks nobody holds go back to the free list."""
@@ -138,6 +190,8 @@ class BlockManager:
                     self._free.move_to_end(block_id, last=False)  # uncached: reuse before evicting
         seq.block_table.clear()
         seq.block_hashes.clear()
+        self._release(seq.request_id)
+        self._promised.pop(seq.request_id, None)
 
     def _take_free_block(self) -> int:
         block_id, _ = self._free.popitem(last=False)

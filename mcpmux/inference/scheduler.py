@@ -1,13 +1,25 @@
 """Iteration-level scheduling: which tokens of which requests the next step computes.
 
-Each step has a budget of `max_num_batched_tokens`. Running requests go first, in effective
-priority order (see `EngineConfig`), each taking what it still needs (one token when decoding, a
-chunk of at most `prefill_chunk_size` when prefilling). When a running request cannot get a KV
-block, the lowest-priority, latest-arrived running request is preempted by recompute: its blocks
-are freed, its progress reset, and it waits again (its generated tokens are kept and recomputed,
-so its output is unchanged). Only in a step without preemption are waiting requests admitted, in
-effective priority order, strictly (a head that does not fit blocks those behind it, so a large
-request is never starved by small ones), up to `max_num_seqs` running.
+Each step has a budget of `max_num_batched_tokens`. Running requests go first, in priority order
+then arrival order, each taking what it still needs (one token when decoding, a chunk of at most
+`prefill_chunk_size` when prefilling). When a running request cannot get a KV block, the
+lowest-priority, latest-arrived running request is preempted by recompute: its blocks are freed,
+its progress reset, and it waits again (its generated tokens are kept and recomputed, so its output
+is unchanged). Running requests are ranked by their own priority, without aging: aging would let a
+preempted request, having waited, outrank and preempt the one that preempted it, and under a tight
+pool such requests can take turns losing their progress forever. With a fixed rank the first
+running request is never a victim, so it always finishes. Only in a step without preemption are
+waiting requests admitted, in effective priority order, strictly (a head that does not fit blocks
+those behind it, so a large request is never starved by small ones), up to `max_num_seqs` running.
+
+In-batch prefix sharing: a waiting request whose next full blocks (after its cached prefix) are
+being computed right now by a running request is a *follower*: it is passed over, without holding
+back those behind it, until those blocks are cached, and is then admitted with the hit instead of
+computing the same prefix again. Followers are not used to fill a step's leftover token budget: on
+the CPU path a step costs time in proportion to its tokens, so budget left unused is free and
+recomputing the prefix is not. The wait is bounded twice: the leader is running, so it computes a
+chunk every step (and a leader that is preempted or ends releases its followers at once), and a
+follower waits at most `MAX_PREFIX_WAIT_STEPS` steps before it is admitted anyway.
 """
 
 from __future__ import annotations
@@ -19,6 +31,10 @@ from dataclasses import dataclass, field
 from mcpmux.inference.block_manager import BlockManager, PrefixMatch
 from mcpmux.inference.config import EngineConfig, QueueFullError, RequestTooLargeError
 from mcpmux.inference.sequence import Sequence, SequenceStatus
+
+# A follower's wait for its leader's prefix, in steps: a leader prefilling 8 chunks (2k tokens at the
+# default chunk size) is the most a follower ever waits behind.
+MAX_PREFIX_WAIT_STEPS = 8
 
 
 @dataclass(slots=True)
@@ -38,6 +54,7 @@ class ScheduledSeq:
 class SchedulerOutput:
     scheduled: list[ScheduledSeq] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
+    deferred: list[Sequence] = field(default_factory=list)  # followers waiting for a leader's prefix
     num_batched_tokens: int = 0
 
 
@@ -56,6 +73,7 @@ class Scheduler:
         self.num_preemptions = 0
         self.prefix_query_tokens = 0
         self.prefix_hit_tokens = 0
+        self._deferred_since: dict[str, int] = {}  # follower request id -> its waited_steps when it began
 
     def add(self, seq: Sequence) -> None:
         """Queue a new request, or raise if it can never run or the waiting queue is full."""
@@ -97,7 +115,7 @@ class Scheduler:
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
         chunk = self.config.prefill_chunk_size
-        self.running.sort(key=self._order)
+        self.running.sort(key=self._rank)
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
@@ -140,6 +158,7 @@ class Scheduler:
         else:
             self.waiting.remove(seq)
         self.block_manager.free(seq)
+        self._deferred_since.pop(seq.request_id, None)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
         del self._by_id[seq.request_id]
@@ -152,7 +171,12 @@ class Scheduler:
         return seq
 
     def _order(self, seq: Sequence) -> tuple[int, int]:
+        """Admission order: effective priority (aging included), then arrival."""
         return (-seq.effective_priority(self.config.aging_interval), seq.arrival)
+
+    def _rank(self, seq: Sequence) -> tuple[int, int]:
+        """Running order (the last is the preemption victim): priority, then arrival, no aging."""
+        return (-seq.priority, seq.arrival)
 
     def _make_room(self, seq: Sequence, num_new_tokens: int, preempted: list[Sequence]) -> bool:
         while not self.block_manager.can_allocate(seq, num_new_tokens):
@@ -173,18 +197,31 @@ class Scheduler:
 
     def _admit(self, budget: int, out: SchedulerOutput) -> int:
         self.waiting.sort(key=self._order)
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            seq = self.waiting[0]
+        i = 0
+        while i < len(self.waiting) and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting[i]
             match = self.block_manager.match_prefix(seq.token_ids)
+            if self._follows(seq, match):
+                out.deferred.append(seq)
+                i += 1
+                continue
             cached = match.num_blocks * self.config.block_size
             n = min(seq.num_tokens - cached, self.config.prefill_chunk_size, budget)
             if not self.block_manager.can_allocate(seq, n, match):
                 break
-            self.waiting.pop(0)
+            self.waiting.pop(i)
+            self._deferred_since.pop(seq.request_id, None)
             self._start(seq, n, match)
             out.scheduled.append(ScheduledSeq(seq, n))
             budget -= n
         return budget
+
+    def _follows(self, seq: Sequence, match: PrefixMatch) -> bool:
+        """Whether `seq` should wait for a running request to cache its next blocks (see module doc)."""
+        if not self.block_manager.pending_blocks(seq.token_ids, match):
+            return False
+        since = self._deferred_since.setdefault(seq.request_id, seq.waited_steps)
+        return seq.waited_steps - since < MAX_PREFIX_WAIT_STEPS
 
     def _start(self, seq: Sequence, num_new_tokens: int, match: PrefixMatch) -> None:
         self.block_manager.allocate(seq, num_new_tokens, match)

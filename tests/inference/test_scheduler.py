@@ -256,9 +256,15 @@ def test_invariants_over_random_workloads(w: Workload) -> None:
         out = step(sched)
         admitted = [s for s in waiting_before if s.status is not SequenceStatus.WAITING]
         still = [s for s in waiting_before if s.status is SequenceStatus.WAITING]
-        # Admission follows effective priority (aging included), then arrival: nobody is skipped.
+        # Admission follows effective priority (aging included), then arrival: nobody is skipped but
+        # a follower, which waits only while a running request computes its next prefix block.
+        deferred = {id(s) for s in out.deferred}
         for a in admitted:
-            assert all(order[id(a)] < order[id(s)] for s in still)
+            assert all(order[id(a)] < order[id(s)] for s in still if id(s) not in deferred)
+        bs = sched.block_manager.block_size
+        for f in out.deferred:
+            assert f.status is SequenceStatus.WAITING
+            assert any(item.seq.token_ids[:bs] == f.token_ids[:bs] for item in out.scheduled), "waits for nobody"
         if out.preempted:
             assert not admitted, "admitted a request in a step that had to preempt"
         # Reference counts are exactly the number of live block tables holding each block.

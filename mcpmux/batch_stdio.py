@@ -87,7 +87,7 @@ class StdioBatchEdge:
                     yield json.dumps(message) + "\n"
                 continue
             refusal = line_refusal(line)
-            if refusal is not None and False:
+            if refusal is not None:
                 await self._write(refusal)  # the SDK would drop the line and leave its sender waiting
                 continue
             await self._observe(line)

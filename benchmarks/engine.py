@@ -15,12 +15,19 @@ mcpmux's fp32 greedy tokens must equal HF `generate`'s, or the benchmark stops.
 
 Prints a table and writes JSON under benchmarks/results/, plus a PNG of output throughput against
 TTFT p50 (one point per system and workload) when matplotlib is installed.
+
+Where the time goes: for every row the benchmark also counts the work the system had to do (tokens
+through the decoder layers, padding included; lm_head rows; attention score pairs) and turns it into
+GFLOP, times it at the machine's matmul rate (best of a few probes at the model's own shapes, so a
+busy machine reads close to its quiet rate) and prints the floor next to the CPU seconds the
+process actually used. On a machine shared with other jobs CPU seconds are steadier than wall time.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import sys
 import tempfile
@@ -72,6 +79,68 @@ class Row:
     itl_p50: float
     itl_p99: float
     prefix_hit_tokens: int | None = None
+    prompt_tokens: int = 0
+    cpu_s: float = 0.0  # process CPU time (all threads) while this system ran the workload
+    layer_tokens: int = 0  # tokens pushed through the decoder layers, padding and recomputes included
+    head_rows: int = 0  # rows of the lm_head (vocab) matmul
+    gflop: float = 0.0
+    floor_s: float = 0.0  # gflop at the probed matmul rate
+
+
+@dataclass(slots=True)
+class Work:
+    """What one system computed for one workload, counted from the requests and the batching."""
+
+    layer_tokens: int = 0
+    head_rows: int = 0
+    attn_pairs: int = 0  # (query, key) pairs per layer, summed over query tokens
+
+    def sequence(self, prompt: int, outputs: int, cached: int = 0) -> None:
+        """One request without padding: its uncached prompt, then `outputs - 1` fed-back tokens."""
+        self.layer_tokens += prompt - cached + outputs - 1
+        self.head_rows += outputs
+        self.attn_pairs += _causal_pairs(cached, prompt + outputs - 1)
+
+    def padded_batch(self, width: int, rows: int, steps: int) -> None:
+        """HF static: `rows` prompts left-padded to `width`, then `steps` tokens for every row."""
+        self.layer_tokens += rows * (width + steps - 1)
+        self.head_rows += rows * steps
+        self.attn_pairs += rows * (width * (width + 1) // 2 + sum(width + j + 1 for j in range(1, steps)))
+
+    def gflop(self, loaded: LoadedModel) -> float:
+        model: Any = loaded.model
+        weights = [p for name, p in model.named_parameters() if name.startswith("layers.") and p.dim() == 2]
+        layer_params = sum(p.numel() for p in weights)
+        head_params = _head_params(loaded)
+        q_size = loaded.num_heads * loaded.head_dim
+        attn = 4 * q_size * loaded.num_layers * self.attn_pairs  # QK^T and PV
+        return (2 * layer_params * self.layer_tokens + 2 * head_params * self.head_rows + attn) / 1e9
+
+
+def _causal_pairs(first: int, end: int) -> int:
+    """Keys seen by queries at positions first..end-1 under a causal mask."""
+    return end * (end + 1) // 2 - first * (first + 1) // 2
+
+
+def _head_params(loaded: LoadedModel) -> int:
+    model: Any = loaded.model
+    return int(model.lm_head.numel())
+
+
+def matmul_gflops(loaded: LoadedModel, rows: int, repeats: int = 5) -> float:
+    """Best-of-`repeats` GFLOP/s of the model's largest matmul (gate/up) at `rows` tokens, this process's threads."""
+    model: Any = loaded.model
+    weight = next(p for n, p in model.named_parameters() if n.endswith("gate_up_weight"))
+    x = torch.randn(rows, weight.shape[1], dtype=weight.dtype)
+    flop = 2 * rows * weight.numel()
+    best = math.inf
+    with torch.inference_mode():
+        torch.nn.functional.linear(x, weight)
+        for _ in range(repeats):
+            t = time.perf_counter()
+            torch.nn.functional.linear(x, weight)
+            best = min(best, time.perf_counter() - t)
+    return flop / best / 1e9
 
 
 def text_ids(loaded: LoadedModel, rng: random.Random, n_words: int) -> list[int]:
@@ -168,7 +237,7 @@ def no_eos_config(model: Any, max_new: int) -> GenerationConfig:
     return GenerationConfig(max_new_tokens=max_new, do_sample=False, eos_token_id=-1, pad_token_id=pad)
 
 
-def run_hf_static(model: Any, reqs: list[Req], batch_size: int) -> tuple[list[Timing], float]:
+def run_hf_static(model: Any, reqs: list[Req], batch_size: int, work: Work) -> tuple[list[Timing], float]:
     start = time.perf_counter()
     timings: list[Timing] = []
     i = 0
@@ -189,6 +258,7 @@ def run_hf_static(model: Any, reqs: list[Req], batch_size: int) -> tuple[list[Ti
                 logits_processor=LogitsProcessorList([clock]),
             )
         timings += [Timing(start + r.arrival, clock.times[: r.max_tokens]) for r in batch]
+        work.padded_batch(width, len(batch), max(r.max_tokens for r in batch))
         i += len(batch)
     return timings, start
 
@@ -283,39 +353,62 @@ def main() -> None:
     if args.workloads != "all":
         loads = {k: v for k, v in loads.items() if k in args.workloads.split(",")}
     correctness_gate(loaded, hf, loads[next(iter(loads))][:4])
+    rate = max(matmul_gflops(loaded, n) for n in (64, 256, 512))
+    print(f"matmul rate (best probe, {torch.get_num_threads()} threads): {rate:.0f} GFLOP/s", flush=True)
     rows: list[Row] = []
     for name, reqs in loads.items():
+        prompt_tokens = sum(len(r.prompt) for r in reqs)
+        print(f"{name}: {len(reqs)} requests, {prompt_tokens} prompt tokens, "
+              f"{sum(r.max_tokens for r in reqs)} output tokens", flush=True)  # fmt: skip
         for system in args.systems.split(","):
+            work = Work()
+            cpu = time.process_time()
             if system == "mcpmux":
                 timings, start, hits = anyio.run(run_mcpmux, loaded, reqs, args)
                 row = summarize(system, name, timings, start)
                 row.prefix_hit_tokens = hits
+                for r in reqs:
+                    work.sequence(len(r.prompt), r.max_tokens)
+                work.layer_tokens -= hits
             elif system == "hf-static":
-                row = summarize(system, name, *run_hf_static(hf, reqs, args.batch_size))
+                row = summarize(system, name, *run_hf_static(hf, reqs, args.batch_size, work))
             elif system == "hf-cb":
                 row = summarize(system, name, *run_hf_cb(hf, reqs, args))
+                for r in reqs:
+                    work.sequence(len(r.prompt), r.max_tokens)
             else:
                 raise SystemExit(f"unknown system {system!r}; choose from hf-static, hf-cb, mcpmux")
+            row.cpu_s = time.process_time() - cpu
+            row.prompt_tokens, row.layer_tokens, row.head_rows = prompt_tokens, work.layer_tokens, work.head_rows
+            row.gflop = work.gflop(loaded)
+            row.floor_s = row.gflop / rate
             rows.append(row)
-            print(f"  {name:<18} {system:<10} {row.output_tok_s:8.1f} tok/s  TTFT p50 {row.ttft_p50:.3f}s", flush=True)
-    report(rows, args)
+            print(f"  {name:<18} {system:<10} {row.output_tok_s:8.1f} tok/s  TTFT p50 {row.ttft_p50:.3f}s  "
+                  f"{row.gflop:6.1f} GFLOP  floor {row.floor_s:5.1f}s  cpu {row.cpu_s:6.1f}s", flush=True)  # fmt: skip
+    report(rows, args, rate)
 
 
-def report(rows: list[Row], args: argparse.Namespace) -> None:
+def report(rows: list[Row], args: argparse.Namespace, rate: float) -> None:
     head = f"{'workload':<18} {'system':<10} {'tok/s':>8} {'x static':>8} {'TTFT p50':>9} {'TTFT p99':>9} " \
-           f"{'TPOT p50':>9} {'ITL p99':>8} {'prefix hit':>10}"  # fmt: skip
-    print("\n" + head + "\n" + "-" * len(head))
+           f"{'TPOT p50':>9} {'ITL p99':>8} {'prefix hit':>10} {'GFLOP':>7} {'floor s':>7} {'cpu s':>7} " \
+           f"{'tok/cpu-s':>9} {'x static cpu':>12}"  # fmt: skip
+    print(f"\nfloor: the counted GFLOP at {rate:.0f} GFLOP/s; cpu s: process CPU time (all threads)")
+    print(head + "\n" + "-" * len(head))
     for row in rows:
         static = next((r for r in rows if r.workload == row.workload and r.system == "hf-static"), None)
         ratio = row.output_tok_s / static.output_tok_s if static else float("nan")
+        cpu_ratio = static.cpu_s / row.cpu_s if static and row.cpu_s else float("nan")
         hits = "-" if row.prefix_hit_tokens is None else str(row.prefix_hit_tokens)
+        per_cpu = row.output_tokens / row.cpu_s if row.cpu_s else float("nan")
         print(f"{row.workload:<18} {row.system:<10} {row.output_tok_s:8.1f} {ratio:8.2f} {row.ttft_p50:9.3f} "
-              f"{row.ttft_p99:9.3f} {row.tpot_p50:9.4f} {row.itl_p99:8.4f} {hits:>10}")  # fmt: skip
+              f"{row.ttft_p99:9.3f} {row.tpot_p50:9.4f} {row.itl_p99:8.4f} {hits:>10} {row.gflop:7.1f} "
+              f"{row.floor_s:7.1f} {row.cpu_s:7.1f} {per_cpu:9.1f} {cpu_ratio:12.2f}")  # fmt: skip
     out_dir = Path(__file__).resolve().parent / "results"
     out_dir.mkdir(exist_ok=True)
     path = out_dir / f"engine-{time.strftime('%Y%m%d-%H%M%S')}.json"
     meta = {"model": args.model, "dtype": args.dtype, "threads": args.threads, "requests": args.requests,
-            "max_tokens": args.max_tokens, "batch_size": args.batch_size, "quick": args.quick}  # fmt: skip
+            "max_tokens": args.max_tokens, "batch_size": args.batch_size, "quick": args.quick,
+            "matmul_gflops": rate}  # fmt: skip
     path.write_text(json.dumps({"meta": meta, "rows": [asdict(r) for r in rows]}, indent=2))
     print(f"\nwrote {path}")
     plot(rows, path.with_suffix(".png"), f"{args.model}, {args.dtype}, {args.threads} threads")

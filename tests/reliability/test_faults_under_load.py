@@ -175,7 +175,7 @@ async def _client_load(url: str, client: int, rounds: int, outcomes: Outcomes) -
 async def test_faults_under_load_hurt_only_the_broken_upstreams_and_leave_nothing_behind(
     tmp_path: Path, run_id: str
 ) -> None:
-    clients, rounds = 8, 10
+    clients, rounds = 6, 8
     webflaky = WebFlaky(run_id)
     try:
         with http_server(FAULT, "slow", run_id, FAULT_MODE="slow", FAULT_DELAY="0.3") as slow:
@@ -223,7 +223,8 @@ async def test_faults_under_load_hurt_only_the_broken_upstreams_and_leave_nothin
             assert DOWN.match(text), f"{upstream}: {text}"
             assert elapsed < FLAKY_TIMEOUT + 4, elapsed
     hung = [error for error in outcomes.errors if error[0] == "hang"]
-    assert len(hung) == clients * rounds // 5, "every call to the hanging upstream got its timeout error"
+    hang_calls = sum(1 for c in range(clients) for r in range(rounds) if r % 5 == c % 5)
+    assert len(hung) == hang_calls, "every call to the hanging upstream got its timeout error"
     assert len([k for k in kills if k.startswith("flaky")]) >= 3, kills
     assert outcomes.right.get("flaky", 0) > 0, "the flaky upstream answered between its deaths"
     assert outcomes.right.get("webflaky", 0) > 0, "the webflaky upstream answered between its deaths"

@@ -141,5 +141,5 @@ class _LogRelay:
 def _decode(line: str) -> Any:
     try:
         return json.loads(line)
-    except json.JSONDecodeError:
-        return None  # the SDK answers malformed lines itself
+    except (ValueError, RecursionError):
+        return None  # refused at the edge already (jsonrpc_batch.line_refusal)

@@ -41,6 +41,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 ChangeListener = Callable[[], Awaitable[None]]
+LISTING_REFRESH_WAIT = 2.0
+"""Seconds a list request waits for stale upstream listings before serving the last known ones."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,10 +228,17 @@ class Mux:
     # -- catalog ---------------------------------------------------------------------------------
 
     async def refresh_stale_listings(self) -> None:
-        """Refetch, concurrently, every listing whose 2026 `ttlMs` has run out; call before serving a list."""
-        async with anyio.create_task_group() as tasks:
-            for upstream in self.upstreams.values():
-                tasks.start_soon(upstream.refresh_if_stale)
+        """Refetch, concurrently, every listing whose 2026 `ttlMs` has run out; call before serving a list.
+
+        Waits at most `LISTING_REFRESH_WAIT` seconds: an upstream that is slow or stuck keeps refreshing
+        in the background while the list is served from its last known listing.
+        """
+        assert self._tasks is not None, "Mux was not entered"
+        refreshes = [upstream.refresh_if_stale(self._tasks) for upstream in list(self.upstreams.values())]
+        with anyio.move_on_after(LISTING_REFRESH_WAIT):
+            for done in refreshes:
+                if done is not None:
+                    await done.wait()
 
     def list_tools(self) -> list[types.Tool]:
         return [local.tool for local in self.local_tools.values()] + self.catalog.tools

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 import anyio
 import httpx2
 import mcp_types as types
+from anyio.abc import TaskGroup
 from mcp import Client
 from mcp.client.session import SamplingFnT
 from mcp.client.stdio import StdioServerParameters, stdio_client
@@ -102,6 +103,7 @@ class Upstream:
         """Raw `tools/call` requests on the current connection (`mcpmux.fastpath`); None while down."""
         self._health = _Health()
         self._client_changed = anyio.Event()
+        self._refreshing: anyio.Event | None = None
 
     @property
     def timeout(self) -> float:
@@ -179,15 +181,29 @@ class Upstream:
         self._client_changed.set()
         self._client_changed = anyio.Event()
 
-    async def refresh_if_stale(self) -> None:
-        """Refetch the listing when the server's `ttlMs` says it is stale (failures keep the old one)."""
+    def refresh_if_stale(self, tasks: TaskGroup) -> anyio.Event | None:
+        """Start refetching the listing, in `tasks`, if the server's `ttlMs` says it is stale.
+
+        Returns an event set when the refetch ends (None when the listing is fresh). A refetch already
+        running is shared, not repeated: a stuck upstream gets one listing request at a time.
+        """
         if self._client is None or anyio.current_time() < self.listing.expires_at:
-            return
+            return None
+        if self._refreshing is None:
+            self._refreshing = anyio.Event()
+            tasks.start_soon(self._refresh_stale, name=f"refresh {self.name}")
+        return self._refreshing
+
+    async def _refresh_stale(self) -> None:
         try:
             with anyio.fail_after(self.timeout):
                 await self._refresh()
-        except (MCPError, TimeoutError) as err:
+        except (MCPError, TimeoutError) as err:  # failures keep the last known listing
             logger.warning("upstream %r: could not refresh its stale listing: %s", self.name, err)
+        finally:
+            done, self._refreshing = self._refreshing, None
+            if done is not None:
+                done.set()
 
     async def _refresh(self) -> None:
         client = self._client
@@ -208,6 +224,8 @@ class Upstream:
                 args=list(self.config.args),
                 env=self._child_env(),
                 cwd=self.config.cwd,
+                # One bad byte must cost one line: decoding strictly would kill the reader for good.
+                encoding_error_handler="replace",
             )
             transport: Any = WatchedTransport(stdio_client(params), health.lost, lane)
         else:

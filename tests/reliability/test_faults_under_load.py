@@ -280,16 +280,6 @@ async def test_in_process_mux_tasks_return_to_baseline_after_faults(run_id: str)
     assert len(os.listdir("/proc/self/fd")) <= fds_before
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "mcpmux bug (mcpmux/upstream.py, _connect): the SDK's stdio_client decodes upstream stdout with "
-        "encoding_error_handler='strict'; one invalid UTF-8 byte kills its reader, which then sits draining "
-        "stdout, so the connection is never marked lost or restarted: every call to that upstream waits for "
-        "its timeout, and tools/list (refresh_stale_listings) stalls for every client meanwhile. Fix: "
-        "StdioServerParameters(..., encoding_error_handler='replace')."
-    ),
-)
 async def test_invalid_utf8_from_an_upstream_costs_only_that_line(tmp_path: Path, run_id: str) -> None:
     servers = {
         "alpha": stdio_upstream("alpha"),

@@ -14,6 +14,7 @@ import sys
 
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.stdio import _claims as stdio_claims
 from mcp_types import Completion, ToolAnnotations
 
 NAME = sys.argv[1] if len(sys.argv) > 1 else "demo"
@@ -100,9 +101,11 @@ def crash() -> str:
 
 @server.tool()
 def garbage() -> str:
-    """Write a line that is not JSON-RPC to stdout, then answer."""
-    sys.stdout.write("this is not json\n")
-    sys.stdout.flush()
+    """Write a line that is not JSON-RPC onto the stdout wire, then answer."""
+    # While serving, the SDK points fd 1 at stderr and keeps the wire on a private duplicate.
+    claim = stdio_claims.get(1)
+    wire = claim.private_fd if claim is not None and claim.private_fd is not None else 1
+    os.write(wire, b"this is not json\n")
     return "after garbage"
 
 

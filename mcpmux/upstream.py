@@ -16,7 +16,7 @@ import math
 import os
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, nullcontext
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
@@ -218,6 +218,9 @@ class Upstream:
         self._health = _Health()
         health = self._health
         lane = UpstreamLane()
+        # An HTTP client handed to the SDK stays ours to close: left open, each reconnection would
+        # leak the old connection pool's sockets (CLOSE_WAIT once the server is gone).
+        http: httpx2.AsyncClient | None = None
         if self.config.transport == "stdio":
             params = StdioServerParameters(
                 command=self.config.command or "",
@@ -244,7 +247,7 @@ class Upstream:
         )
         # The deadline covers the process start and handshake only; it is lifted once connected.
         with anyio.CancelScope(deadline=anyio.current_time() + self.settings.startup_timeout) as scope:
-            async with client:
+            async with http if http is not None else nullcontext(), client:
                 scope.deadline = math.inf
                 self.lane = lane
                 try:

@@ -3,7 +3,12 @@
 - hf-static: HF `generate` on left-padded static batches in arrival order (a batch starts when the
   model is free, with the requests that have arrived, up to --batch-size);
 - hf-cb: transformers' own continuous batching manager (`init_continuous_batching`);
-- mcpmux: the async `Engine`.
+- mcpmux: the async `Engine`;
+- llama.cpp (`--systems ...,llama.cpp`, when `llama-cpp-python` is installed; it is not a project
+  dependency): `Llama.generate` on the builtin model's own GGUF, which is Q4_1 (4-bit weights, so
+  less work per token than the fp32 the others run), with the same thread count. llama-cpp-python's
+  `Llama` serves one sequence at a time, as its server does by default: requests run in arrival order,
+  each reusing the KV of the prompt prefix it shares with the one before.
 
 Workloads: offline (all at t=0, varied lengths), Poisson arrivals at three rates, shared prefix
 (4 prefixes x suffixes), long prompts among short decodes. Every system generates exactly
@@ -43,7 +48,7 @@ from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mcpmux.inference.builtin import ensure_converted
+from mcpmux.inference.builtin import ensure_converted, gguf_path, lookup
 from mcpmux.inference.config import EngineConfig, SamplingParams
 from mcpmux.inference.engine import Engine
 from mcpmux.inference.loader import LoadedModel, load_model
@@ -292,6 +297,32 @@ def run_hf_cb(model: Any, reqs: list[Req], args: argparse.Namespace) -> tuple[li
     return list(timings.values()), start
 
 
+# --- llama.cpp ------------------------------------------------------------------------------------------
+
+
+def run_llamacpp(model: str, reqs: list[Req], threads: int) -> tuple[list[Timing], float]:
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        raise SystemExit("llama.cpp: pip install llama-cpp-python (and diskcache) to compare with it") from None
+    if not model.startswith("builtin:"):
+        raise SystemExit("llama.cpp runs on the builtin model's GGUF only: use --model builtin:smollm2-135m")
+    gguf = gguf_path(lookup(model.removeprefix("builtin:")))
+    llm = Llama(model_path=str(gguf), n_ctx=4096, n_batch=512, n_threads=threads, verbose=False)
+    start = time.perf_counter()
+    timings: list[Timing] = []
+    for r in sorted(reqs, key=lambda r: r.arrival):
+        time.sleep(max(0.0, start + r.arrival - time.perf_counter()))
+        times: list[float] = []
+        # Greedy; `generate` yields past end-of-sequence, so every request gets exactly max_tokens.
+        for _token in llm.generate(r.prompt, temp=0.0, top_k=1, top_p=1.0, min_p=0.0, reset=True):
+            times.append(time.perf_counter())
+            if len(times) == r.max_tokens:
+                break
+        timings.append(Timing(start + r.arrival, times))
+    return timings, start
+
+
 # --- main -----------------------------------------------------------------------------------------------
 
 
@@ -372,12 +403,14 @@ def main() -> None:
                 work.layer_tokens -= hits
             elif system == "hf-static":
                 row = summarize(system, name, *run_hf_static(hf, reqs, args.batch_size, work))
+            elif system == "llama.cpp":
+                row = summarize(system, name, *run_llamacpp(args.model, reqs, args.threads))
             elif system == "hf-cb":
                 row = summarize(system, name, *run_hf_cb(hf, reqs, args))
                 for r in reqs:
                     work.sequence(len(r.prompt), r.max_tokens)
             else:
-                raise SystemExit(f"unknown system {system!r}; choose from hf-static, hf-cb, mcpmux")
+                raise SystemExit(f"unknown system {system!r}; choose from hf-static, hf-cb, mcpmux, llama.cpp")
             row.cpu_s = time.process_time() - cpu
             row.prompt_tokens, row.layer_tokens, row.head_rows = prompt_tokens, work.layer_tokens, work.head_rows
             row.gflop = work.gflop(loaded)

@@ -116,8 +116,9 @@ async def _serve(args: argparse.Namespace, config: Config) -> int:
     """
     if args.openai_only:
         return await _serve_openai_only(args, config)
-    if args.transport == "http":  # refused before any upstream starts
-        prepare_edge(config, args.host or config.http.host, args.allow_unauthenticated_remote)
+    host = args.host or config.http.host
+    # Read (and a non-loopback bind without tokens refused) before any upstream starts.
+    edge = prepare_edge(config, host, args.allow_unauthenticated_remote) if args.transport == "http" else None
     async with Mux(config) as mux, anyio.create_task_group() as tasks:
         frontend = Frontend(mux)
         stop, skip = anyio.Event(), anyio.Event()
@@ -132,12 +133,12 @@ async def _serve(args: argparse.Namespace, config: Config) -> int:
                 await frontend.serve_stdio()
                 serving.cancel_scope.cancel()  # stdin closed: no client is left to answer
         else:
-            host = args.host or config.http.host
+            assert edge is not None
             sock = bind(host, config.http.port if args.port is None else args.port)
             _announce_http(host, sock.getsockname()[1], config)
             drained = anyio.Event()
             tasks.start_soon(_drain_when_stopped, mux, stop, skip, drained.set)
-            await frontend.serve_http(sock, config.http.path, stop, shutdown_timeout=2, drained=drained)
+            await frontend.serve_http(sock, edge, config.http.path, stop, shutdown_timeout=2, drained=drained)
         tasks.cancel_scope.cancel()
     return 0
 

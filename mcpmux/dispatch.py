@@ -136,10 +136,6 @@ class UpstreamDispatcher:
             self.cache.put(key, result, scope=scope, ttl=settings.ttl, tags=(self.upstream.name,))
         return result
 
-    def invalidate(self) -> None:
-        """Forget every cached result of this upstream (its tools changed, or it restarted)."""
-        self.cache.invalidate_tag(self.upstream.name)
-
     def _cacheable(self, tool: str) -> bool:
         listed = self.upstream.listing.tools_by_name.get(tool)
         annotations = listed.annotations if listed is not None else None

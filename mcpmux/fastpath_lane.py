@@ -15,9 +15,8 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import mcp_types as types
@@ -27,7 +26,9 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.message import ClientMessageMetadata, SessionMessage
 from mcp_types.jsonrpc import CONNECTION_CLOSED
 
-ProgressFn = Callable[[float, float | None, str | None], Awaitable[None]]
+if TYPE_CHECKING:  # upstream.py imports this module
+    from mcpmux.upstream import ProgressFn
+
 
 # A courtesy cancel must not hang a caller whose upstream stopped reading.
 _CANCEL_WRITE_TIMEOUT = 2.0
@@ -107,14 +108,12 @@ class UpstreamLane:
         metadata = ClientMessageMetadata(headers=headers) if headers else None
         send, receive = anyio.create_memory_object_stream[_Outcome](math.inf)
         self._pending[request_id] = send
-        written = False
         try:
             with receive:
-                written = True
                 await self._write.send(SessionMessage(message, metadata=metadata))
                 return await self._outcome(receive, progress)
         except anyio.get_cancelled_exc_class():
-            if written and self._pending.pop(request_id, None) is not None:
+            if self._pending.pop(request_id, None) is not None:
                 await self._cancel(session, request_id)
             raise
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):

@@ -72,7 +72,9 @@ class StdioFastFront:
         progress = self._progress_relay(call.progress_token) if call.progress_token is not None else None
         # Registered like an SDK-path call, so the upstream's logs meanwhile reach this call's client.
         relay = _LogRelay(self, call.version)
-        callers = self._callers.setdefault(call.upstream.name, weakref.WeakKeyDictionary())
+        callers = self._callers.get(call.upstream.name)
+        if callers is None:
+            callers = self._callers[call.upstream.name] = weakref.WeakKeyDictionary()
         callers[relay] = call.request_id
         try:
             with scope:
@@ -97,8 +99,8 @@ class StdioFastFront:
     async def _write(self, message: dict[str, Any]) -> None:
         """Queue one line; the first writer writes every line queued meanwhile in one go.
 
-        Each write is a hop to a worker thread (a blocked pipe must not stall the loop), so calls
-        answered together share one.
+        Calls answered together share one write (one system call, or one thread hop where the wire
+        cannot be polled).
         """
         self._outbox.append(json.dumps(message, separators=(",", ":")) + "\n")
         if self._writing:

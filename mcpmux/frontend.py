@@ -299,9 +299,8 @@ class Frontend:
                     await self.server.run(read_stream, write_stream, self.server.create_initialization_options())
                 fast_calls.cancel_scope.cancel()
 
-    def http_app(self, host: str, path: str = "/mcp") -> Starlette:
+    def http_app(self, host: str, policy: EdgePolicy, path: str = "/mcp") -> Starlette:
         """The streamable HTTP app behind the `HttpEdge` security checks (2025-03-26 batch arrays too)."""
-        policy = EdgePolicy.load(self.mux.config, host)
         # The edge checks Host/Origin on every route; the SDK's own check (/mcp only, loopback names only)
         # would refuse the hosts `[http] allowed_hosts` adds.
         unchecked = TransportSecuritySettings(enable_dns_rebinding_protection=False)
@@ -325,6 +324,7 @@ class Frontend:
     async def serve_http(
         self,
         sock: socket.socket,
+        policy: EdgePolicy,
         path: str = "/mcp",
         stop: anyio.Event | None = None,
         shutdown_timeout: int | None = None,
@@ -338,7 +338,10 @@ class Frontend:
         """
         host = sock.getsockname()[0]
         config = uvicorn.Config(
-            self.http_app(host, path), log_level="warning", lifespan="on", timeout_graceful_shutdown=shutdown_timeout
+            self.http_app(host, policy, path),
+            log_level="warning",
+            lifespan="on",
+            timeout_graceful_shutdown=shutdown_timeout,
         )
         server = _UvicornServer(config)
         async with anyio.create_task_group() as tasks:

@@ -89,10 +89,6 @@ class MuxMetrics:
         stats.buckets[bisect_left(CALL_BUCKETS, seconds)] += 1
         stats.seconds += seconds
 
-    def render(self) -> bytes:
-        """The Prometheus text exposition (format 0.0.4) of every metric."""
-        return generate_latest(self.registry)
-
 
 def engine_registry(service: InferenceService) -> CollectorRegistry:
     """A registry with only the engine metrics, for `mcpmux serve --openai-only`."""

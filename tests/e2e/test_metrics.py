@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from mcpmux import Mux
 from mcpmux.config import config_from_dict
 from mcpmux.frontend import Frontend, bind
+from mcpmux.http_edge import EdgePolicy
 from tests.e2e.conftest import PY, demo, free_port, stop, text_of, wait_for_port
 from tests.inference.tiny_models import build_tiny_model
 
@@ -49,7 +50,7 @@ async def served(config: dict[str, Any]) -> AsyncIterator[tuple[Mux, httpx2.Asyn
     async with Mux(config_from_dict(config, source="test")) as mux, anyio.create_task_group() as tasks:
         sock = bind("127.0.0.1", 0)
         stop = anyio.Event()
-        tasks.start_soon(Frontend(mux).serve_http, sock, "/mcp", stop)
+        tasks.start_soon(Frontend(mux).serve_http, sock, EdgePolicy.load(mux.config, "127.0.0.1"), "/mcp", stop)
         async with httpx2.AsyncClient(base_url=f"http://127.0.0.1:{sock.getsockname()[1]}") as http:
             yield mux, http
         stop.set()

@@ -26,6 +26,7 @@ from mcp.shared.exceptions import MCPError
 
 from mcpmux import Mux
 from mcpmux.frontend import Frontend, bind
+from mcpmux.http_edge import EdgePolicy
 from tests.e2e.conftest import EVERYTHING, ROOT, everything_available, mux_over_stdio, text_of
 
 # -- the upstream server (this module run with -m) ---------------------------------------------------
@@ -172,7 +173,7 @@ async def served(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Serv
     async with Mux.from_config(config) as mux, anyio.create_task_group() as tasks:
         frontend = Frontend(mux)
         frontend.rounds.idle_timeout = IDLE_TIMEOUT
-        tasks.start_soon(frontend.serve_http, sock, "/mcp", stop)
+        tasks.start_soon(frontend.serve_http, sock, EdgePolicy.load(mux.config, "127.0.0.1"), "/mcp", stop)
         with anyio.fail_after(30):
             while not _listening(port):
                 await anyio.sleep(0.05)

@@ -251,6 +251,7 @@ async def test_a_full_queue_answers_503(tiny_llama: Path) -> None:
 async def test_the_mcp_http_server_mounts_v1_when_asked(tiny_llama: Path, openai_api: bool) -> None:
     from mcpmux.config import config_from_dict
     from mcpmux.frontend import Frontend, bind
+    from mcpmux.http_edge import EdgePolicy
     from mcpmux.mux import Mux
 
     inference = {
@@ -262,7 +263,7 @@ async def test_the_mcp_http_server_mounts_v1_when_asked(tiny_llama: Path, openai
     async with Mux(config) as mux, anyio.create_task_group() as tg:
         sock = bind("127.0.0.1", 0)
         stop = anyio.Event()
-        tg.start_soon(Frontend(mux).serve_http, sock, "/mcp", stop)
+        tg.start_soon(Frontend(mux).serve_http, sock, EdgePolicy.load(config, "127.0.0.1"), "/mcp", stop)
         url = f"http://127.0.0.1:{sock.getsockname()[1]}"
         async with httpx.AsyncClient(base_url=url) as http:
             with anyio.fail_after(10):

@@ -38,6 +38,7 @@ from mcpmux.batching import (
     deadline_in,
 )
 from mcpmux.config_policy import BatchForm, priority_for
+from mcpmux.errors import error_result
 from mcpmux.metrics import CallObserver, outcome_of
 from mcpmux.upstream import ProgressFn, Upstream
 
@@ -104,7 +105,7 @@ class UpstreamDispatcher:
             return result
         except RejectedError as err:
             outcome = "rejected"
-            return types.CallToolResult(content=[types.TextContent(type="text", text=str(err))], is_error=True)
+            return error_result(str(err))
         except BaseException as err:
             outcome = outcome_of(err)
             raise

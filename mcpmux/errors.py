@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import mcp_types as types
+
+
+def error_result(text: str) -> types.CallToolResult:
+    """A tool result that reports a failure in words (`isError`): a model reads it and carries on."""
+    return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=True)
+
 
 class MuxError(Exception):
     """Base class of mcpmux's own errors."""

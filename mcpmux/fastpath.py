@@ -35,7 +35,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
 from mcpmux.batching import RejectedError
-from mcpmux.errors import MuxError, UpstreamError, UpstreamTimeoutError, UpstreamUnavailableError
+from mcpmux.errors import MuxError, UpstreamError, UpstreamTimeoutError, UpstreamUnavailableError, error_result
 from mcpmux.metrics import outcome_of
 from mcpmux.mux import Mux
 from mcpmux.upstream import ProgressFn, Upstream, UpstreamState
@@ -115,7 +115,7 @@ class FastPath:
             if isinstance(classify_inbound_request(message), InboundLadderRejection):
                 return None  # a malformed envelope: the SDK words the refusal
             capabilities = meta.get(_CLIENT_CAPABILITIES)
-            declares_sampling = isinstance(capabilities, dict) and capabilities.get("sampling") is not None
+            declares_sampling = sampling_declared(capabilities)
         elif version is None and legacy_version is not None:
             version = legacy_version
         else:
@@ -177,7 +177,7 @@ class FastPath:
                     raw, upstream_version = await self._call(call, progress)
             except (UpstreamUnavailableError, UpstreamTimeoutError, RejectedError) as err:
                 outcome = outcome_of(err)
-                failed = types.CallToolResult(content=[types.TextContent(type="text", text=str(err))], is_error=True)
+                failed = error_result(str(err))
                 raw, upstream_version = failed.model_dump(by_alias=True, mode="json", exclude_none=True), None
             except UpstreamError as err:
                 error = types.ErrorData(code=err.code, message=str(err), data=err.data)
@@ -240,6 +240,14 @@ async def _send(client: Client, call: FastCall, progress: ProgressFn | None) -> 
     if lane is None:  # the connection is closing under us
         raise MCPError(code=CONNECTION_CLOSED, message="Connection closed")
     return await lane.call(client, call.tool, call.arguments, progress), client.protocol_version
+
+
+def sampling_declared(capabilities: object) -> bool:
+    """Whether a client's capabilities (raw JSON) declare sampling. A malformed value counts as yes:
+    its calls then take the SDK path, which words any refusal."""
+    if capabilities is None:
+        return False
+    return not isinstance(capabilities, dict) or capabilities.get("sampling") is not None
 
 
 def _dump(error: types.ErrorData) -> dict[str, Any]:

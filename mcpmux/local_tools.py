@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import mcp_types as types
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from mcpmux.errors import error_result
 from mcpmux.inference.config import EngineError, SamplingParams
 from mcpmux.mux import Caller, LocalTool
 from mcpmux.upstream import ProgressFn
@@ -75,13 +76,9 @@ GENERATE_DESCRIPTIONS = {
 }
 
 
-def _error(text: str) -> types.CallToolResult:
-    return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=True)
-
-
 def _bad_arguments(tool: str, err: ValidationError) -> types.CallToolResult:
     problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'arguments'}: {e['msg']}" for e in err.errors())
-    return _error(f"invalid arguments for {tool}: {problems}")
+    return error_result(f"invalid arguments for {tool}: {problems}")
 
 
 def inference_tools(service: Callable[[], InferenceService | None], namespace: str, separator: str) -> list[LocalTool]:
@@ -125,7 +122,7 @@ def inference_tools(service: Callable[[], InferenceService | None], namespace: s
                         finish = delta.finish_reason
                         usage = (delta.prompt_tokens, delta.cached_prompt_tokens, delta.completion_tokens)
         except EngineError as err:
-            return _error(f"{generate_name} failed: {err}")
+            return error_result(f"{generate_name} failed: {err}")
         structured = {
             "text": text,
             "model": model,
@@ -143,7 +140,7 @@ def inference_tools(service: Callable[[], InferenceService | None], namespace: s
             svc = running(embed_name)
             vectors = await svc.embed(args.texts)
         except EngineError as err:
-            return _error(f"{embed_name} failed: {err}")
+            return error_result(f"{embed_name} failed: {err}")
         structured = {"model": svc.embedding_model, "dimensions": len(vectors[0]), "embeddings": vectors}
         return types.CallToolResult(
             content=[types.TextContent(type="text", text=json.dumps(structured))], structured_content=structured

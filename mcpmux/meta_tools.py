@@ -21,7 +21,7 @@ import anyio
 import mcp_types as types
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from mcpmux.errors import MuxError, UpstreamError
+from mcpmux.errors import MuxError, UpstreamError, error_result
 from mcpmux.meta_refs import BadReferenceError, StepOutput, check_refs, resolve_refs
 from mcpmux.meta_schemas import BATCH_TOOL, MAX_CALLS, MAX_CONCURRENT, MAX_STEPS, PARALLEL_TOOL, PIPELINE_TOOL
 from mcpmux.mux import Caller, LocalTool, Mux
@@ -205,7 +205,7 @@ def _parse(model: type[_Args], tool: str, arguments: dict[str, Any]) -> _Args | 
 
 def _malformed(tool: str, problem: str) -> types.CallToolResult:
     text = f"{tool}: the request is malformed: {problem}. See the tool's input schema."
-    return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=True)
+    return error_result(text)
 
 
 def _failed(index: int, tool: str, error: str) -> Outcome:

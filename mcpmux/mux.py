@@ -28,7 +28,7 @@ from mcpmux.catalog import Catalog
 from mcpmux.config import Config, ServerConfig, load_config
 from mcpmux.config_policy import priority_for
 from mcpmux.dispatch import UpstreamDispatcher
-from mcpmux.errors import MuxError, UpstreamTimeoutError, UpstreamUnavailableError
+from mcpmux.errors import MuxError, UpstreamTimeoutError, UpstreamUnavailableError, error_result
 from mcpmux.inference.sampling_bridge import SamplingBridge
 from mcpmux.logs import RequestContext, set_upstream
 from mcpmux.metrics import MuxMetrics, outcome_of
@@ -311,7 +311,7 @@ class Mux:
                 with self.track_call():
                     return await local.handler(arguments or {}, progress, Caller(client, client_name))
             except CallCancelledError as err:
-                return types.CallToolResult(content=[types.TextContent(type="text", text=str(err))], is_error=True)
+                return error_result(str(err))
         route = self.catalog.resolve_tool(name)
         set_upstream(route.upstream)  # for the log lines of this call
         try:
@@ -320,7 +320,7 @@ class Mux:
                 dispatcher = self.dispatchers[route.upstream]
                 return await dispatcher.call_tool(route.name, arguments or {}, progress, client, boost)
         except (UpstreamUnavailableError, UpstreamTimeoutError) as err:
-            return types.CallToolResult(content=[types.TextContent(type="text", text=str(err))], is_error=True)
+            return error_result(str(err))
 
     async def read_resource(self, uri: str, *, client: str | None = None) -> types.ReadResourceResult:
         """Read a resource from the upstream that lists it; a 2026 `ttlMs` lets mcpmux serve it from cache.

@@ -136,16 +136,23 @@ def matmul_gflops(loaded: LoadedModel, rows: int, repeats: int = 5) -> float:
     """Best-of-`repeats` GFLOP/s of the model's largest matmul (gate/up) at `rows` tokens, this process's threads."""
     model: Any = loaded.model
     weight = next(p for n, p in model.named_parameters() if n.endswith("gate_up_weight"))
-    x = torch.randn(rows, weight.shape[1], dtype=weight.dtype)
+    x = torch.randn(rows, weight.shape[1], dtype=weight.dtype, device=weight.device)
     flop = 2 * rows * weight.numel()
     best = math.inf
     with torch.inference_mode():
         torch.nn.functional.linear(x, weight)
         for _ in range(repeats):
+            _sync(weight.device)
             t = time.perf_counter()
             torch.nn.functional.linear(x, weight)
+            _sync(weight.device)
             best = min(best, time.perf_counter() - t)
     return flop / best / 1e9
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def text_ids(loaded: LoadedModel, rng: random.Random, n_words: int) -> list[int]:
@@ -252,8 +259,8 @@ def run_hf_static(model: Any, reqs: list[Req], batch_size: int, work: Work) -> t
         batch = [r for r in reqs[i : i + batch_size] if r.arrival <= now] or [reqs[i]]
         width = max(len(r.prompt) for r in batch)
         pad = no_eos_config(model, 1).pad_token_id
-        ids = torch.tensor([[pad] * (width - len(r.prompt)) + r.prompt for r in batch])
-        mask = torch.tensor([[0] * (width - len(r.prompt)) + [1] * len(r.prompt) for r in batch])
+        ids = torch.tensor([[pad] * (width - len(r.prompt)) + r.prompt for r in batch], device=model.device)
+        mask = torch.tensor([[0] * (width - len(r.prompt)) + [1] * len(r.prompt) for r in batch], device=model.device)
         clock = _StepClock()
         with torch.inference_mode():
             model.generate(
@@ -344,7 +351,9 @@ def correctness_gate(loaded: LoadedModel, model: Any, reqs: list[Req]) -> None:
     got = anyio.run(ours)
     for r, tokens in zip(reqs, got, strict=True):
         with torch.inference_mode():
-            ref = model.generate(torch.tensor([r.prompt]), max_new_tokens=12, do_sample=False)[0, len(r.prompt) :]
+            ref = model.generate(torch.tensor([r.prompt], device=model.device), max_new_tokens=12, do_sample=False)[
+                0, len(r.prompt) :
+            ]
         if ref.tolist() != tokens:
             raise SystemExit(f"correctness gate failed: mcpmux {tokens} != HF {ref.tolist()}; no figures reported")
     print(f"correctness gate: {len(reqs)} concurrent greedy requests equal HF generate token for token")
@@ -355,6 +364,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="tiny random model, few requests (CI smoke)")
     ap.add_argument("--model", default="builtin:smollm2-135m")
     ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where every system runs")
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--max-tokens", type=int, default=64, help="largest output length drawn")
     ap.add_argument("--batch-size", type=int, default=16, help="HF static batch size")
@@ -368,7 +378,9 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     # Every system runs in this process, so they all get the same intra-op thread count.
-    print(f"torch threads: {torch.get_num_threads()} (all systems), dtype {args.dtype}", flush=True)
+    print(
+        f"torch threads: {torch.get_num_threads()} (all systems), dtype {args.dtype}, device {args.device}", flush=True
+    )
     if args.quick:
         tests_dir = Path(__file__).resolve().parents[1]
         sys.path.insert(0, str(tests_dir))
@@ -377,9 +389,9 @@ def main() -> None:
         args.model = str(build_tiny_model("llama", Path(tempfile.mkdtemp()) / "tiny-llama"))
         args.requests, args.max_tokens = min(args.requests, 12), min(args.max_tokens, 16)
     folder = ensure_converted(args.model.removeprefix("builtin:")) if args.model.startswith("builtin:") else args.model
-    loaded = load_model(args.model, dtype=args.dtype, device="cpu")
+    loaded = load_model(args.model, dtype=args.dtype, device=args.device)
     dtype = getattr(torch, args.dtype)
-    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="sdpa").eval()
+    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="sdpa").to(args.device).eval()
     loads = workloads(loaded, args.requests, args.max_tokens, 120 if args.quick else 400)
     if args.workloads != "all":
         loads = {k: v for k, v in loads.items() if k in args.workloads.split(",")}
@@ -439,7 +451,7 @@ def report(rows: list[Row], args: argparse.Namespace, rate: float) -> None:
     out_dir = Path(__file__).resolve().parent / "results"
     out_dir.mkdir(exist_ok=True)
     path = out_dir / f"engine-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    meta = {"model": args.model, "dtype": args.dtype, "threads": args.threads, "requests": args.requests,
+    meta = {"model": args.model, "dtype": args.dtype, "device": args.device, "threads": args.threads, "requests": args.requests,
             "max_tokens": args.max_tokens, "batch_size": args.batch_size, "quick": args.quick,
             "matmul_gflops": rate}  # fmt: skip
     path.write_text(json.dumps({"meta": meta, "rows": [asdict(r) for r in rows]}, indent=2))

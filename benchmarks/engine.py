@@ -351,9 +351,8 @@ def correctness_gate(loaded: LoadedModel, model: Any, reqs: list[Req]) -> None:
     got = anyio.run(ours)
     for r, tokens in zip(reqs, got, strict=True):
         with torch.inference_mode():
-            ref = model.generate(torch.tensor([r.prompt], device=model.device), max_new_tokens=12, do_sample=False)[
-                0, len(r.prompt) :
-            ]
+            prompt = torch.tensor([r.prompt], device=model.device)
+            ref = model.generate(prompt, max_new_tokens=12, do_sample=False)[0, len(r.prompt) :]
         if ref.tolist() != tokens:
             raise SystemExit(f"correctness gate failed: mcpmux {tokens} != HF {ref.tolist()}; no figures reported")
     print(f"correctness gate: {len(reqs)} concurrent greedy requests equal HF generate token for token")
@@ -451,9 +450,9 @@ def report(rows: list[Row], args: argparse.Namespace, rate: float) -> None:
     out_dir = Path(__file__).resolve().parent / "results"
     out_dir.mkdir(exist_ok=True)
     path = out_dir / f"engine-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    meta = {"model": args.model, "dtype": args.dtype, "device": args.device, "threads": args.threads, "requests": args.requests,
-            "max_tokens": args.max_tokens, "batch_size": args.batch_size, "quick": args.quick,
-            "matmul_gflops": rate}  # fmt: skip
+    meta = {"model": args.model, "dtype": args.dtype, "device": args.device, "threads": args.threads,
+            "requests": args.requests, "max_tokens": args.max_tokens, "batch_size": args.batch_size,
+            "quick": args.quick, "matmul_gflops": rate}  # fmt: skip
     path.write_text(json.dumps({"meta": meta, "rows": [asdict(r) for r in rows]}, indent=2))
     print(f"\nwrote {path}")
     plot(rows, path.with_suffix(".png"), f"{args.model}, {args.dtype}, {args.threads} threads")

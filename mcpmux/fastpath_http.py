@@ -35,7 +35,7 @@ from mcp.shared.inbound import (
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from mcpmux.fastpath import FastCall, FastPath
+from mcpmux.fastpath import FastCall, FastPath, sampling_declared
 from mcpmux.jsonrpc_batch import id_key
 
 logger = logging.getLogger(__name__)
@@ -183,7 +183,7 @@ class FastPathMiddleware:
             return send
         params = message.get("params")
         capabilities = params.get("capabilities") if isinstance(params, dict) else None
-        declares = not isinstance(capabilities, dict) or capabilities.get("sampling") is not None
+        declares = sampling_declared(capabilities)
 
         async def learn(event: Message) -> None:
             if event["type"] == "http.response.start":

@@ -18,7 +18,7 @@ from anyio.abc import TaskGroup
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from mcpmux.batch_stdio import StdioBatchEdge
-from mcpmux.fastpath import FastCall, FastPath
+from mcpmux.fastpath import FastCall, FastPath, sampling_declared
 from mcpmux.jsonrpc_batch import id_key
 from mcpmux.upstream import ProgressFn
 
@@ -64,8 +64,9 @@ class StdioFastFront:
         if '"initialize"' in line:
             message = _decode(line)
             if isinstance(message, dict) and message.get("method") == "initialize":
-                capabilities = (message.get("params") or {}).get("capabilities") or {}
-                self._declares_sampling = capabilities.get("sampling") is not None
+                params = message.get("params")
+                capabilities = params.get("capabilities") if isinstance(params, dict) else None
+                self._declares_sampling = sampling_declared(capabilities)
         return False
 
     async def _serve(self, call: FastCall, key: str, scope: anyio.CancelScope) -> None:

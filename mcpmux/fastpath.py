@@ -33,6 +33,7 @@ from mcp_types import methods
 from mcp_types.jsonrpc import CONNECTION_CLOSED
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
+from pydantic_core import from_json
 
 from mcpmux.batching import RejectedError
 from mcpmux.errors import MuxError, UpstreamError, UpstreamTimeoutError, UpstreamUnavailableError, error_result
@@ -240,6 +241,20 @@ async def _send(client: Client, call: FastCall, progress: ProgressFn | None) -> 
     if lane is None:  # the connection is closing under us
         raise MCPError(code=CONNECTION_CLOSED, message="Connection closed")
     return await lane.call(client, call.tool, call.arguments, progress), client.protocol_version
+
+
+def decode(data: str | bytes) -> Any:
+    """A JSON-RPC message as the fast path reads it; None where the SDK's own parser would refuse it.
+
+    The SDK parses with pydantic-core, whose nesting limit is lower than `json.loads`'s. A message
+    only the latter reads would reach the upstream transport, whose serialiser then fails and takes
+    the connection down with it; parsing with the SDK's parser leaves such messages to the SDK path,
+    which refuses them as it always has.
+    """
+    try:
+        return from_json(data)
+    except ValueError:
+        return None
 
 
 def sampling_declared(capabilities: object) -> bool:

@@ -35,7 +35,7 @@ from mcp.shared.inbound import (
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from mcpmux.fastpath import FastCall, FastPath, sampling_declared
+from mcpmux.fastpath import FastCall, FastPath, decode, sampling_declared
 from mcpmux.jsonrpc_batch import id_key
 
 logger = logging.getLogger(__name__)
@@ -103,10 +103,7 @@ class FastPathMiddleware:
         content_type = headers.get("content-type", "").lower()
         if not content_type.startswith("application/json") or not _accepts_json_and_sse(headers.get("accept", "")):
             return None
-        try:
-            message = json.loads(body)
-        except (ValueError, RecursionError):
-            return None
+        message = decode(body)
         version = headers.get("mcp-protocol-version")
         session = headers.get("mcp-session-id")
         if session is None:
@@ -160,10 +157,7 @@ class FastPathMiddleware:
     def _cancel(self, scope: Scope, body: bytes) -> bool:
         """Cancel the fast-path call a 2025 session's `notifications/cancelled` names; False if none."""
         session = _session(scope)
-        try:
-            message = json.loads(body)
-        except (ValueError, RecursionError):
-            return False
+        message = decode(body)
         params = message.get("params") if isinstance(message, dict) else None
         if session is None or not isinstance(params, dict) or message.get("method") != "notifications/cancelled":
             return False
@@ -175,10 +169,7 @@ class FastPathMiddleware:
 
     def _learning(self, body: bytes, send: Send) -> Send:
         """`send`, also noting whether the client opening a session with `body` declared sampling."""
-        try:
-            message = json.loads(body)
-        except (ValueError, RecursionError):
-            return send
+        message = decode(body)
         if not isinstance(message, dict) or message.get("method") != "initialize":
             return send
         params = message.get("params")

@@ -18,7 +18,7 @@ from anyio.abc import TaskGroup
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from mcpmux.batch_stdio import StdioBatchEdge
-from mcpmux.fastpath import FastCall, FastPath, sampling_declared
+from mcpmux.fastpath import FastCall, FastPath, decode, sampling_declared
 from mcpmux.jsonrpc_batch import id_key
 from mcpmux.upstream import ProgressFn
 
@@ -42,7 +42,7 @@ class StdioFastFront:
     async def take(self, line: str) -> bool:
         """True when the fast path took `line` (the SDK must not see it)."""
         if '"tools/call"' in line:
-            message = _decode(line)
+            message = decode(line)
             call = self.fast.route(message, self._edge.protocol_version, self._declares_sampling)
             if call is None:
                 return False
@@ -54,7 +54,7 @@ class StdioFastFront:
             self._tasks.start_soon(self._serve, call, key, scope)
             return True
         if '"notifications/cancelled"' in line:
-            message = _decode(line)
+            message = decode(line)
             params = message.get("params") if isinstance(message, dict) else None
             running = self._running.get(id_key(params.get("requestId"))) if isinstance(params, dict) else None
             if running is None:
@@ -62,7 +62,7 @@ class StdioFastFront:
             running.cancel()
             return True
         if '"initialize"' in line:
-            message = _decode(line)
+            message = decode(line)
             if isinstance(message, dict) and message.get("method") == "initialize":
                 params = message.get("params")
                 capabilities = params.get("capabilities") if isinstance(params, dict) else None
@@ -139,10 +139,3 @@ class _LogRelay:
         if logger is not None:
             params["logger"] = logger
         await self._front._write({"jsonrpc": "2.0", "method": "notifications/message", "params": params})
-
-
-def _decode(line: str) -> Any:
-    try:
-        return json.loads(line)
-    except (ValueError, RecursionError):
-        return None  # refused at the edge already (jsonrpc_batch.line_refusal)

@@ -30,6 +30,10 @@ class UpstreamTimeoutError(MuxError):
     """The upstream did not answer within its call timeout."""
 
 
+class UpstreamResultError(MuxError):
+    """The upstream's result breaks the tool's declared output schema (reported as an `isError` result)."""
+
+
 class UpstreamError(MuxError):
     """The upstream answered with a JSON-RPC error; `code` and `data` are passed through unchanged."""
 

@@ -36,9 +36,17 @@ from pydantic import ValidationError
 from pydantic_core import from_json
 
 from mcpmux.batching import RejectedError
-from mcpmux.errors import MuxError, UpstreamError, UpstreamTimeoutError, UpstreamUnavailableError, error_result
+from mcpmux.errors import (
+    MuxError,
+    UpstreamError,
+    UpstreamResultError,
+    UpstreamTimeoutError,
+    UpstreamUnavailableError,
+    error_result,
+)
 from mcpmux.metrics import outcome_of
 from mcpmux.mux import Mux
+from mcpmux.output_schema import OutputCheck, result_error
 from mcpmux.upstream import ProgressFn, Upstream, UpstreamState
 
 if TYPE_CHECKING:
@@ -66,6 +74,8 @@ class FastCall:
     """The tool's name on its upstream."""
     arguments: dict[str, Any]
     progress_token: types.ProgressToken | None
+    output: OutputCheck | None = None
+    """The tool's declared output schema, checked on its results as the SDK's client checks them."""
 
 
 @dataclass(slots=True)
@@ -73,6 +83,7 @@ class _Eligibility:
     listing: object
     upstream: Upstream | None
     tool: str = ""
+    output: OutputCheck | None = None
 
 
 @dataclass(slots=True)
@@ -130,7 +141,8 @@ class FastPath:
         if not isinstance(request_id, str | int) or isinstance(request_id, bool):
             return None
         token = meta.get("progressToken")
-        return FastCall(request_id, version, upstream, self._eligible[name].tool, arguments, token)
+        eligible = self._eligible[name]
+        return FastCall(request_id, version, upstream, eligible.tool, arguments, token, eligible.output)
 
     def _upstream_for(self, name: str) -> Upstream | None:
         """The upstream of a fast-path tool, decided once per listing of its upstream."""
@@ -161,7 +173,8 @@ class FastPath:
             or mirrored
         ):
             return _Eligibility(upstream.listing, None)
-        return _Eligibility(upstream.listing, upstream, route.name)
+        schema = listed.output_schema if listed is not None else None
+        return _Eligibility(upstream.listing, upstream, route.name, None if schema is None else OutputCheck(schema))
 
     async def answer(self, call: FastCall, progress: ProgressFn | None = None) -> dict[str, Any]:
         """Serve `call`; the JSON-RPC response (result or error) to send back, with the client's id.
@@ -176,7 +189,10 @@ class FastPath:
                 # Shutdown waits for (or cancels) it and a reload that stops its upstream cancels it.
                 with self.mux.track_call(call.upstream.name):
                     raw, upstream_version = await self._call(call, progress)
-            except (UpstreamUnavailableError, UpstreamTimeoutError, RejectedError) as err:
+                problem = call.output.problem(raw) if call.output is not None else None
+                if problem is not None:
+                    raise result_error(call.upstream.name, f"tool {call.tool!r}", problem)
+            except (UpstreamUnavailableError, UpstreamTimeoutError, UpstreamResultError, RejectedError) as err:
                 outcome = outcome_of(err)
                 failed = error_result(str(err))
                 raw, upstream_version = failed.model_dump(by_alias=True, mode="json", exclude_none=True), None

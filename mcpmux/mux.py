@@ -28,7 +28,13 @@ from mcpmux.catalog import Catalog
 from mcpmux.config import Config, ServerConfig, load_config
 from mcpmux.config_policy import priority_for
 from mcpmux.dispatch import UpstreamDispatcher
-from mcpmux.errors import MuxError, UpstreamTimeoutError, UpstreamUnavailableError, error_result
+from mcpmux.errors import (
+    MuxError,
+    UpstreamResultError,
+    UpstreamTimeoutError,
+    UpstreamUnavailableError,
+    error_result,
+)
 from mcpmux.inference.sampling_bridge import SamplingBridge
 from mcpmux.logs import RequestContext, set_upstream
 from mcpmux.metrics import MuxMetrics, outcome_of
@@ -319,7 +325,7 @@ class Mux:
                 boost = priority_for(self.config.mux.client_priorities, client_name) if client_name else 0
                 dispatcher = self.dispatchers[route.upstream]
                 return await dispatcher.call_tool(route.name, arguments or {}, progress, client, boost)
-        except (UpstreamUnavailableError, UpstreamTimeoutError) as err:
+        except (UpstreamUnavailableError, UpstreamTimeoutError, UpstreamResultError) as err:
             return error_result(str(err))
 
     async def read_resource(self, uri: str, *, client: str | None = None) -> types.ReadResourceResult:

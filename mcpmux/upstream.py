@@ -35,6 +35,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from mcpmux.config import MuxSettings, ServerConfig
 from mcpmux.errors import UpstreamError, UpstreamTimeoutError, UpstreamUnavailableError
 from mcpmux.fastpath_lane import UpstreamLane
+from mcpmux.output_schema import result_error, sdk_problem
 from mcpmux.upstream_io import Listing, WatchedTransport, fetch_listing, listen_for_changes
 
 logger = logging.getLogger(__name__)
@@ -312,6 +313,11 @@ class Upstream:
                         "dropped it); mcpmux is reconnecting, retry shortly"
                     ) from None
                 raise UpstreamError(err.error.message, err.error.code, err.error.data) from None
+            except RuntimeError as err:
+                problem = sdk_problem(err)
+                if problem is None:
+                    raise
+                raise result_error(self.name, what, problem) from None
         raise AssertionError("unreachable")
 
     async def _live_client(self, what: str, stale: Client | None = None) -> Client:

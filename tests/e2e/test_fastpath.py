@@ -44,6 +44,8 @@ def dump(outcome: Any) -> Any:
     """A result or an error as the client sees it, for comparing two paths."""
     if isinstance(outcome, MCPError):
         return {"error": outcome.error.model_dump(by_alias=True, exclude_none=True)}
+    if isinstance(outcome, dict):
+        return outcome
     return outcome.model_dump(by_alias=True, exclude_none=True)
 
 
@@ -52,6 +54,8 @@ async def outcome_of(client: Client, name: str, arguments: dict[str, Any]) -> An
         return await client.call_tool(name, arguments)
     except MCPError as err:
         return err
+    except RuntimeError as err:  # the client's own check of a result against the tool's output schema
+        return {"client refused": str(err)}
 
 
 @contextmanager
@@ -87,6 +91,10 @@ CALLS = [
     ("probe__reject", {}),
     ("web__reject", {}),
     ("probe__nope", {}),
+    ("probe__typed", {"structured": {"n": 1}}),
+    ("probe__typed", {"structured": {"n": "one"}}),  # breaks its output schema
+    ("probe__typed", {}),  # no structured content, though the tool declares an output schema
+    ("web__typed", {"structured": {"n": "one"}}),
 ]
 
 
@@ -106,6 +114,10 @@ async def assert_same_answers(fast: Client, slow: Client) -> None:
     assert dump(await outcome_of(fast, "probe__reject", {})) == {
         "error": {"code": -32042, "message": "the probe refuses", "data": {"why": "asked to"}}
     }
+    broken = await fast.call_tool("probe__typed", {"structured": {"n": "one"}})
+    assert broken.is_error
+    assert "breaks the tool's declared output schema: 'one' is not of type 'integer'" in text_of(broken)
+    assert (await fast.call_tool("probe__typed", {"structured": {"n": 1}})).structured_content == {"n": 1}
 
 
 @pytest.mark.slow
@@ -330,6 +342,8 @@ def _serve_probe() -> None:
     names = ["whoami", "shapes", "fail", "reject", "slow", "cancelled", "ask", "asked", "crash"]
     names += ["cached", "one", "many"]
     tools = [types.Tool(name=name, input_schema=schema) for name in names]
+    typed = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    tools.append(types.Tool(name="typed", input_schema=schema, output_schema=typed))
 
     def text(value: Any) -> types.CallToolResult:
         return types.CallToolResult(content=[types.TextContent(type="text", text=json.dumps(value))])
@@ -356,6 +370,10 @@ def _serve_probe() -> None:
                 structured_content={"answer": 42, "nested": {"list": [1, None, "x"]}},
                 _meta={"probe/extra": True},
             )
+        if params.name == "typed":  # structured content that does, or does not, match the output schema
+            structured = arguments.get("structured")
+            return types.CallToolResult(content=[types.TextContent(type="text", text="typed")],
+                                        structured_content=structured)  # fmt: skip
         if params.name == "fail":
             return types.CallToolResult(content=[types.TextContent(type="text", text="failed")], is_error=True)
         if params.name == "reject":

@@ -18,9 +18,9 @@ from anyio.abc import TaskGroup
 
 from mcpmux import __version__
 from mcpmux.config import Config, config_from_dict, load_config
+from mcpmux.edge_policy import prepare_edge
 from mcpmux.errors import MuxError
 from mcpmux.frontend import Frontend, bind
-from mcpmux.http_edge import prepare_edge
 from mcpmux.logs import configure_logging
 from mcpmux.mux import Mux
 from mcpmux.reload import ConfigReloader

@@ -20,7 +20,7 @@ import json
 import logging
 import time
 from collections.abc import Sequence
-from contextlib import AsyncExitStack
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from typing import Any
 
 import mcp_types as types
@@ -122,7 +122,7 @@ class UpstreamDispatcher:
         client_priority: int,
     ) -> types.CallToolResult:
         priority = self._priority(tool) + client_priority
-        if not self._cacheable(tool):
+        if not self.cacheable(tool):
             return await self._send(tool, arguments, progress, priority)
         settings = self.upstream.config.cache
         scope = client if settings.scope == "client" else None
@@ -137,7 +137,8 @@ class UpstreamDispatcher:
             self.cache.put(key, result, scope=scope, ttl=settings.ttl, tags=(self.upstream.name,))
         return result
 
-    def _cacheable(self, tool: str) -> bool:
+    def cacheable(self, tool: str) -> bool:
+        """Whether results of `tool` (its upstream name) may be cached under this upstream's `[cache]` rules."""
         listed = self.upstream.listing.tools_by_name.get(tool)
         annotations = listed.annotations if listed is not None else None
         return self.upstream.config.cache.cacheable(
@@ -162,13 +163,17 @@ class UpstreamDispatcher:
     async def _gated(
         self, tool: str, arguments: dict[str, Any], progress: ProgressFn | None, priority: int
     ) -> types.CallToolResult:
-        async with self.gate.slot(priority=priority, deadline=self._queue_deadline()):
+        async with self.slot(priority):
             logger.debug("upstream call sent: %s", tool)
             result: types.CallToolResult = await self.upstream.request(
                 f"tool {tool!r}", lambda client: client.call_tool(tool, arguments, progress_callback=progress)
             )
             logger.debug("upstream call answered: %s%s", tool, " (isError)" if result.is_error else "")
             return result
+
+    def slot(self, priority: int) -> AbstractAsyncContextManager[None]:
+        """One admission through this upstream's gate (limits, queue) for the body of the `async with`."""
+        return self.gate.slot(priority=priority, deadline=self._queue_deadline())
 
     def _priority(self, tool: str) -> int:
         return priority_for(self.upstream.config.priorities, tool)

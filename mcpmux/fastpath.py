@@ -169,7 +169,7 @@ class FastPath:
         if (
             upstream.config.priorities
             or route.name in dispatcher.batchers
-            or dispatcher._cacheable(route.name)
+            or dispatcher.cacheable(route.name)
             or mirrored
         ):
             return _Eligibility(upstream.listing, None)
@@ -218,8 +218,7 @@ class FastPath:
         """The upstream's raw result and its protocol revision, through the upstream's admission gate."""
         dispatcher = self.mux.dispatchers[call.upstream.name]
         what = f"tool {call.tool!r}"
-        # Private on purpose: the gate's deadline rule stays in one place, the dispatcher.
-        async with dispatcher.gate.slot(priority=0, deadline=dispatcher._queue_deadline()):
+        async with dispatcher.slot(priority=0):
             raw, version = await call.upstream.request(what, lambda client: _send(client, call, progress))
             if methods.is_input_required(raw):
                 # The SDK client drives input-required rounds (sampling under the mux's policy); the

@@ -41,11 +41,12 @@ from starlette.applications import Starlette
 from mcpmux import __version__
 from mcpmux.batch_http import BatchArrayMiddleware
 from mcpmux.batch_stdio import StdioBatchEdge, claimed_stdio
+from mcpmux.edge_policy import EdgePolicy
 from mcpmux.errors import MuxError, UnknownToolError, UpstreamError
 from mcpmux.fastpath import FastPath
 from mcpmux.fastpath_http import FastPathMiddleware
 from mcpmux.fastpath_stdio import StdioFastFront
-from mcpmux.http_edge import EdgePolicy, HttpEdge
+from mcpmux.http_edge import HttpEdge
 from mcpmux.input_rounds import InputRounds, ParkedCall, parks
 from mcpmux.metrics import metrics_route
 from mcpmux.mux import Mux

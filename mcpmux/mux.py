@@ -24,6 +24,7 @@ import mcp_types as types
 from anyio.abc import TaskGroup
 
 from mcpmux.batching import CachePolicy, ResultCache
+from mcpmux.call_tracker import CallCancelledError, CallTracker, TrackedCall
 from mcpmux.catalog import Catalog
 from mcpmux.config import Config, ServerConfig, load_config
 from mcpmux.config_policy import priority_for
@@ -38,7 +39,7 @@ from mcpmux.errors import (
 from mcpmux.inference.sampling_bridge import SamplingBridge
 from mcpmux.logs import RequestContext, set_upstream
 from mcpmux.metrics import MuxMetrics, outcome_of
-from mcpmux.reload import CallCancelledError, CallTracker, ReloadReport, TrackedCall, UpstreamLifetime, reload_mux
+from mcpmux.reload import ReloadReport, UpstreamLifetime, reload_mux
 from mcpmux.upstream import ProgressFn, Upstream, UpstreamEvents, UpstreamStatus
 
 if TYPE_CHECKING:

@@ -7,9 +7,8 @@
   announced once, after the new upstreams have connected (or `startup_timeout` ran out).
 - `ConfigReloader` polls the file (mtime, size, inode) and reloads once it has stopped changing; SIGHUP
   calls `reload()` directly. An invalid file is logged and the running config kept.
-- `CallTracker` knows every client call in flight: `drain()` lets them finish within the shutdown
-  grace and cancels the rest, each with an error that says why; a reload cancels the calls of the
-  upstreams it stops.
+
+A reload cancels the calls in flight on the upstreams it stops (`mcpmux.call_tracker`).
 """
 
 from __future__ import annotations
@@ -20,7 +19,6 @@ from collections.abc import Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING
 
 import anyio
@@ -28,7 +26,7 @@ from anyio.abc import TaskGroup, TaskStatus
 from pydantic import BaseModel
 
 from mcpmux.config import Config, ServerConfig, load_config
-from mcpmux.errors import ConfigError, UpstreamUnavailableError
+from mcpmux.errors import ConfigError
 
 if TYPE_CHECKING:
     from mcpmux.dispatch import UpstreamDispatcher
@@ -53,127 +51,6 @@ LIVE_MUX_KEYS = frozenset(
         "shutdown_grace",
     }
 )
-# How long cancelled calls get to unwind and send their error before shutdown goes on without them.
-_UNWIND_SECONDS = 5.0
-
-
-class CallCancelledError(UpstreamUnavailableError):
-    """mcpmux cancelled the call (shutdown past its grace period, or its upstream stopped by a reload)."""
-
-
-# -- in-flight calls -------------------------------------------------------------------------------
-
-
-class TrackedCall:
-    """One client call in flight: a cancel scope mcpmux can cancel with a reason (a sync context manager).
-
-    Entering raises `CallCancelledError` when new calls are refused (shutting down, or the upstream is
-    being restarted by a reload); leaving a call that mcpmux cancelled raises `CallCancelledError`
-    with the reason, in place of the cancellation or of the error the cancellation caused.
-    """
-
-    __slots__ = ("_reason", "_scope", "_tracker", "upstream")
-
-    def __init__(self, tracker: CallTracker, upstream: str | None) -> None:
-        self._tracker = tracker
-        self.upstream = upstream
-        self._scope = anyio.CancelScope()
-        self._reason: str | None = None
-
-    def cancel(self, reason: str) -> None:
-        """Cancel the call; its caller gets `CallCancelledError(reason)`."""
-        self._reason = reason
-        self._scope.cancel()
-
-    def __enter__(self) -> None:
-        self._tracker._admit(self)
-        self._scope.__enter__()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        try:
-            swallowed = self._scope.__exit__(exc_type, exc, tb)
-        finally:
-            self._tracker._release(self)
-        # The scope swallows only our own cancellation, which always has a reason. An outer cancellation
-        # (the client's, or the Mux closing) is not ours to turn into an error.
-        if self._reason is not None and exc_type is not None and (swallowed or issubclass(exc_type, Exception)):
-            raise CallCancelledError(self._reason) from None
-
-
-class CallTracker:
-    """The client calls in flight, so that shutdown can wait for them and a reload can cancel some."""
-
-    def __init__(self) -> None:
-        self._calls: set[TrackedCall] = set()
-        self._idle = anyio.Event()
-        self._idle.set()
-        self._refusing: dict[str | None, str] = {}  # upstream (None: every call) -> why new calls are refused
-
-    def track(self, upstream: str | None = None) -> TrackedCall:
-        """A context manager around one call (to `upstream`, or to a local tool when None)."""
-        return TrackedCall(self, upstream)
-
-    def refuse(self, upstream: str | None, reason: str) -> None:
-        """Refuse new calls to `upstream` (every call when None) and cancel those in flight, with `reason`."""
-        self._refusing[upstream] = reason
-        for call in list(self._calls):
-            if upstream is None or call.upstream == upstream:
-                call.cancel(reason)
-
-    def admit(self, upstream: str) -> None:
-        """Accept calls to `upstream` again."""
-        self._refusing.pop(upstream, None)
-
-    async def drain(self, grace: float, skip: anyio.Event | None = None) -> int:
-        """Refuse new calls, wait up to `grace` seconds (or until `skip` is set) for those in flight, then
-        cancel the rest with an error that says so; returns how many were cancelled."""
-        self._refusing[None] = "mcpmux is shutting down and accepts no new calls"
-        if self._calls:
-            logger.warning("shutting down: waiting up to %g s for %d call(s) in flight", grace, len(self._calls))
-            with anyio.move_on_after(grace):
-                await _first_of(self._idle, skip or anyio.Event())
-        late = list(self._calls)
-        if skip is not None and skip.is_set():
-            why = "mcpmux is shutting down: the call was cancelled (a second signal cut the grace period short)"
-        else:
-            why = f"mcpmux is shutting down: the call was cancelled after the {grace:g} s grace period"
-        for call in late:
-            call.cancel(why)
-        if late:
-            logger.warning("shutting down: cancelled %d call(s) still in flight", len(late))
-            with anyio.move_on_after(_UNWIND_SECONDS):
-                await self._idle.wait()
-        return len(late)
-
-    def _admit(self, call: TrackedCall) -> None:
-        if self._refusing:
-            reason = self._refusing.get(None) or self._refusing.get(call.upstream)
-            if reason is not None:
-                raise CallCancelledError(reason)
-        if not self._calls:
-            self._idle = anyio.Event()
-        self._calls.add(call)
-
-    def _release(self, call: TrackedCall) -> None:
-        self._calls.discard(call)
-        if not self._calls:
-            self._idle.set()
-
-
-async def _first_of(*events: anyio.Event) -> None:
-    async with anyio.create_task_group() as tasks:
-
-        async def wait(event: anyio.Event) -> None:
-            await event.wait()
-            tasks.cancel_scope.cancel()
-
-        for event in events:
-            tasks.start_soon(wait, event)
-
-
-# -- per-upstream lifetimes ------------------------------------------------------------------------
 
 
 @dataclass(slots=True)

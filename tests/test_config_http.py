@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from mcpmux.config import HttpSettings, config_from_dict, load_config
+from mcpmux.edge_policy import EdgePolicy, is_loopback, prepare_edge
 from mcpmux.errors import ConfigError, MuxError
-from mcpmux.http_edge import EdgePolicy, RateLimiter, is_loopback, prepare_edge
+from mcpmux.http_edge import RateLimiter
 
 SECRET = "tok-9f8e7d6c5b4a-s3cr3t"
 

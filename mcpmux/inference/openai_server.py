@@ -10,7 +10,8 @@ from collections.abc import Iterator
 import anyio
 import uvicorn
 
-from mcpmux.http_edge import EdgePolicy, HttpEdge
+from mcpmux.edge_policy import EdgePolicy
+from mcpmux.http_edge import HttpEdge
 from mcpmux.inference.openai_api import openai_app
 from mcpmux.inference.service import InferenceService
 from mcpmux.inference.settings import InferenceSettings

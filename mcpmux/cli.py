@@ -94,8 +94,13 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _wrapped(args: argparse.Namespace) -> list[str]:
+    """The command line of `mcpmux serve -- CMD ARGS...`; empty when a config file is served."""
+    return [part for part in getattr(args, "wrapped", []) if part != "--"]
+
+
 def _resolve_config(args: argparse.Namespace) -> Config:
-    wrapped = [part for part in getattr(args, "wrapped", []) if part != "--"]
+    wrapped = _wrapped(args)
     if wrapped:
         name = Path(wrapped[0]).name.split(".")[0] or "server"
         return config_from_dict(
@@ -122,8 +127,7 @@ async def _serve(args: argparse.Namespace, config: Config) -> int:
     async with Mux(config) as mux, anyio.create_task_group() as tasks:
         frontend = Frontend(mux)
         stop, skip = anyio.Event(), anyio.Event()
-        from_file = not [part for part in args.wrapped if part != "--"]
-        reloader = ConfigReloader(mux, config.source) if from_file else None
+        reloader = None if _wrapped(args) else ConfigReloader(mux, config.source)
         tasks.start_soon(_handle_signals, stop, skip, reloader, tasks)
         if reloader is not None:
             tasks.start_soon(reloader.watch)

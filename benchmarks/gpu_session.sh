@@ -7,23 +7,30 @@
 #     HF continuous batching is left out: its config keywords differ in the GPU image's transformers.
 # Needs mcpmux's own dependencies (mcp, pydantic, ...) importable: the GPU image lacks them, so carry
 # them as wheels and put them on PYTHONPATH first (see the device tool's README).
-# Arguments: TOKENIZER_DIR (config.json + tokenizer files of the converted builtin model) and OUT_DIR.
+#   - benchmarks/engine_profile.py on CUDA: where a decode step's time goes.
+# Arguments: TOKENIZER_DIR (config.json + tokenizer files of the converted builtin model), OUT_DIR, and
+# optionally the steps to run (default "tests kernels engine profile").
 # Every step has its own time limit and log, so one failure still leaves the others' results.
 set -u
 tok=${1:?tokenizer folder}
 out=${2:?output folder}
+steps=${3:-tests kernels engine profile}
 export PYTHONUNBUFFERED=1
 nvidia-smi -L | tee "$out/gpu.txt"
 python3 -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__)" | tee -a "$out/gpu.txt"
 
-timeout 200 python3 -m pytest tests/kernels -q -p no:cacheprovider --timeout 120 >"$out/kernel_tests.log" 2>&1
-echo "kernel tests: exit $?" | tee -a "$out/gpu.txt"
-tail -n 30 "$out/kernel_tests.log"
+if [[ $steps == *tests* ]]; then
+    timeout 200 python3 -m pytest tests/kernels -q -p no:cacheprovider --timeout 120 >"$out/kernel_tests.log" 2>&1
+    echo "kernel tests: exit $?" | tee -a "$out/gpu.txt"
+    tail -n 30 "$out/kernel_tests.log"
+fi
 
-timeout 120 python3 benchmarks/kernels_gpu.py --quick >"$out/kernels_gpu.log" 2>&1
-echo "kernels_gpu: exit $?" | tee -a "$out/gpu.txt"
-cp benchmarks/results/kernels_gpu.json "$out/" 2>/dev/null
-tail -n 40 "$out/kernels_gpu.log"
+if [[ $steps == *kernels* ]]; then
+    timeout 120 python3 benchmarks/kernels_gpu.py --quick >"$out/kernels_gpu.log" 2>&1
+    echo "kernels_gpu: exit $?" | tee -a "$out/gpu.txt"
+    cp benchmarks/results/kernels_gpu.json "$out/" 2>/dev/null
+    tail -n 40 "$out/kernels_gpu.log"
+fi
 
 model=/tmp/smollm2-random
 python3 - "$tok" "$model" <<'PY'
@@ -39,8 +46,16 @@ for f in src.iterdir():
     if f.name != "config.json":
         shutil.copy(f, dst / f.name)
 PY
-timeout 180 python3 benchmarks/engine.py --model "$model" --device cuda --dtype float32 \
-    --systems hf-static,mcpmux --workloads offline,poisson-32/s,shared-prefix,long-among-short >"$out/engine_gpu.log" 2>&1
-echo "engine on cuda: exit $?" | tee -a "$out/gpu.txt"
-latest=$(ls -t benchmarks/results/engine-*.json 2>/dev/null | head -1); [ -n "$latest" ] && cp "$latest" "$out/engine_gpu.json" && cp "${latest%.json}.png" "$out/engine_gpu.png" 2>/dev/null
-tail -n 25 "$out/engine_gpu.log"
+if [[ $steps == *engine* ]]; then
+    timeout 180 python3 benchmarks/engine.py --model "$model" --device cuda --dtype float32 \
+        --systems hf-static,mcpmux --workloads offline,poisson-32/s,shared-prefix,long-among-short >"$out/engine_gpu.log" 2>&1
+    echo "engine on cuda: exit $?" | tee -a "$out/gpu.txt"
+    latest=$(ls -t benchmarks/results/engine-*.json 2>/dev/null | head -1); [ -n "$latest" ] && cp "$latest" "$out/engine_gpu.json" && cp "${latest%.json}.png" "$out/engine_gpu.png" 2>/dev/null
+    tail -n 25 "$out/engine_gpu.log"
+fi
+
+if [[ $steps == *profile* ]]; then
+    timeout 120 python3 benchmarks/engine_profile.py --model "$model" --device cuda >"$out/engine_profile.log" 2>&1
+    echo "engine profile: exit $?" | tee -a "$out/gpu.txt"
+    tail -n 45 "$out/engine_profile.log"
+fi

@@ -9,7 +9,8 @@ seconds). `--clients` real MCP clients (both protocol eras) each keep `--lanes` 
 every call carrying a unique token that the answer must repeat.
 
 Prints a table and writes `benchmarks/results/soak.json`: requests served, errors by kind, p50/p99
-latency, restarts of `flaky` survived, leaked processes / descriptors / threads (must be 0), peak RSS
+latency, restarts of `flaky` survived, leaked processes / descriptors / threads (must be 0; the
+HTTP client's keep-alive connections to `web`, a bounded pool, are counted apart), peak RSS
 of the mcpmux process. Every process started here carries MCPMUX_SOAK_RUN=<id> in its environment;
 any still alive after mcpmux exits is a leak (reported, then killed).
 """
@@ -86,6 +87,8 @@ class Report:
     end_rss_mib: float
     peak_rss_mib: float
     fds_before_after: dict[str, dict[str, int]]
+    upstream_pool_before_after: tuple[int, int]
+    """Keep-alive connections to the HTTP upstream: a bounded pool, so not counted as leaked descriptors."""
     meta: dict[str, Any]
 
 
@@ -124,6 +127,22 @@ def _holdings(pid: int) -> tuple[int, int, float]:
     """Open descriptors, threads, RSS in MiB."""
     status = _status(pid)
     return len(os.listdir(f"/proc/{pid}/fd")), int(status["Threads"]), int(status["VmRSS"].split()[0]) / 1024
+
+
+def _pooled(pid: int, port: int) -> int:
+    """The process's established TCP connections to `port` on loopback (its HTTP client's pool)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                if fields[3] == "01" and int(fields[2].rsplit(":", 1)[1], 16) == port:
+                    inodes.add(f"socket:[{fields[9]}]")
+    count = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            count += os.readlink(f"/proc/{pid}/fd/{fd}") in inodes
+    return count
 
 
 def _fd_kinds(pid: int) -> dict[str, int]:
@@ -214,7 +233,7 @@ async def _chaos(until: float, kill_every: float, seen: set[int]) -> int:
     return kills
 
 
-async def _soak(args: argparse.Namespace, url: str, mux: subprocess.Popen[bytes]) -> Report:
+async def _soak(args: argparse.Namespace, url: str, mux: subprocess.Popen[bytes], web_port: int) -> Report:
     # Warm up at full concurrency, so connection pools (e.g. to the HTTP upstream) are at their steady
     # size before the baseline: a pool is bounded, a leak grows with time and kills.
     warm, warm_until = Tally(), time.monotonic() + 5
@@ -223,6 +242,8 @@ async def _soak(args: argparse.Namespace, url: str, mux: subprocess.Popen[bytes]
             tasks.start_soon(_client, url, index, args.lanes, warm_until, warm)
     await anyio.sleep(1)
     base_fds, base_threads, base_rss = _holdings(mux.pid)
+    base_pool = _pooled(mux.pid, web_port)
+    base_fds -= base_pool
     base_kinds = _fd_kinds(mux.pid)
     tally, seen = Tally(), set(_flaky_pids())
     started = time.monotonic()
@@ -247,6 +268,8 @@ async def _soak(args: argparse.Namespace, url: str, mux: subprocess.Popen[bytes]
     deadline = time.monotonic() + 20
     while True:
         fds, threads, rss = _holdings(mux.pid)
+        pool = _pooled(mux.pid, web_port)
+        fds -= pool
         if (fds <= base_fds and threads <= base_threads) or time.monotonic() > deadline:
             break
         await anyio.sleep(0.5)
@@ -273,6 +296,7 @@ async def _soak(args: argparse.Namespace, url: str, mux: subprocess.Popen[bytes]
         end_rss_mib=round(rss, 1),
         peak_rss_mib=round(peak, 1),
         fds_before_after={"before": base_kinds, "after": _fd_kinds(mux.pid)},
+        upstream_pool_before_after=(base_pool, pool),
         meta={"python": platform.python_version(), "cpus": os.cpu_count(), "machine": platform.machine()},
     )
 
@@ -304,7 +328,7 @@ def run(args: argparse.Namespace, workdir: Path) -> Report:
                 [*command, "--transport", "http", "--port", str(mux_port)], env=_env(), stderr=log, cwd=ROOT
             )
         _wait_port(mux_port, mux)
-        report = anyio.run(_soak, args, f"http://127.0.0.1:{mux_port}/mcp", mux)
+        report = anyio.run(_soak, args, f"http://127.0.0.1:{mux_port}/mcp", mux, web_port)
         _stop(mux)
         if mux.returncode != 0:
             print(f"mcpmux exited with {mux.returncode}; its log: {workdir / 'mux.log'}", file=sys.stderr)
@@ -330,6 +354,7 @@ def _print(report: Report) -> None:
         ("latency p50 / p99", f"{report.p50_ms} ms / {report.p99_ms} ms"),
         ("kills / restarts survived", f"{report.kills} / {report.restarts_survived}"),
         ("leaked processes/fds/threads", f"{report.leaked_processes} / {report.leaked_fds} / {report.leaked_threads}"),
+        ("pool to `web` before/after", " / ".join(map(str, report.upstream_pool_before_after))),
         ("RSS baseline / end / peak", f"{report.baseline_rss_mib} / {report.end_rss_mib} / {report.peak_rss_mib} MiB"),
     ]
     width = max(len(name) for name, _ in rows)

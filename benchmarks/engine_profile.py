@@ -54,10 +54,11 @@ def main() -> None:
     ap.add_argument("--seqs", type=int, default=64)
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True, help="on CUDA")
     args = ap.parse_args()
     config = EngineConfig(
         model=args.model, device=args.device, dtype=args.dtype, num_blocks=args.seqs * 16,
-        max_num_seqs=args.seqs, max_num_batched_tokens=max(512, args.seqs),
+        max_num_seqs=args.seqs, max_num_batched_tokens=max(512, args.seqs), cuda_graphs=args.cuda_graphs,
     )  # fmt: skip
     engine = LLMEngine(config)
     device = engine.loaded.device
@@ -79,13 +80,16 @@ def main() -> None:
     scheduler.postprocess = timed(parts, "postprocess", scheduler.postprocess, device)  # type: ignore[method-assign]
     runner.prepare = timed(parts, "prepare batch", runner.prepare, device)  # type: ignore[method-assign]
     engine.loaded.model = timed(parts, "forward", model, device)  # type: ignore[assignment]
+    if runner.graphs is not None:
+        runner.graphs.forward = timed(parts, "forward", runner.graphs.forward, device)  # type: ignore[method-assign]
     model_runner.sample = timed(parts, "sample", model_runner.sample, device)  # type: ignore[assignment]
     start = time.perf_counter()
     for _ in range(args.steps):
         engine.step()
     total = time.perf_counter() - start
     named = sum(parts.values())
-    print(f"{args.model} on {device}, {args.dtype}: {args.seqs} sequences decoding, {args.steps} steps")
+    graphs = "" if device.type != "cuda" else f", CUDA graphs {'on' if engine.runner.graphs else 'off'}"
+    print(f"{args.model} on {device}, {args.dtype}{graphs}: {args.seqs} sequences decoding, {args.steps} steps")
     print(f"step: {total / args.steps * 1e3:.2f} ms ({args.seqs / (total / args.steps):.0f} tokens/s)")
     for name, seconds in sorted(parts.items(), key=lambda kv: -kv[1]):
         print(f"  {name:<14} {seconds / args.steps * 1e3:8.2f} ms  {seconds / total * 100:5.1f}%")

@@ -20,7 +20,8 @@ nvidia-smi -L | tee "$out/gpu.txt"
 python3 -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__)" | tee -a "$out/gpu.txt"
 
 if [[ $steps == *tests* ]]; then
-    timeout 200 python3 -m pytest tests/kernels -q -p no:cacheprovider --timeout 120 >"$out/kernel_tests.log" 2>&1
+    timeout 200 python3 -m pytest tests/kernels tests/inference/test_cuda_graphs.py \
+        tests/inference/test_models.py::test_cuda_forward_equals_hf -q -p no:cacheprovider --timeout 120 >"$out/kernel_tests.log" 2>&1
     echo "kernel tests: exit $?" | tee -a "$out/gpu.txt"
     tail -n 30 "$out/kernel_tests.log"
 fi
@@ -55,7 +56,10 @@ if [[ $steps == *engine* ]]; then
 fi
 
 if [[ $steps == *profile* ]]; then
-    timeout 120 python3 benchmarks/engine_profile.py --model "$model" --device cuda >"$out/engine_profile.log" 2>&1
-    echo "engine profile: exit $?" | tee -a "$out/gpu.txt"
-    tail -n 45 "$out/engine_profile.log"
+    for graphs in --no-cuda-graphs --cuda-graphs; do
+        timeout 120 python3 benchmarks/engine_profile.py --model "$model" --device cuda $graphs \
+            >"$out/engine_profile$graphs.log" 2>&1
+        echo "engine profile $graphs: exit $?" | tee -a "$out/gpu.txt"
+        head -n 9 "$out/engine_profile$graphs.log"
+    done
 fi

@@ -80,7 +80,8 @@ class EngineConfig:
     tokens so it never stalls decoding. `max_waiting` bounds the waiting queue (more is rejected).
     Priority aging: a request's effective priority is `priority + steps_waited // aging_interval`
     (larger runs first), so a waiting request overtakes any fresh request of a priority up to `k`
-    levels above it after `k * aging_interval` steps.
+    levels above it after `k * aging_interval` steps. On CUDA, decode steps replay captured CUDA
+    graphs (`mcpmux.inference.cuda_graphs`) unless `cuda_graphs` is False.
     """
 
     model: str
@@ -96,6 +97,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     aging_interval: int = 64
     max_model_len: int | None = None
+    cuda_graphs: bool = True
 
     def __post_init__(self) -> None:
         _check(self.block_size >= 1, f"block_size must be >= 1, got {self.block_size}")

@@ -55,7 +55,9 @@ class LLMEngine:
             1, config.kv_cache_memory_mb * 2**20 // kv_block_bytes(self.loaded, config.block_size)
         )
         max_len = min(config.max_model_len or self.loaded.max_position, self.loaded.max_position)
-        self.runner = ModelRunner(self.loaded, config.block_size, num_blocks)
+        self.runner = ModelRunner(
+            self.loaded, config.block_size, num_blocks, cuda_graphs=config.cuda_graphs, max_num_seqs=config.max_num_seqs
+        )
         self.scheduler = Scheduler(config, num_blocks, self.loaded.eos_token_ids, max_len)
         self.stats_collector = StatsCollector()
         self._requests: dict[str, _Request] = {}

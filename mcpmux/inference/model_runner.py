@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from mcpmux.inference.cuda_graphs import DecodeGraphs
 from mcpmux.inference.forward_batch import ForwardBatch
 from mcpmux.inference.loader import LoadedModel
 from mcpmux.inference.sampler import SampleRequest, TokenLogprob, sample
@@ -32,7 +33,16 @@ class StepResult:
 class ModelRunner:
     """Allocates `num_blocks` KV blocks per layer and runs steps of the model."""
 
-    def __init__(self, loaded: LoadedModel, block_size: int, num_blocks: int) -> None:
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        block_size: int,
+        num_blocks: int,
+        *,
+        cuda_graphs: bool = False,
+        max_num_seqs: int = 64,
+    ) -> None:
+        """`cuda_graphs`: replay decode steps from captured CUDA graphs where the model allows it."""
         self.loaded = loaded
         self.block_size = block_size
         self.num_blocks = num_blocks
@@ -51,6 +61,12 @@ class ModelRunner:
             num_blocks * kv_block_bytes(loaded, block_size) / 2**20,
             loaded.device,
         )
+        self.graphs: DecodeGraphs | None = None
+        if cuda_graphs and DecodeGraphs.usable(loaded):
+            try:
+                self.graphs = DecodeGraphs(loaded, self.kv_caches, block_size, max_num_seqs)
+            except RuntimeError as err:  # out of memory too: serving goes on, eagerly
+                log.warning("CUDA graphs could not be captured (%s); decode steps run eagerly", err)
 
     def prepare(self, scheduled: list[ScheduledSeq]) -> ForwardBatch:
         """Concatenate every scheduled sequence's new tokens into one padding-free batch."""
@@ -90,7 +106,9 @@ class ModelRunner:
         """Run one step. `requests` has one entry per scheduled sequence that samples, in order."""
         batch = self.prepare(scheduled)
         with torch.inference_mode():
-            logits = self.loaded.model(batch, self.kv_caches)
+            logits = self.graphs.forward(batch) if self.graphs is not None else None
+            if logits is None:
+                logits = self.loaded.model(batch, self.kv_caches)
             sampled = sample(logits, requests)
         tokens = iter(sampled.token_ids)
         logprobs = iter(sampled.logprobs)

@@ -116,7 +116,7 @@ class DecodeGraphs:
             model(static, self.kv_caches)  # compiles this bucket's kernels before the capture
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        # thread_local: the engine captures on its own thread while the event loop's thread goes on.
+        # thread_local: other threads (the event loop's) may go on using CUDA while this one captures.
         with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"), torch.inference_mode():
             logits = model(static, self.kv_caches)
         log.info("captured the decode step for batches of up to %d sequences", size)

@@ -93,6 +93,7 @@ class InferenceService:
                     max_num_batched_tokens=model.max_num_batched_tokens,
                     kv_cache_memory_mb=model.kv_cache_memory_mb,
                     max_waiting=model.max_waiting,
+                    cuda_graphs=model.cuda_graphs,
                 )
             )
             self._stack.push_async_callback(engine.shutdown)

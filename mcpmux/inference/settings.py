@@ -15,6 +15,7 @@ max_num_seqs = 64
 max_num_batched_tokens = 512
 kv_cache_memory_mb = 512
 max_waiting = 1024            # requests queued beyond this are refused (HTTP 503 on /v1)
+cuda_graphs = true            # on CUDA, decode steps replay graphs captured at start; false: eager
 intelligence = 0.2            # 0..1, matched against sampling modelPreferences priorities
 speed = 0.9
 cost = 0.9                    # 1 = cheapest
@@ -58,6 +59,7 @@ class ModelSettings(_Model):
     max_num_batched_tokens: int = Field(default=512, ge=1)
     kv_cache_memory_mb: int = Field(default=512, ge=1)
     max_waiting: int = Field(default=1024, ge=1)
+    cuda_graphs: bool = True
     intelligence: float = Field(default=0.5, ge=0, le=1)
     speed: float = Field(default=0.5, ge=0, le=1)
     cost: float = Field(default=0.5, ge=0, le=1)

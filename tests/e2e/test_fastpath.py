@@ -13,12 +13,11 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Any
 
 import anyio
-import httpx2
 import mcp_types as types
 import pytest
 from mcp import Client
@@ -26,9 +25,9 @@ from mcp.shared.exceptions import MCPError
 
 if __name__ != "__main__":
     from tests.e2e.conftest import free_port, mux_over_http, mux_over_stdio, stop, text_of, wait_for_port, write_config
+    from tests.reliability.conftest import HttpFront
 
 PROBE = Path(__file__).resolve()
-RAW_HEADERS = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
 
 
 def probe(**extra: Any) -> dict[str, Any]:
@@ -184,42 +183,26 @@ async def test_http_clients_of_both_eras_cancel_fast_path_calls(tmp_path: Path) 
                 assert str(seen_id(await client.call_tool("probe__whoami", {}))).startswith("mux.")
 
 
-def _raw_session(http: httpx2.Client, url: str) -> dict[str, str]:
-    """Open a 2025 session as a real client does (capabilities declared, no sampling); its headers."""
-    params = {
-        "protocolVersion": "2025-11-25",
-        "capabilities": {"roots": {}},
-        "clientInfo": {"name": "raw", "version": "0"},
-    }
-    opened = http.post(
-        url, headers=RAW_HEADERS, json={"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": params}
-    )
-    opened.raise_for_status()
-    headers = {**RAW_HEADERS, "mcp-session-id": opened.headers["mcp-session-id"], "mcp-protocol-version": "2025-11-25"}
-    http.post(url, headers=headers, json={"jsonrpc": "2.0", "method": "notifications/initialized"})
-    return headers
-
-
-def _raw_whoami(http: httpx2.Client, url: str, headers: dict[str, str], request_id: int, deep: str) -> Any:
-    """POST a `whoami` call whose `deep` argument is the raw JSON `deep`; the decoded JSON-RPC answer."""
+def _whoami(front: HttpFront, request_id: int, deep: str) -> Any:
+    """POST a `whoami` call whose `deep` argument is the raw JSON `deep`; the JSON-RPC answer to it."""
     body = json.dumps({"jsonrpc": "2.0", "id": request_id, "method": "tools/call",
                        "params": {"name": "probe__whoami", "arguments": {"deep": "DEEP"}}})  # fmt: skip
-    response = http.post(url, headers=headers, content=body.replace('"DEEP"', deep).encode())
-    assert response.status_code < 500, response.text
-    return json.loads(response.text.partition("data:")[2] or response.text)
+    answer = front.exchange(body.replace('"DEEP"', deep).encode(), request_id)
+    assert answer.status < 500, answer
+    (message,) = answer.messages
+    return message
 
 
 def test_arguments_nested_past_the_sdk_parser_are_refused_and_the_upstream_lives_on(tmp_path: Path) -> None:
     """Nesting the SDK cannot parse is refused as on the SDK path; it never reaches (and breaks) the upstream."""
     config = write_config(tmp_path / "mux.json", {"probe": probe()})
-    with mux_over_http(config) as url, httpx2.Client(timeout=30) as http:
-        headers = _raw_session(http, url)
-        served = _raw_whoami(http, url, headers, 1, "[" * 100 + "]" * 100)  # within the parser's limit
+    with mux_over_http(config) as url, closing(HttpFront(url, timeout=30, capabilities={"roots": {}})) as front:
+        served = _whoami(front, 1, "[" * 100 + "]" * 100)  # within the parser's limit
         assert str(json.loads(served["result"]["content"][0]["text"])["id"]).startswith("mux.")
         for request_id, depth in enumerate((220, 300, 900, 20_000), start=2):
-            refused = _raw_whoami(http, url, headers, request_id, "[" * depth + "]" * depth)
+            refused = _whoami(front, request_id, "[" * depth + "]" * depth)
             assert refused["error"]["code"] in (types.PARSE_ERROR, types.INVALID_REQUEST), refused
-            again = _raw_whoami(http, url, headers, 100 + request_id, '"fine"')
+            again = _whoami(front, 100 + request_id, '"fine"')
             seen = json.loads(again["result"]["content"][0]["text"])  # the same connection, still on the fast path
             assert seen["deep"] == "fine"
             assert str(seen["id"]).startswith("mux."), again

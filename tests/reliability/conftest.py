@@ -1,4 +1,5 @@
-"""Real parts for the reliability suite: tagged mcpmux and upstream processes, /proc readings, raw pipes.
+"""Real parts for the reliability suite: tagged mcpmux and upstream processes, /proc readings, raw pipes
+and a raw HTTP session.
 
 Every process a test starts carries `MCPMUX_RELIABILITY_RUN=<id>` in its environment, and mcpmux
 passes its environment on to its stdio children, so after a run any process still carrying the tag
@@ -20,12 +21,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+import httpx2
 import pytest
 
 from tests.e2e.conftest import DEMO, PY, ROOT, free_port, stop, wait_for_port
 
 FAULT = ROOT / "tests" / "servers" / "fault_server.py"
 RUN_ENV = "MCPMUX_RELIABILITY_RUN"
+HTTP_HEADERS = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
 
 
 @pytest.fixture
@@ -89,6 +92,28 @@ def proc_stats(pid: int) -> ProcStats:
         threads=int(status["Threads"]),
         rss_kib=int(status["VmRSS"].split()[0]),
     )
+
+
+def pooled_sockets(pid: int, ports: set[int]) -> int:
+    """`pid`'s TCP sockets to the loopback `ports` of HTTP upstreams: its HTTP client's keep-alive pool.
+
+    An idle pooled connection the server closed sits in CLOSE_WAIT until the pool next touches it, so
+    the pool may hold more descriptors after a load than before it; it is bounded (httpx: 20 per client)
+    and is counted apart from leaked descriptors.
+    """
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with suppress(OSError):
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[9] in inodes and int(fields[2].rsplit(":", 1)[1], 16) in ports:
+                count += 1
+    return count
 
 
 def stdio_upstream(name: str, script: Path = DEMO, **env: str) -> dict[str, Any]:
@@ -204,3 +229,54 @@ class RawStdio:
         except subprocess.TimeoutExpired:
             stop(self.process)
             raise
+
+
+@dataclass(slots=True)
+class Exchange:
+    """What a front answered to one message: HTTP status (0 on stdio) and the JSON-RPC messages."""
+
+    status: int
+    messages: list[Any]
+
+
+class HttpFront:
+    """One initialized 2025-11-25 session over raw HTTP (by default declaring no capabilities at all)."""
+
+    def __init__(self, url: str, timeout: float, capabilities: dict[str, Any] | None = None) -> None:
+        self.url = url
+        self.http = httpx2.Client(timeout=timeout)
+        params = {
+            "protocolVersion": "2025-11-25",
+            "capabilities": capabilities or {},
+            "clientInfo": {"name": "raw", "version": "0"},
+        }
+        opened = self.http.post(
+            url, headers=HTTP_HEADERS, json={"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": params}
+        )
+        opened.raise_for_status()
+        self.headers = {
+            **HTTP_HEADERS,
+            "mcp-session-id": opened.headers["mcp-session-id"],
+            "mcp-protocol-version": "2025-11-25",
+        }
+        self.http.post(url, headers=self.headers, json={"jsonrpc": "2.0", "method": "notifications/initialized"})
+
+    def close(self) -> None:
+        self.http.close()
+
+    def exchange(self, data: bytes, request_id: object) -> Exchange:
+        """POST `data` on the session; the answer is the HTTP response itself."""
+        response = self.http.post(self.url, headers=self.headers, content=data)
+        return Exchange(response.status_code, messages_of(response))
+
+
+def messages_of(response: httpx2.Response) -> list[Any]:
+    """The JSON-RPC messages of a response body: one JSON document, or the data of SSE events."""
+    if response.headers.get("content-type", "").startswith("text/event-stream"):
+        events = response.text.replace("\r\n", "\n").split("\n\n")
+        datas = ["\n".join(line[5:].lstrip() for line in e.split("\n") if line.startswith("data:")) for e in events]
+        return [json.loads(data) for data in datas if data]
+    if not response.content:
+        return []
+    decoded = json.loads(response.content)
+    return decoded if isinstance(decoded, list) else [decoded]

@@ -15,15 +15,21 @@ import queue
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
-import httpx2
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from tests.reliability.conftest import RawStdio, http_mux, stdio_upstream, tagged_pids, write_config
+from tests.reliability.conftest import (
+    Exchange,
+    HttpFront,
+    RawStdio,
+    http_mux,
+    stdio_upstream,
+    tagged_pids,
+    write_config,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -54,7 +60,6 @@ METHODS = [
 ]
 # Around the SDK parser's nesting limit (pydantic-core's serde_json), and past Python's recursion limit.
 DEPTHS = [1, 50, 127, 128, 129, 200, 255, 256, 500, 900, 5_000, 20_000]
-HTTP_HEADERS = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
 _ids = itertools.count(1)
 
 json_values = st.recursive(
@@ -68,14 +73,6 @@ def _fresh_id(as_text: bool) -> int | str:
     """An id no earlier example used, so a late or doubled answer cannot pass for this one's."""
     n = next(_ids)
     return f"fuzz-{n}" if as_text else 1_000_000 + n
-
-
-@dataclass(slots=True)
-class Exchange:
-    """What the front answered to one fuzz message: HTTP status (0 on stdio) and the JSON-RPC messages."""
-
-    status: int
-    messages: list[Any]
 
 
 class StdioFront:
@@ -109,42 +106,6 @@ class StdioFront:
             else:
                 got.append(line)
         return Exchange(0, got)
-
-
-class HttpFront:
-    """One initialized 2025-11-25 session over raw HTTP."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.http = httpx2.Client(timeout=PATIENCE)
-        params = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "fuzz", "version": "0"}}
-        opened = self.http.post(
-            url, headers=HTTP_HEADERS, json={"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": params}
-        )
-        opened.raise_for_status()
-        self.headers = {
-            **HTTP_HEADERS,
-            "mcp-session-id": opened.headers["mcp-session-id"],
-            "mcp-protocol-version": "2025-11-25",
-        }
-        self.http.post(url, headers=self.headers, json={"jsonrpc": "2.0", "method": "notifications/initialized"})
-
-    def exchange(self, data: bytes, request_id: object) -> Exchange:
-        """POST `data` on the session; the answer is the HTTP response itself."""
-        response = self.http.post(self.url, headers=self.headers, content=data)
-        return Exchange(response.status_code, _messages(response))
-
-
-def _messages(response: httpx2.Response) -> list[Any]:
-    """The JSON-RPC messages of a response body: one JSON document, or the data of SSE events."""
-    if response.headers.get("content-type", "").startswith("text/event-stream"):
-        events = response.text.replace("\r\n", "\n").split("\n\n")
-        datas = ["\n".join(line[5:].lstrip() for line in e.split("\n") if line.startswith("data:")) for e in events]
-        return [json.loads(data) for data in datas if data]
-    if not response.content:
-        return []
-    decoded = json.loads(response.content)
-    return decoded if isinstance(decoded, list) else [decoded]
 
 
 def _for(message: Any, request_id: object) -> bool:
@@ -201,16 +162,16 @@ def http_front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpFront]:
     tag = uuid.uuid4().hex
     config = write_config(folder / "mux.json", {"alpha": stdio_upstream("alpha")})
     with http_mux(config, tag, folder / "mux.log") as mux:
-        front = HttpFront(mux.url)
+        front = HttpFront(mux.url, PATIENCE)
         yield front
         # The fuzzed session and a brand-new client are both still served.
-        for client in (front, HttpFront(mux.url)):
+        for client in (front, HttpFront(mux.url, PATIENCE)):
             call = {"name": "alpha__echo", "arguments": {"text": "still here"}}
             answer = client.exchange(
                 json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": call}).encode(), 1
             )
             assert answer.messages[0]["result"]["content"][0]["text"] == "alpha: still here"
-        front.http.close()
+        front.close()
     assert mux.process.returncode == 0
     assert not tagged_pids(tag)
 

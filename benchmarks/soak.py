@@ -42,6 +42,10 @@ from mcp import Client
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))  # run as a script: the repository's packages come first
+
+from tests.reliability.conftest import pooled_sockets  # noqa: E402
+
 DEMO = ROOT / "tests" / "servers" / "demo_server.py"
 FAULT = ROOT / "tests" / "servers" / "fault_server.py"
 RUN_ID = uuid.uuid4().hex[:12]
@@ -127,22 +131,6 @@ def _holdings(pid: int) -> tuple[int, int, float]:
     """Open descriptors, threads, RSS in MiB."""
     status = _status(pid)
     return len(os.listdir(f"/proc/{pid}/fd")), int(status["Threads"]), int(status["VmRSS"].split()[0]) / 1024
-
-
-def _pooled(pid: int, port: int) -> int:
-    """The process's established TCP connections to `port` on loopback (its HTTP client's pool)."""
-    inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with contextlib.suppress(OSError):
-            for line in Path(table).read_text().splitlines()[1:]:
-                fields = line.split()
-                if fields[3] == "01" and int(fields[2].rsplit(":", 1)[1], 16) == port:
-                    inodes.add(f"socket:[{fields[9]}]")
-    count = 0
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        with contextlib.suppress(OSError):
-            count += os.readlink(f"/proc/{pid}/fd/{fd}") in inodes
-    return count
 
 
 def _fd_kinds(pid: int) -> dict[str, int]:
@@ -242,7 +230,7 @@ async def _soak(args: argparse.Namespace, url: str, mux: subprocess.Popen[bytes]
             tasks.start_soon(_client, url, index, args.lanes, warm_until, warm)
     await anyio.sleep(1)
     base_fds, base_threads, base_rss = _holdings(mux.pid)
-    base_pool = _pooled(mux.pid, web_port)
+    base_pool = pooled_sockets(mux.pid, {web_port})
     base_fds -= base_pool
     base_kinds = _fd_kinds(mux.pid)
     tally, seen = Tally(), set(_flaky_pids())
@@ -268,7 +256,7 @@ async def _soak(args: argparse.Namespace, url: str, mux: subprocess.Popen[bytes]
     deadline = time.monotonic() + 20
     while True:
         fds, threads, rss = _holdings(mux.pid)
-        pool = _pooled(mux.pid, web_port)
+        pool = pooled_sockets(mux.pid, {web_port})
         fds -= pool
         if (fds <= base_fds and threads <= base_threads) or time.monotonic() > deadline:
             break

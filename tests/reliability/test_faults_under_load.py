@@ -31,6 +31,7 @@ from tests.reliability.conftest import (
     ProcStats,
     http_mux,
     http_server,
+    pooled_sockets,
     proc_stats,
     stdio_upstream,
     tagged_env,
@@ -159,25 +160,6 @@ async def _chaos(run_id: str, webflaky: WebFlaky, stop_event: anyio.Event, kills
             kills.append("webflaky")
 
 
-def _idle_upstream_sockets(pid: int, ports: set[int]) -> int:
-    """`pid`'s TCP sockets to the HTTP upstreams' `ports`: the HTTP client's keep-alive pool. An idle
-    pooled connection the server closed sits in CLOSE_WAIT until the pool next touches it, so the pool
-    may hold more descriptors after a load than before it; it is bounded (httpx: 20 per client)."""
-    inodes = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        with suppress(OSError):
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-            if target.startswith("socket:["):
-                inodes.add(target[8:-1])
-    count = 0
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for line in Path(table).read_text().splitlines()[1:]:
-            fields = line.split()
-            if fields[9] in inodes and int(fields[2].rsplit(":", 1)[1], 16) in ports:
-                count += 1
-    return count
-
-
 async def _settled(pid: int, baseline: ProcStats, timeout: float = 30) -> ProcStats:
     """The mux's stats once descriptors and threads are back at the baseline (or when `timeout` ends)."""
     deadline = time.monotonic() + timeout
@@ -232,7 +214,7 @@ async def test_faults_under_load_hurt_only_the_broken_upstreams_and_leave_nothin
                             while (await session.call_tool(f"{upstream}__echo", {"text": "back"})).is_error:
                                 await anyio.sleep(0.2)
                 after = await _settled(mux.process.pid, baseline)
-                pooled = _idle_upstream_sockets(mux.process.pid, {webflaky.port, _port_of(slow.url)})
+                pooled = pooled_sockets(mux.process.pid, {webflaky.port, _port_of(slow.url)})
                 mux_pid = mux.process.pid
             assert mux.process.returncode == 0, (tmp_path / "mux.log").read_text()[-2000:]
     finally:

@@ -189,9 +189,6 @@ class FastPath:
                 # Shutdown waits for (or cancels) it and a reload that stops its upstream cancels it.
                 with self.mux.track_call(call.upstream.name):
                     raw, upstream_version = await self._call(call, progress)
-                problem = call.output.problem(raw) if call.output is not None else None
-                if problem is not None:
-                    raise result_error(call.upstream.name, f"tool {call.tool!r}", problem)
             except (UpstreamUnavailableError, UpstreamTimeoutError, UpstreamResultError, RejectedError) as err:
                 outcome = outcome_of(err)
                 failed = error_result(str(err))
@@ -215,7 +212,11 @@ class FastPath:
             self.mux.metrics.observe_call(call.upstream.name, call.tool, time.perf_counter() - started, outcome)
 
     async def _call(self, call: FastCall, progress: ProgressFn | None) -> tuple[Any, str | None]:
-        """The upstream's raw result and its protocol revision, through the upstream's admission gate."""
+        """The upstream's raw result and its protocol revision, through the upstream's admission gate.
+
+        Raises `UpstreamResultError` for a result that breaks the tool's output schema, as
+        `Upstream.request` does on the SDK path.
+        """
         dispatcher = self.mux.dispatchers[call.upstream.name]
         what = f"tool {call.tool!r}"
         async with dispatcher.slot(priority=0):
@@ -228,6 +229,9 @@ class FastPath:
                     what, lambda client: client.call_tool(call.tool, call.arguments, progress_callback=progress)
                 )
                 raw, version = slow.model_dump(by_alias=True, mode="json", exclude_none=True), None
+        problem = call.output.problem(raw) if call.output is not None else None
+        if problem is not None:
+            raise result_error(call.upstream.name, what, problem)
         return raw, version
 
     def _shape(self, raw: Any, upstream_version: str | None, version: str) -> dict[str, Any]:

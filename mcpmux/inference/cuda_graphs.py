@@ -48,10 +48,11 @@ class DecodeGraphs:
                  max_num_seqs: int) -> None:  # fmt: skip
         self.loaded = loaded
         self.kv_caches = kv_caches
-        self.block_size = block_size
         self.max_context = min(GRAPH_MAX_CONTEXT, loaded.max_position)
         self.max_blocks = -(-self.max_context // block_size)
-        self.buckets = [1 << i for i in range(max(1, max_num_seqs).bit_length() + 1) if 1 << i < 2 * max_num_seqs]
+        self.buckets = [1]  # powers of two, up to the first that holds max_num_seqs
+        while self.buckets[-1] < max_num_seqs:
+            self.buckets.append(2 * self.buckets[-1])
         self.pool = torch.cuda.graph_pool_handle()
         self.graphs = {size: self._capture(size) for size in reversed(self.buckets)}  # largest first: one pool
         self.replays = 0
@@ -59,8 +60,7 @@ class DecodeGraphs:
     @staticmethod
     def usable(loaded: LoadedModel) -> bool:
         """Whether this model's steps can be captured: on CUDA, with the Triton kernels."""
-        probe = torch.empty(0, device=loaded.device)
-        return loaded.device.type == "cuda" and kernels.backend(probe) == "triton"
+        return loaded.device.type == "cuda" and kernels.backend(torch.empty(0, device=loaded.device)) == "triton"
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor | None:
         """The step's logits from a replayed graph, or None when it must run eagerly."""

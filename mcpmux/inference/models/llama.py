@@ -19,6 +19,7 @@ from transformers.activations import ACT2FN
 
 from mcpmux import kernels
 from mcpmux.inference.forward_batch import ForwardBatch
+from mcpmux.inference.models.linear import linear, vocab_linear
 from mcpmux.inference.models.rope import build_cos_sin_cache, head_dim_of
 
 
@@ -85,15 +86,15 @@ class DecoderLayer(nn.Module):
         assert isinstance(normed, Tensor)
         attn = self._attention(normed, batch, kv_cache, cos_sin_cache)
         normed, residual = kernels.rms_norm(attn, self.post_norm, self.eps, residual)
-        gate_up = F.linear(normed, self.gate_up_weight, self.gate_up_bias)
+        gate_up = linear(normed, self.gate_up_weight, self.gate_up_bias)
         gate, up = gate_up.chunk(2, dim=-1)
-        return F.linear(self.act(gate) * up, self.down_weight, self.down_bias), residual
+        return linear(self.act(gate) * up, self.down_weight, self.down_bias), residual
 
     def _attention(
         self, x: Tensor, batch: ForwardBatch, kv_cache: tuple[Tensor, Tensor], cos_sin_cache: Tensor
     ) -> Tensor:
         tokens = x.shape[0]
-        qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
+        qkv = linear(x, self.qkv_weight, self.qkv_bias)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(tokens, self.num_heads, self.head_dim)
         k = k.reshape(tokens, self.num_kv_heads, self.head_dim)
@@ -112,7 +113,7 @@ class DecoderLayer(nn.Module):
             batch.max_query_len,
             batch.max_seq_len,
         )
-        return F.linear(out.reshape(tokens, self.q_size), self.o_weight, self.o_bias)
+        return linear(out.reshape(tokens, self.q_size), self.o_weight, self.o_bias)
 
 
 def _required(tensor: Tensor | None, name: str) -> Tensor:
@@ -172,22 +173,4 @@ class LlamaCausalLM(nn.Module):
         rows = batch.logits_indices
         normed = kernels.rms_norm(hidden[rows], self.norm, self.eps, residual[rows])
         assert isinstance(normed, tuple)
-        return _vocab_linear(normed[0], self.lm_head).float()
-
-
-# Vocab rows per lm_head matmul on CPU. MKL copies (packs) the whole weight on every call; for a
-# 49k-row head and the few rows a step samples that copy costs as much as the product, while a
-# 2k-row slice stays in cache between its copy and its use: 1.2-2x the GFLOP/s at 16-64 rows on one
-# thread of the AVX2 host, with every element computed by the same dot product (bit-identical).
-_VOCAB_SLICE = 2048
-
-
-def _vocab_linear(x: Tensor, weight: Tensor) -> Tensor:
-    """``F.linear(x, weight)`` for a large output head, in vocab slices on CPU."""
-    if x.device.type != "cpu" or weight.shape[0] <= _VOCAB_SLICE:
-        return F.linear(x, weight)
-    out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype)
-    for start in range(0, weight.shape[0], _VOCAB_SLICE):
-        end = start + _VOCAB_SLICE
-        torch.mm(x, weight[start:end].t(), out=out[:, start:end])
-    return out
+        return vocab_linear(normed[0], self.lm_head).float()

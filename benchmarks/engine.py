@@ -33,13 +33,16 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import random
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import torch
@@ -53,6 +56,7 @@ from mcpmux.inference.config import EngineConfig, SamplingParams
 from mcpmux.inference.engine import Engine
 from mcpmux.inference.loader import LoadedModel, load_model
 
+T = TypeVar("T")
 WORDS = "the quick brown fox jumps over a lazy dog while paged attention stores keys and values".split()  # noqa: SIM905
 
 
@@ -333,6 +337,33 @@ def run_llamacpp(model: str, reqs: list[Req], threads: int) -> tuple[list[Timing
 # --- main -----------------------------------------------------------------------------------------------
 
 
+def on_own_thread(fn: Callable[..., T], *args: Any) -> T:
+    """`fn(*args)` run on a new thread that ends with it: its result, or its exception raised here.
+
+    On CPU each thread that runs a parallel torch op keeps an OpenMP team for as long as it lives, and
+    once the process holds more team threads than cores, libgomp stops spinning between parallel
+    regions in every team and sleeps instead: a system would lose about a third of its speed to teams
+    left by the others (docs/engineperf.md, round 3). So the main thread runs no torch work: the
+    loading, the probe and each HF or llama.cpp run get a thread of their own, and mcpmux's engine
+    does all of its work on its step thread.
+    """
+    outcome: list[T] = []
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            outcome.append(fn(*args))
+        except BaseException as exc:
+            failure.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    if failure:
+        raise failure[0]
+    return outcome[0]
+
+
 def correctness_gate(loaded: LoadedModel, model: Any, reqs: list[Req]) -> None:
     async def ours() -> list[list[int]]:
         config = EngineConfig(model=loaded.name, num_blocks=256, prefill_chunk_size=32)
@@ -348,13 +379,16 @@ def correctness_gate(loaded: LoadedModel, model: Any, reqs: list[Req]) -> None:
                     tg.start_soon(one, i)
             return outs
 
+    def theirs(prompt_ids: list[int]) -> list[int]:
+        with torch.inference_mode():
+            prompt = torch.tensor([prompt_ids], device=model.device)
+            return model.generate(prompt, max_new_tokens=12, do_sample=False)[0, len(prompt_ids) :].tolist()
+
     got = anyio.run(ours)
     for r, tokens in zip(reqs, got, strict=True):
-        with torch.inference_mode():
-            prompt = torch.tensor([r.prompt], device=model.device)
-            ref = model.generate(prompt, max_new_tokens=12, do_sample=False)[0, len(r.prompt) :]
-        if ref.tolist() != tokens:
-            raise SystemExit(f"correctness gate failed: mcpmux {tokens} != HF {ref.tolist()}; no figures reported")
+        ref = on_own_thread(theirs, r.prompt)
+        if ref != tokens:
+            raise SystemExit(f"correctness gate failed: mcpmux {tokens} != HF {ref}; no figures reported")
     print(f"correctness gate: {len(reqs)} concurrent greedy requests equal HF generate token for token")
 
 
@@ -375,28 +409,32 @@ def main() -> None:
     ap.add_argument("--systems", default="hf-static,hf-cb,mcpmux")
     ap.add_argument("--workloads", default="all", help="comma-separated names, or all")
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    # Every system runs in this process, so they all get the same intra-op thread count.
-    print(
-        f"torch threads: {torch.get_num_threads()} (all systems), dtype {args.dtype}, device {args.device}", flush=True
-    )
+    if os.environ.get("OMP_NUM_THREADS") != str(args.threads):
+        # Every thread of every system takes its thread count from OpenMP's process-wide default,
+        # which is read once, at start: start again with it set.
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, "OMP_NUM_THREADS": str(args.threads)})
+    print(f"torch threads: {args.threads} (all systems), dtype {args.dtype}, device {args.device}", flush=True)
     if args.quick:
         tests_dir = Path(__file__).resolve().parents[1]
         sys.path.insert(0, str(tests_dir))
         from tests.inference.tiny_models import build_tiny_model
 
-        args.model = str(build_tiny_model("llama", Path(tempfile.mkdtemp()) / "tiny-llama"))
+        args.model = str(on_own_thread(lambda: build_tiny_model("llama", Path(tempfile.mkdtemp()) / "tiny-llama")))
         args.requests, args.max_tokens = min(args.requests, 12), min(args.max_tokens, 16)
     folder = ensure_converted(args.model.removeprefix("builtin:")) if args.model.startswith("builtin:") else args.model
-    loaded = load_model(args.model, dtype=args.dtype, device=args.device)
+    loaded = on_own_thread(lambda: load_model(args.model, dtype=args.dtype, device=args.device))
     dtype = getattr(torch, args.dtype)
-    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="sdpa").to(args.device).eval()
+    hf = on_own_thread(
+        lambda: (
+            AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="sdpa").to(args.device).eval()
+        )
+    )
     loads = workloads(loaded, args.requests, args.max_tokens, 120 if args.quick else 400)
     if args.workloads != "all":
         loads = {k: v for k, v in loads.items() if k in args.workloads.split(",")}
     correctness_gate(loaded, hf, loads[next(iter(loads))][:4])
-    rate = max(matmul_gflops(loaded, n) for n in (64, 256, 512))
-    print(f"matmul rate (best probe, {torch.get_num_threads()} threads): {rate:.0f} GFLOP/s", flush=True)
+    rate = on_own_thread(lambda: max(matmul_gflops(loaded, n) for n in (64, 256, 512)))
+    print(f"matmul rate (best probe, {args.threads} threads): {rate:.0f} GFLOP/s", flush=True)
     rows: list[Row] = []
     for name, reqs in loads.items():
         prompt_tokens = sum(len(r.prompt) for r in reqs)
@@ -413,11 +451,11 @@ def main() -> None:
                     work.sequence(len(r.prompt), r.max_tokens)
                 work.layer_tokens -= hits
             elif system == "hf-static":
-                row = summarize(system, name, *run_hf_static(hf, reqs, args.batch_size, work))
+                row = summarize(system, name, *on_own_thread(run_hf_static, hf, reqs, args.batch_size, work))
             elif system == "llama.cpp":
-                row = summarize(system, name, *run_llamacpp(args.model, reqs, args.threads))
+                row = summarize(system, name, *on_own_thread(run_llamacpp, args.model, reqs, args.threads))
             elif system == "hf-cb":
-                row = summarize(system, name, *run_hf_cb(hf, reqs, args))
+                row = summarize(system, name, *on_own_thread(run_hf_cb, hf, reqs, args))
                 for r in reqs:
                     work.sequence(len(r.prompt), r.max_tokens)
             else:

@@ -57,7 +57,7 @@ def main() -> None:
     ap.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True, help="on CUDA")
     args = ap.parse_args()
     config = EngineConfig(
-        model=args.model, device=args.device, dtype=args.dtype, num_blocks=args.seqs * 16,
+        model=args.model, device=args.device, dtype=args.dtype, num_blocks=max(args.seqs * 16, 1024),
         max_num_seqs=args.seqs, max_num_batched_tokens=max(512, args.seqs), cuda_graphs=args.cuda_graphs,
     )  # fmt: skip
     engine = LLMEngine(config)

@@ -16,6 +16,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator
+from contextlib import suppress
 from dataclasses import dataclass, field
 from types import TracebackType
 
@@ -76,21 +77,39 @@ _STOP = object()
 class Engine:
     """Continuous-batching inference, served to async callers."""
 
-    def __init__(self, core: LLMEngine, token: anyio.lowlevel.EventLoopToken) -> None:
-        self._core = core
+    def __init__(self, config: EngineConfig, loaded: LoadedModel | None, token: anyio.lowlevel.EventLoopToken) -> None:
         self._token = token
         self._inbox: queue.SimpleQueue[_Add | _Abort | object] = queue.SimpleQueue()
         self._streams: dict[str, _Stream] = {}  # owned by the step thread
-        self._stats = core.stats()
         self._closed = False
-        self._thread = threading.Thread(target=self._run, name="mcpmux-engine", daemon=True)
+        self._ready = anyio.Event()
+        self._failure: BaseException | None = None
+        self._core: LLMEngine  # built by the step thread, before `_ready` is set
+        self._stats: EngineStats
+        self._thread = threading.Thread(target=self._run, args=(config, loaded), name="mcpmux-engine", daemon=True)
 
     @classmethod
     async def start(cls, config: EngineConfig, loaded: LoadedModel | None = None) -> Engine:
-        """Load the model (off the event loop) and start the step thread."""
-        core = await anyio.to_thread.run_sync(LLMEngine, config, loaded)
-        engine = cls(core, anyio.lowlevel.current_token())
+        """Start the step thread; it loads the model (unless given) and builds the engine, then steps.
+
+        The step thread does all of the engine's torch work, building included: on CPU each thread
+        that runs a parallel torch op keeps its own OpenMP team, and once the process has more team
+        threads than cores libgomp stops spinning between parallel regions and puts its threads to
+        sleep instead, which slowed every step by about a third (docs/engineperf.md, round 3).
+        """
+        engine = cls(config, loaded, anyio.lowlevel.current_token())
         engine._thread.start()
+        with anyio.CancelScope(shield=True):  # building cannot be interrupted: wait for its outcome
+            await engine._ready.wait()
+            if engine._failure is not None:
+                await anyio.to_thread.run_sync(engine._thread.join)
+                raise engine._failure
+        try:
+            await anyio.lowlevel.checkpoint()  # a cancellation that came while building lands here
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await engine.shutdown()
+            raise
         return engine
 
     async def __aenter__(self) -> Engine:
@@ -189,7 +208,18 @@ class Engine:
 
     # --- the step thread -------------------------------------------------------------------------
 
-    def _run(self) -> None:
+    def _run(self, config: EngineConfig, loaded: LoadedModel | None) -> None:
+        try:
+            self._core = LLMEngine(config, loaded)
+            self._stats = self._core.stats()
+        except BaseException as exc:  # reported by start(), which then joins this thread
+            self._failure = exc
+        with suppress(RuntimeError):  # the event loop is gone: nobody is waiting
+            anyio.from_thread.run_sync(self._ready.set, token=self._token)
+        if self._failure is None:
+            self._serve()
+
+    def _serve(self) -> None:
         while True:
             # Block only when idle; while requests run, take what has arrived and keep stepping.
             cmds = [self._inbox.get()] if not self._core.has_unfinished() else []

@@ -15,6 +15,7 @@ import pytest
 from mcpmux.inference.config import EngineError, QueueFullError, RequestTooLargeError, SamplingParams
 from mcpmux.inference.engine import Engine
 from mcpmux.inference.loader import LoadedModel, load_model
+from mcpmux.inference.models import ModelLoadError
 from tests.inference.engine_harness import engine_config
 
 pytestmark = pytest.mark.anyio
@@ -225,3 +226,12 @@ async def test_shutdown_aborts_in_flight_and_joins_the_thread(tiny_llama: Path, 
     assert not any(t.name == "mcpmux-engine" and t.is_alive() for t in threading.enumerate())
     with pytest.raises(EngineError, match="shut down"):
         await engine.complete("Hello")
+
+
+async def test_a_model_that_fails_to_load_fails_start_and_leaves_no_thread(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-model"
+    before = {t.ident for t in threading.enumerate()}
+    with pytest.raises(ModelLoadError, match="no-such-model"):
+        await Engine.start(engine_config(missing))
+    assert not [t for t in threading.enumerate() if t.ident not in before and t.name == "mcpmux-engine"]
+

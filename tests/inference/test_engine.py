@@ -234,4 +234,3 @@ async def test_a_model_that_fails_to_load_fails_start_and_leaves_no_thread(tmp_p
     with pytest.raises(ModelLoadError, match="no-such-model"):
         await Engine.start(engine_config(missing))
     assert not [t for t in threading.enumerate() if t.ident not in before and t.name == "mcpmux-engine"]
-

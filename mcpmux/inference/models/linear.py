@@ -28,18 +28,18 @@ VOCAB_SLICE = 2048
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """``F.linear(x, weight, bias)`` for a 2-D `x`: on CPU, as ``(weight @ x.T).T`` for few rows."""
+    """``F.linear(x, weight, bias)`` for a 2-D `x`, row-major like it: on CPU, ``(weight @ x.T).T`` for few rows."""
     if x.device.type != "cpu" or x.shape[0] > SKINNY_ROWS:
         return F.linear(x, weight, bias)
     return _transposed(x, weight, bias)
 
 
 def vocab_linear(x: Tensor, weight: Tensor) -> Tensor:
-    """``F.linear(x, weight)`` for a large output head; contiguous, as the sampler reads rows."""
+    """``F.linear(x, weight)`` for a large output head."""
     if x.device.type != "cpu" or weight.shape[0] <= VOCAB_SLICE:
         return F.linear(x, weight)
     if x.shape[0] <= SKINNY_HEAD_ROWS:
-        return _transposed(x, weight, None).contiguous()
+        return _transposed(x, weight, None)
     out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype)
     for start in range(0, weight.shape[0], VOCAB_SLICE):
         end = start + VOCAB_SLICE
@@ -48,8 +48,9 @@ def vocab_linear(x: Tensor, weight: Tensor) -> Tensor:
 
 
 def _transposed(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    # A contiguous `x` makes `x.T` the transposed operand MKL handles fast; a transposed `x` (the
-    # previous layer's output) would be taken as a plain one and run at half the speed.
+    # A contiguous `x` makes `x.T` the transposed operand MKL handles fast; a transposed `x` would be
+    # taken as a plain one and run at half the speed. The result is copied back to row-major (a few
+    # rows: cheap) so that the next product, and kernels that need contiguous rows, get one.
     x_t = x.contiguous().t()
     product = torch.mm(weight, x_t) if bias is None else torch.addmm(bias.unsqueeze(1), weight, x_t)
-    return product.t()
+    return product.t().contiguous()

@@ -37,6 +37,7 @@ run: setup
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check mcpmux tests benchmarks examples
+	$(VENV)/bin/ruff format --check mcpmux tests benchmarks examples
 	$(VENV)/bin/mypy
 
 test: setup lint

@@ -22,7 +22,7 @@ def test_layer_products_match_f_linear_at_every_row_count() -> None:
         assert got.is_contiguous()  # Triton kernels downstream need contiguous rows
         assert _close(got, F.linear(x, weight))
         assert _close(linear(x, weight, bias), F.linear(x, weight, bias))
-        # A transposed input (a previous skinny product's output) gives the same.
+        # A transposed input gives the same (MKL would take its transpose as a plain operand).
         x_t = x.t().contiguous().t()
         assert _close(linear(x_t, weight, bias), F.linear(x, weight, bias))
     prefill = torch.randn(SKINNY_ROWS + 1, 96, generator=gen)

@@ -8,9 +8,9 @@ at 2-4 rows, 1.1-1.5x at 16-64 rows on one or two threads, about even from 256 r
 element is still the dot product of a row of `x` with a row of `W`, summed in another order, so the
 results match `F.linear` to rounding, not bit for bit.
 
-The output head is different: 49k vocab rows against the few rows a step samples. From 8 rows up it
+The output head is different: 49k vocab rows against the few rows a step samples. Above 8 rows it
 runs as ``x @ W.T`` in vocab slices (`vocab_linear`), which stay in cache between their packing and
-their use; below that, as the transposed product.
+their use; up to 8, as the transposed product.
 """
 
 from __future__ import annotations

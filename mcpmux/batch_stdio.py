@@ -86,13 +86,14 @@ class StdioBatchEdge:
                 for message in await self._split(line):
                     yield json.dumps(message) + "\n"
                 continue
+            # The fast path takes only well-formed messages, so its lines skip the SDK's parse below.
+            if self.take is not None and await self.take(line):
+                continue  # answered by the fast path (mcpmux.fastpath_stdio)
             refusal = line_refusal(line)
             if refusal is not None:
                 await self._write(refusal)  # the SDK would drop the line and leave its sender waiting
                 continue
             await self._observe(line)
-            if self.take is not None and await self.take(line):
-                continue  # answered by the fast path (mcpmux.fastpath_stdio)
             yield line
 
     async def _observe(self, line: str) -> None:

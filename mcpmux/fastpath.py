@@ -114,6 +114,8 @@ class FastPath:
         """
         if not isinstance(message, dict) or message.get("method") != "tools/call" or "id" not in message:
             return None
+        if message.get("jsonrpc") != "2.0":
+            return None  # the SDK path refuses it
         params = message.get("params")
         if not isinstance(params, dict) or not _PARAM_KEYS.issuperset(params):
             return None

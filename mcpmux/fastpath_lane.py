@@ -1,11 +1,16 @@
 """The upstream half of the fast path: raw `tools/call` requests on an upstream's own transport.
 
-`UpstreamLane` sits inside `WatchedTransport`, on the (read, write) streams the SDK's client
-session uses, for stdio and streamable HTTP alike. `call()` writes a `tools/call` request with a
-lane-private string id (`mux.N`; the SDK numbers its own requests with ints) onto the write stream,
-stamped exactly as the SDK's session would stamp it (2026 `_meta` envelope, per-message HTTP
-headers), and `divert()`, called on every message the transport reads, takes the response with
-that id, and progress notifications for that token, away from the session before it sees them.
+`UpstreamLane` writes a `tools/call` request with a lane-private string id (`mux.N`; the SDK
+numbers its own requests with ints) through the `Send` its transport attached, stamped exactly as
+the SDK's session would stamp it (2026 `_meta` envelope, per-message HTTP headers), and takes the
+response with that id, and progress notifications for that token, away from the session before it
+sees them. Two kinds of transport carry it:
+
+- mcpmux's stdio transport (`mcpmux.stdio_upstream`) writes the request as a raw JSON line and hands
+  each raw message it reads to `take()`: no pydantic model and no task between the call and the pipe.
+- an SDK transport (streamable HTTP) gets `session_sender(write_stream)`, and `WatchedTransport`
+  hands every `SessionMessage` it reads to `divert()`.
+
 When the transport ends, every call still waiting fails with the SDK's "Connection closed" error,
 so that `Upstream.request` words it as it does for the SDK path.
 """
@@ -14,17 +19,18 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import math
+from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import mcp_types as types
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 from mcp.shared.message import ClientMessageMetadata, SessionMessage
 from mcp_types.jsonrpc import CONNECTION_CLOSED
+from pydantic import ValidationError
 
 if TYPE_CHECKING:  # upstream.py imports this module
     from mcpmux.upstream import ProgressFn
@@ -42,49 +48,124 @@ class _Progress:
 
 
 _Outcome = dict[str, Any] | types.ErrorData | _Progress
+
+
+class _Outcomes:
+    """What arrives for one call, in order: progress reports, then its answer.
+
+    A memory object stream would do, but its `receive` always yields to the event loop first, and
+    on the fast path a loop iteration is a measurable share of a call.
+    """
+
+    __slots__ = ("_arrived", "_items")
+
+    def __init__(self) -> None:
+        self._items: deque[_Outcome] = deque()
+        self._arrived = anyio.Event()
+
+    def put(self, outcome: _Outcome) -> None:
+        self._items.append(outcome)
+        self._arrived.set()
+
+    async def get(self) -> _Outcome:
+        while not self._items:
+            await self._arrived.wait()
+            self._arrived = anyio.Event()
+        return self._items.popleft()
+
+
 _CLOSED = types.ErrorData(code=CONNECTION_CLOSED, message="Connection closed")
+
+LANE_ID_MARK = '"mux.'
+"""In every raw line that answers a lane call or reports its progress (the id, or the progress token)."""
+
+Send = Callable[[dict[str, Any], dict[str, str] | None], Awaitable[None]]
+"""Writes one JSON-RPC message (raw JSON) with the HTTP headers its session stamped (None: no headers).
+
+Raises `anyio.BrokenResourceError` or `anyio.ClosedResourceError` once the connection is gone.
+"""
+
+
+def session_sender(write_stream: Any) -> Send:
+    """The `Send` for an SDK transport's write stream (of `SessionMessage`s)."""
+
+    async def send(message: dict[str, Any], headers: dict[str, str] | None) -> None:
+        parsed = types.jsonrpc_message_adapter.validate_python(message)
+        metadata = ClientMessageMetadata(headers=headers) if headers else None
+        await write_stream.send(SessionMessage(parsed, metadata=metadata))
+
+    return send
 
 
 class UpstreamLane:
     """Raw `tools/call` requests and their responses on one upstream connection."""
 
     def __init__(self) -> None:
-        self._write: Any = None
+        self.send: Send | None = None
         self._ids = itertools.count(1)
-        self._pending: dict[str, MemoryObjectSendStream[_Outcome]] = {}
+        self._pending: dict[str, _Outcomes] = {}
         self.closed = False
 
-    def attach(self, write_stream: Any) -> None:
-        """The transport's write stream (of `SessionMessage`s), once the transport is up."""
-        self._write = write_stream
+    def attach(self, send: Send) -> None:
+        """How the transport writes this lane's messages, once it is up."""
+        self.send = send
 
     def close(self) -> None:
         """The transport ended: every call in flight fails with "Connection closed"."""
         self.closed = True
         pending, self._pending = self._pending, {}
         for outcomes in pending.values():
-            outcomes.send_nowait(_CLOSED)
+            outcomes.put(_CLOSED)
 
     def divert(self, item: object) -> bool:
-        """True when `item` (read off the transport) answers or reports progress on one of this lane's calls."""
+        """True when `item` (a `SessionMessage` read off an SDK transport) belongs to one of this lane's calls."""
         if not self._pending or not isinstance(item, SessionMessage):
             return False
         message = item.message
-        if isinstance(message, types.JSONRPCResponse | types.JSONRPCError):
-            outcomes = self._pending.pop(message.id, None) if isinstance(message.id, str) else None
-            if outcomes is None:
-                return False
-            outcomes.send_nowait(message.result if isinstance(message, types.JSONRPCResponse) else message.error)
-            return True
+        if isinstance(message, types.JSONRPCResponse):
+            return self._answer(message.id, message.result)
+        if isinstance(message, types.JSONRPCError):
+            return self._answer(message.id, message.error)
         if isinstance(message, types.JSONRPCNotification) and message.method == "notifications/progress":
-            params = message.params or {}
-            token = params.get("progressToken")
-            outcomes = self._pending.get(token) if isinstance(token, str) else None
-            if outcomes is None:
-                return False
-            outcomes.send_nowait(_Progress(params.get("progress", 0.0), params.get("total"), params.get("message")))
-            return True
+            return self._progress(message.params or {})
         return False
+
+    def take(self, message: object) -> bool:
+        """True when `message` (raw JSON read off the wire) belongs to one of this lane's calls.
+
+        Only well-formed messages are taken; anything else is left to the session, which words the fault.
+        """
+        if not self._pending or not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
+            return False
+        if "result" in message and "error" not in message:
+            result = message["result"]
+            return isinstance(result, dict) and self._answer(message.get("id"), result)
+        if "error" in message and "result" not in message:
+            try:
+                error = types.ErrorData.model_validate(message["error"])
+            except ValidationError:
+                return False
+            return self._answer(message.get("id"), error)
+        params = message.get("params")
+        if message.get("method") == "notifications/progress" and isinstance(params, dict):
+            progress = params.get("progress")
+            return isinstance(progress, int | float) and not isinstance(progress, bool) and self._progress(params)
+        return False
+
+    def _answer(self, request_id: object, outcome: dict[str, Any] | types.ErrorData) -> bool:
+        outcomes = self._pending.pop(request_id, None) if isinstance(request_id, str) else None
+        if outcomes is None:
+            return False
+        outcomes.put(outcome)
+        return True
+
+    def _progress(self, params: dict[str, Any]) -> bool:
+        token = params.get("progressToken")
+        outcomes = self._pending.get(token) if isinstance(token, str) else None
+        if outcomes is None:
+            return False
+        outcomes.put(_Progress(params.get("progress", 0.0), params.get("total"), params.get("message")))
+        return True
 
     async def call(self, client: Client, tool: str, arguments: dict[str, Any], progress: ProgressFn | None) -> Any:
         """Call `tool` (its upstream name) and return the raw `result` object of the response.
@@ -92,9 +173,10 @@ class UpstreamLane:
         Raises `MCPError` for a JSON-RPC error response and for a lost connection (code -32000), as the
         SDK's session does. Cancelling the caller sends `notifications/cancelled` with the lane id.
         """
-        if self.closed or self._write is None:
+        send = self.send
+        if self.closed or send is None:
             raise MCPError(code=CONNECTION_CLOSED, message="Connection closed")
-        request_id = f"mux.{next(self._ids)}"
+        request_id = f"{LANE_ID_MARK[1:]}{next(self._ids)}"
         params: dict[str, Any] = {"name": tool, "arguments": arguments}
         data: dict[str, Any] = {"method": "tools/call", "params": params}
         session = client.session
@@ -103,27 +185,23 @@ class UpstreamLane:
         session._stamp(data, opts)  # type: ignore[arg-type]
         # The SDK path always asks for progress, with its request id as the token; so does the lane.
         params.setdefault("_meta", {})["progressToken"] = request_id
-        headers = opts.get("headers")
-        message = types.JSONRPCRequest(jsonrpc="2.0", id=request_id, method="tools/call", params=params)
-        metadata = ClientMessageMetadata(headers=headers) if headers else None
-        send, receive = anyio.create_memory_object_stream[_Outcome](math.inf)
-        self._pending[request_id] = send
+        message = {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params}
+        outcomes = self._pending[request_id] = _Outcomes()
         try:
-            with receive:
-                await self._write.send(SessionMessage(message, metadata=metadata))
-                return await self._outcome(receive, progress)
+            await send(message, opts.get("headers"))
+            return await self._outcome(outcomes, progress)
         except anyio.get_cancelled_exc_class():
             if self._pending.pop(request_id, None) is not None:
-                await self._cancel(session, request_id)
+                await self._cancel(send, session, request_id)
             raise
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             raise MCPError(code=CONNECTION_CLOSED, message="Connection closed") from None
         finally:
             self._pending.pop(request_id, None)
 
-    async def _outcome(self, receive: MemoryObjectReceiveStream[_Outcome], progress: ProgressFn | None) -> Any:
+    async def _outcome(self, outcomes: _Outcomes, progress: ProgressFn | None) -> Any:
         while True:
-            outcome = await receive.receive()
+            outcome = await outcomes.get()
             if isinstance(outcome, _Progress):
                 if progress is not None:
                     await progress(outcome.progress, outcome.total, outcome.message)
@@ -132,17 +210,16 @@ class UpstreamLane:
                 raise MCPError(code=outcome.code, message=outcome.message, data=outcome.data)
             return outcome
 
-    async def _cancel(self, session: Any, request_id: str) -> None:
+    async def _cancel(self, send: Send, session: Any, request_id: str) -> None:
         """Tell the upstream to stop (on 2026 HTTP the SDK transport turns this into closing the POST)."""
         params: dict[str, Any] = {"requestId": request_id, "reason": "caller cancelled"}
         data: dict[str, Any] = {"method": "notifications/cancelled", "params": params}
         opts: dict[str, Any] = {}
         session._stamp(data, opts)
-        headers = opts.get("headers")
-        note = types.JSONRPCNotification(jsonrpc="2.0", method="notifications/cancelled", params=params)
+        note = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": params}
         # A connection that is gone took the request with it: nothing to cancel then.
         with (
             anyio.move_on_after(_CANCEL_WRITE_TIMEOUT, shield=True),
             contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError),
         ):
-            await self._write.send(SessionMessage(note, metadata=ClientMessageMetadata(headers=headers)))
+            await send(note, opts.get("headers"))

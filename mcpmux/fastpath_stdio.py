@@ -40,7 +40,7 @@ class StdioFastFront:
         self._writing = False
 
     async def take(self, line: str) -> bool:
-        """True when the fast path took `line` (the SDK must not see it)."""
+        """True when the fast path took `line` (the SDK must not see it); it takes only well-formed messages."""
         if '"tools/call"' in line:
             message = decode(line)
             call = self.fast.route(message, self._edge.protocol_version, self._declares_sampling)
@@ -55,7 +55,9 @@ class StdioFastFront:
             return True
         if '"notifications/cancelled"' in line:
             message = decode(line)
-            params = message.get("params") if isinstance(message, dict) else None
+            if not isinstance(message, dict) or message.get("jsonrpc") != "2.0" or "id" in message:
+                return False  # not a well-formed notification: the SDK path words the refusal
+            params = message.get("params")
             running = self._running.get(id_key(params.get("requestId"))) if isinstance(params, dict) else None
             if running is None:
                 return False

@@ -13,7 +13,7 @@ import stat
 import threading
 from collections.abc import AsyncIterator
 from contextlib import suppress
-from typing import BinaryIO
+from typing import IO
 
 import anyio
 import anyio.from_thread
@@ -29,7 +29,7 @@ def pollable(fd: int) -> bool:
     return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
 
 
-async def read_lines(wire: BinaryIO) -> AsyncIterator[str]:
+async def read_lines(wire: IO[bytes]) -> AsyncIterator[str]:
     """The wire's lines (newline kept; invalid UTF-8 replaced), until end of file."""
     fd = wire.fileno()
     lines = _loop_lines(fd) if pollable(fd) else _thread_lines(wire)
@@ -55,11 +55,13 @@ async def _loop_lines(fd: int) -> AsyncIterator[str]:
             yield pending[start : end + 1].decode("utf-8", errors="replace")
             start = end + 1
         del pending[:start]
+        if len(chunk) < _CHUNK:
+            await anyio.wait_readable(fd)  # the pipe is empty: don't pay a failed read to learn it
     if pending:
         yield pending.decode("utf-8", errors="replace")
 
 
-async def _thread_lines(wire: BinaryIO) -> AsyncIterator[str]:
+async def _thread_lines(wire: IO[bytes]) -> AsyncIterator[str]:
     """A daemon thread reads: a worker thread blocked in a read would hold up shutdown on SIGTERM."""
     send, receive = anyio.create_memory_object_stream[str](1)
     token = anyio.lowlevel.current_token()
@@ -83,25 +85,59 @@ async def _thread_lines(wire: BinaryIO) -> AsyncIterator[str]:
 class LineWriter:
     """Writes whole lines to the wire, one at a time (a line is never interleaved with another)."""
 
-    def __init__(self, wire: BinaryIO) -> None:
+    def __init__(self, wire: IO[bytes]) -> None:
         self._wire = wire
         self._fd = wire.fileno()
         self._on_loop = pollable(self._fd)
         if self._on_loop:
             os.set_blocking(self._fd, False)
         self._lock = anyio.Lock()
+        self._closed = False
 
     async def write(self, text: str) -> None:
+        """Raises `OSError` when the reader is gone, `anyio.ClosedResourceError` once `close()` ran.
+
+        A line the pipe takes at once is written without yielding to the event loop: that is
+        nearly every line, and a checkpoint costs a whole loop iteration.
+        """
         data = memoryview(text.encode("utf-8"))
+        if self._on_loop and not self._lock.locked():
+            if self._closed:
+                raise anyio.ClosedResourceError
+            with suppress(BlockingIOError):  # the pipe is full: the rest waits below
+                data = data[os.write(self._fd, data) :]
+            if not data:
+                return
+            self._lock.acquire_nowait()  # the rest of this line goes before any other
+            try:
+                await self._write_rest(data)
+            finally:
+                self._lock.release()
+            return
         async with self._lock:
             if not self._on_loop:
                 await anyio.to_thread.run_sync(self._write_blocking, data)
                 return
-            while data:
-                try:
-                    data = data[os.write(self._fd, data) :]
-                except BlockingIOError:
-                    await anyio.wait_writable(self._fd)  # the client is not reading: wait, don't stall the loop
+            await self._write_rest(data)
+
+    async def _write_rest(self, data: memoryview) -> None:
+        while data:
+            await anyio.wait_writable(self._fd)  # the reader is behind: wait, don't stall the loop
+            if self._closed:
+                raise anyio.ClosedResourceError
+            try:
+                data = data[os.write(self._fd, data) :]
+            except BlockingIOError:
+                continue
+
+    def close(self) -> None:
+        """Closes the wire; a write waiting for room on it raises `anyio.ClosedResourceError`."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._on_loop:
+            anyio.notify_closing(self._fd)
+        self._wire.close()
 
     def _write_blocking(self, data: memoryview) -> None:
         self._wire.write(data)

@@ -27,7 +27,6 @@ import mcp_types as types
 from anyio.abc import TaskGroup
 from mcp import Client
 from mcp.client.session import SamplingFnT
-from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
@@ -36,6 +35,7 @@ from mcpmux.config import MuxSettings, ServerConfig
 from mcpmux.errors import UpstreamError, UpstreamTimeoutError, UpstreamUnavailableError
 from mcpmux.fastpath_lane import UpstreamLane
 from mcpmux.output_schema import result_error, sdk_problem
+from mcpmux.stdio_upstream import stdio_transport
 from mcpmux.upstream_io import Listing, WatchedTransport, fetch_listing, listen_for_changes
 
 logger = logging.getLogger(__name__)
@@ -223,15 +223,9 @@ class Upstream:
         # leak the old connection pool's sockets (CLOSE_WAIT once the server is gone).
         http: httpx2.AsyncClient | None = None
         if self.config.transport == "stdio":
-            params = StdioServerParameters(
-                command=self.config.command or "",
-                args=list(self.config.args),
-                env=self._child_env(),
-                cwd=self.config.cwd,
-                # One bad byte must cost one line: decoding strictly would kill the reader for good.
-                encoding_error_handler="replace",
-            )
-            transport: Any = WatchedTransport(stdio_client(params), health.lost, lane)
+            config = self.config
+            child = stdio_transport(config.command or "", list(config.args), self._child_env(), config.cwd, lane)
+            transport: Any = WatchedTransport(child, health.lost, lane)
         else:
             http = httpx2.AsyncClient(headers=dict(self.config.headers), timeout=httpx2.Timeout(30.0, read=None))
             transport = WatchedTransport(

@@ -16,7 +16,7 @@ from anyio.abc import TaskStatus
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 
-from mcpmux.fastpath_lane import UpstreamLane
+from mcpmux.fastpath_lane import UpstreamLane, session_sender
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +42,8 @@ class Listing:
 class _WatchedReadStream:
     """Delegates to the transport's read stream and sets `ended` when the stream ends.
 
-    Messages that answer a fast-path call are handed to the `lane` instead (see `mcpmux.fastpath_lane`).
+    Messages that answer a fast-path call are handed to the `lane` instead (see `mcpmux.fastpath_lane`);
+    on stdio, mcpmux's transport already took them off the wire.
     """
 
     def __init__(self, inner: Any, ended: anyio.Event, lane: UpstreamLane | None = None) -> None:
@@ -102,8 +103,8 @@ class WatchedTransport:
 
     async def __aenter__(self) -> tuple[Any, Any]:
         read_stream, write_stream = await self._inner.__aenter__()
-        if self._lane is not None:
-            self._lane.attach(write_stream)
+        if self._lane is not None and self._lane.send is None:  # mcpmux's stdio transport attached its own
+            self._lane.attach(session_sender(write_stream))
         return _WatchedReadStream(read_stream, self._ended, self._lane), write_stream
 
     async def __aexit__(

@@ -132,6 +132,30 @@ async def test_closing_the_mux_ends_children_tasks_and_files() -> None:
     assert len(os.listdir("/proc/self/fd")) <= fds_before
 
 
+def _group(leader: int) -> list[int]:
+    """The live processes in `leader`'s process group."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().split(")")[-1].split()
+            except OSError:
+                continue  # exited meanwhile
+            if int(fields[2]) == leader and fields[0] != "Z":
+                members.append(int(entry.name))
+    return members
+
+
+async def test_closing_the_mux_also_ends_what_a_stdio_upstream_left_running() -> None:
+    # Launched through a shell that leaves a helper behind, as wrapper scripts and launchers do.
+    launcher = {"command": "sh", "args": ["-c", f'sleep 300 & exec "{PY}" "{DEMO}" alpha']}
+    async with _mux({"alpha": launcher}) as mux:
+        leader = int(text_of(await mux.call_tool("alpha__pid")))
+        group = _group(leader)
+        assert len(group) == 2, group  # the server and the helper it left running
+    assert not any(_alive(pid) for pid in group)
+
+
 @pytest.mark.parametrize("protocol", ["auto", "legacy"])
 async def test_http_upstream_that_goes_away_gives_a_clear_error_and_comes_back(protocol: str) -> None:
     port = free_port()

@@ -1,0 +1,80 @@
+"""The line wire under mcpmux's stdio front and its stdio upstreams: whole lines, and a close that wakes writers."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import anyio
+import anyio.lowlevel
+import pytest
+
+from mcpmux.stdio_wire import LineWriter, read_lines
+
+pytestmark = pytest.mark.anyio
+
+_BIG = 300_000  # several times a pipe's buffer: the writer must wait for the reader part-way through a line
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+async def test_concurrent_lines_longer_than_the_pipe_arrive_whole_and_in_order() -> None:
+    read_fd, write_fd = os.pipe()
+    writer = LineWriter(os.fdopen(write_fd, "wb", buffering=0))
+    received: list[bytes] = []
+
+    def slow_reader() -> None:
+        with os.fdopen(read_fd, "rb") as wire:
+            time.sleep(0.2)  # the first line fills the pipe before anyone reads
+            received.extend(wire.readlines())
+
+    thread = threading.Thread(target=slow_reader)
+    thread.start()
+    async with anyio.create_task_group() as tasks:
+        for mark in "abc":
+            tasks.start_soon(writer.write, mark * _BIG + "\n")
+            await anyio.lowlevel.checkpoint()  # started in this order
+    writer.close()
+    await anyio.to_thread.run_sync(thread.join)
+    assert [line[:1] for line in received] == [b"a", b"b", b"c"]
+    assert all(line == line[:1] * _BIG + b"\n" for line in received)
+
+
+async def test_close_wakes_a_writer_waiting_for_a_reader_that_never_reads() -> None:
+    read_fd, write_fd = os.pipe()
+    writer = LineWriter(os.fdopen(write_fd, "wb", buffering=0))
+    try:
+        with anyio.fail_after(5):
+            async with anyio.create_task_group() as tasks:
+
+                async def stuck() -> None:
+                    with pytest.raises(anyio.ClosedResourceError):
+                        await writer.write("x" * _BIG + "\n")
+
+                tasks.start_soon(stuck)
+                await anyio.sleep(0.1)
+                writer.close()
+        with pytest.raises(anyio.ClosedResourceError):
+            await writer.write("after close\n")
+    finally:
+        os.close(read_fd)
+
+
+async def test_lines_split_across_reads_and_invalid_utf8_come_out_whole() -> None:
+    read_fd, write_fd = os.pipe()
+    async with anyio.create_task_group() as tasks:
+
+        async def feed() -> None:
+            for part in (b'{"a": 1}\n{"b"', b': "\xc3', b'\xa9"}\n\xff bad\n', b"no newline at the end"):
+                os.write(write_fd, part)
+                await anyio.sleep(0.05)
+            os.close(write_fd)
+
+        tasks.start_soon(feed)
+        with os.fdopen(read_fd, "rb", buffering=0) as wire:
+            lines = [line async for line in read_lines(wire)]
+    assert lines == ['{"a": 1}\n', '{"b": "é"}\n', "\ufffd bad\n", "no newline at the end"]

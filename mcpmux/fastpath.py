@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -76,6 +77,10 @@ class FastCall:
     progress_token: types.ProgressToken | None
     output: OutputCheck | None = None
     """The tool's declared output schema, checked on its results as the SDK's client checks them."""
+
+
+Deliver = Callable[[dict[str, Any]], Awaitable[None]]
+"""Sends a JSON-RPC response to the client."""
 
 
 @dataclass(slots=True)
@@ -178,63 +183,79 @@ class FastPath:
         schema = listed.output_schema if listed is not None else None
         return _Eligibility(upstream.listing, upstream, route.name, None if schema is None else OutputCheck(schema))
 
-    async def answer(self, call: FastCall, progress: ProgressFn | None = None) -> dict[str, Any]:
+    async def answer(
+        self, call: FastCall, progress: ProgressFn | None = None, deliver: Deliver | None = None
+    ) -> dict[str, Any]:
         """Serve `call`; the JSON-RPC response (result or error) to send back, with the client's id.
 
         Failures read as on the SDK path: an unavailable or timed-out upstream, or a limit's refusal,
-        is an `isError` result saying so; the upstream's JSON-RPC errors pass through.
+        is an `isError` result saying so; the upstream's JSON-RPC errors pass through. `deliver`, when
+        given, gets the response as soon as it is ready, before the call's bookkeeping (the gate's
+        release, shutdown tracking, metrics): what the client waits for goes first.
         """
         started = time.perf_counter()
         outcome = "error"
         try:
-            try:
-                # Shutdown waits for (or cancels) it and a reload that stops its upstream cancels it.
-                with self.mux.track_call(call.upstream.name):
-                    raw, upstream_version = await self._call(call, progress)
-            except (UpstreamUnavailableError, UpstreamTimeoutError, UpstreamResultError, RejectedError) as err:
-                outcome = outcome_of(err)
-                failed = error_result(str(err))
-                raw, upstream_version = failed.model_dump(by_alias=True, mode="json", exclude_none=True), None
-            except UpstreamError as err:
-                error = types.ErrorData(code=err.code, message=str(err), data=err.data)
-                return {"jsonrpc": "2.0", "id": call.request_id, "error": _dump(error)}
-            try:
-                result = self._shape(raw, upstream_version, call.version)
-            except ValidationError as err:
-                problem = f"upstream {call.upstream.name!r} answered tool {call.tool!r} with an invalid result: {err}"
-                error = types.ErrorData(code=types.INTERNAL_ERROR, message=problem)
-                return {"jsonrpc": "2.0", "id": call.request_id, "error": _dump(error)}
-            if outcome == "error" and not result.get("isError"):
-                outcome = "ok"
-            return {"jsonrpc": "2.0", "id": call.request_id, "result": result}
+            # Shutdown waits for (or cancels) it and a reload that stops its upstream cancels it.
+            with self.mux.track_call(call.upstream.name):
+                try:
+                    async with self.mux.dispatchers[call.upstream.name].slot(priority=0):
+                        response, outcome = await self._respond(call, progress)
+                        if deliver is not None:
+                            await deliver(response)
+                except RejectedError as err:
+                    response, outcome = self._failed(call, err), outcome_of(err)
+                    if deliver is not None:
+                        await deliver(response)
+            return response
         except BaseException as err:
             outcome = outcome_of(err)
             raise
         finally:
             self.mux.metrics.observe_call(call.upstream.name, call.tool, time.perf_counter() - started, outcome)
 
+    async def _respond(self, call: FastCall, progress: ProgressFn | None) -> tuple[dict[str, Any], str]:
+        """The response to `call` and the outcome to count, once admitted through the upstream's gate."""
+        try:
+            raw, upstream_version = await self._call(call, progress)
+        except (UpstreamUnavailableError, UpstreamTimeoutError, UpstreamResultError) as err:
+            return self._failed(call, err), outcome_of(err)
+        except UpstreamError as err:
+            error = types.ErrorData(code=err.code, message=str(err), data=err.data)
+            return {"jsonrpc": "2.0", "id": call.request_id, "error": _dump(error)}, "error"
+        try:
+            result = self._shape(raw, upstream_version, call.version)
+        except ValidationError as err:
+            problem = f"upstream {call.upstream.name!r} answered tool {call.tool!r} with an invalid result: {err}"
+            error = types.ErrorData(code=types.INTERNAL_ERROR, message=problem)
+            return {"jsonrpc": "2.0", "id": call.request_id, "error": _dump(error)}, "error"
+        return {"jsonrpc": "2.0", "id": call.request_id, "result": result}, "error" if result.get("isError") else "ok"
+
     async def _call(self, call: FastCall, progress: ProgressFn | None) -> tuple[Any, str | None]:
-        """The upstream's raw result and its protocol revision, through the upstream's admission gate.
+        """The upstream's raw result and its protocol revision.
 
         Raises `UpstreamResultError` for a result that breaks the tool's output schema, as
         `Upstream.request` does on the SDK path.
         """
-        dispatcher = self.mux.dispatchers[call.upstream.name]
         what = f"tool {call.tool!r}"
-        async with dispatcher.slot(priority=0):
-            raw, version = await call.upstream.request(what, lambda client: _send(client, call, progress))
-            if methods.is_input_required(raw):
-                # The SDK client drives input-required rounds (sampling under the mux's policy); the
-                # first leg only asked for input, so it is asked again on that path.
-                logger.debug("%s on %r asked for input; the SDK path takes it over", what, call.upstream.name)
-                slow: types.CallToolResult = await call.upstream.request(
-                    what, lambda client: client.call_tool(call.tool, call.arguments, progress_callback=progress)
-                )
-                raw, version = slow.model_dump(by_alias=True, mode="json", exclude_none=True), None
+        raw, version = await call.upstream.request(what, lambda client: _send(client, call, progress))
+        if methods.is_input_required(raw):
+            # The SDK client drives input-required rounds (sampling under the mux's policy); the
+            # first leg only asked for input, so it is asked again on that path.
+            logger.debug("%s on %r asked for input; the SDK path takes it over", what, call.upstream.name)
+            slow: types.CallToolResult = await call.upstream.request(
+                what, lambda client: client.call_tool(call.tool, call.arguments, progress_callback=progress)
+            )
+            raw, version = slow.model_dump(by_alias=True, mode="json", exclude_none=True), None
         problem = call.output.problem(raw) if call.output is not None else None
         if problem is not None:
             raise result_error(call.upstream.name, what, problem)
         return raw, version
+
+    def _failed(self, call: FastCall, err: Exception) -> dict[str, Any]:
+        """The `isError` result the SDK path gives for an unavailable or timed-out upstream, or a refusal."""
+        raw = error_result(str(err)).model_dump(by_alias=True, mode="json", exclude_none=True)
+        return {"jsonrpc": "2.0", "id": call.request_id, "result": self._shape(raw, None, call.version)}
 
     def _shape(self, raw: Any, upstream_version: str | None, version: str) -> dict[str, Any]:
         """The result as the SDK path sends it: read as the upstream's revision, written as the client's.

@@ -80,13 +80,11 @@ class StdioFastFront:
             callers = self._callers[call.upstream.name] = weakref.WeakKeyDictionary()
         callers[relay] = call.request_id
         try:
-            with scope:
-                response = await self.fast.answer(call, progress)
+            with scope:  # a request cancelled before its answer is delivered gets no response at all
+                await self.fast.answer(call, progress, deliver=self._write)
         finally:
             self._running.pop(key, None)
             callers.pop(relay, None)
-        if not scope.cancelled_caught:  # a cancelled request gets no response at all
-            await self._write(response)
 
     def _progress_relay(self, token: Any) -> ProgressFn:
         async def relay(progress: float, total: float | None, message: str | None) -> None:

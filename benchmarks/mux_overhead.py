@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/mux_overhead.py            # full run (about 10 minutes on 2 cores)
     .venv/bin/python benchmarks/mux_overhead.py --quick    # fewer calls, for a smoke run
-    .venv/bin/python benchmarks/mux_overhead.py --floor    # also a do-nothing stdio relay, for reference
+    .venv/bin/python benchmarks/mux_overhead.py --floor    # also a do-nothing relay in the middle, for reference
     .venv/bin/python benchmarks/mux_overhead.py --sdk-path # also mcpmux with `[mux] fast_path = false`
 
 For each transport the benchmark keeps real `mcp.Client` connections open, one straight to the echo
@@ -14,8 +14,9 @@ and for N = 1, 16, 64 concurrent callers times a fixed number of `echo` calls: o
 - http: the upstream serves streamable HTTP on one loopback port, mcpmux on another.
 - `--sdk-path`: a second mcpmux (route `sdk`) with the raw `tools/call` fast path turned off, so
   that every call takes the SDK's server and client sessions (docs/fastpath.md).
-- `--floor` (stdio): a relay that copies lines both ways without parsing them, i.e. what any
-  process between client and upstream costs on this machine; mcpmux cannot do better than that.
+- `--floor`: a relay that copies lines (stdio) or bytes (HTTP: one upstream connection per client
+  connection) both ways without parsing them, i.e. what any process between client and upstream
+  costs on this machine; mcpmux cannot do better than that.
 
 Beside latency and throughput it reads each process's CPU time from /proc: CPU ms per call of the
 middle process (mcpmux or relay), the upstream and the client. On a small or busy machine latency
@@ -271,6 +272,40 @@ async def relay(command: list[str]) -> None:
     await child.wait()
 
 
+async def tcp_relay(listen_port: int, target_port: int) -> None:
+    """Copy bytes between each client connection and a connection to the target, untouched.
+
+    `--floor`'s HTTP middle: it neither parses HTTP nor reads JSON, so it is less than any HTTP
+    proxy can be; what it costs is what any process between client and upstream costs. An upstream
+    that closes an idle keep-alive connection does not close the client's: the next bytes the client
+    sends open a new one (passing the close on would race the client's next request).
+    """
+
+    async def downward(upstream: asyncio.StreamReader, client: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError):
+            while data := await upstream.read(1 << 16):
+                client.write(data)
+                await client.drain()
+
+    async def serve(client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+        upstream: asyncio.StreamWriter | None = None
+        reading: asyncio.Task[None] | None = None
+        with contextlib.suppress(ConnectionError):
+            while data := await client_reader.read(1 << 16):
+                if upstream is None or reading is None or reading.done():
+                    upstream_reader, upstream = await asyncio.open_connection("127.0.0.1", target_port)
+                    reading = asyncio.create_task(downward(upstream_reader, client_writer))
+                upstream.write(data)
+                await upstream.drain()
+        for writer in (upstream, client_writer):
+            if writer is not None:
+                writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", listen_port)
+    async with server:
+        await server.serve_forever()
+
+
 # -- routes ----------------------------------------------------------------------------------------
 
 
@@ -327,8 +362,19 @@ async def http_routes(args: argparse.Namespace, workdir: Path) -> AsyncIterator[
         http_server(echo(upstream_port), upstream_port, "http-mcpmux", workdir / "echo-upstream.log"),
         http_server(mux_serve, mux_port, "http-mcpmux", workdir / "mcpmux-http.log") as mux_url,
     ):
-        async with Client(direct_url, mode=args.era) as direct, Client(mux_url, mode=args.era) as mux:
+        async with (
+            Client(direct_url, mode=args.era) as direct,
+            Client(mux_url, mode=args.era) as mux,
+            contextlib.AsyncExitStack() as stack,
+        ):
             routes: Routes = {"direct": (direct, "echo"), "mcpmux": (mux, "echo__echo")}
+            if args.floor:
+                relay_upstream_port, relay_port = _free_port(), _free_port()
+                relay = [sys.executable, __file__, "--tcp-relay", str(relay_port), str(relay_upstream_port)]
+                relay_echo, echo_log = echo(relay_upstream_port), workdir / "relay-echo.log"
+                stack.enter_context(http_server(relay_echo, relay_upstream_port, "http-relay", echo_log))
+                relay_url = stack.enter_context(http_server(relay, relay_port, "http-relay", workdir / "relay.log"))
+                routes["relay"] = (await stack.enter_async_context(Client(relay_url, mode=args.era)), "echo")
             if not args.sdk_path:
                 yield routes
                 return
@@ -444,7 +490,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3, help="timed passes per cell; medians are reported")
     parser.add_argument("--transport", nargs="+", choices=["stdio", "http"], default=["stdio", "http"])
     parser.add_argument("--concurrency", nargs="+", type=int, choices=CONCURRENCY, default=list(CONCURRENCY))
-    parser.add_argument("--floor", action="store_true", help="also time a do-nothing stdio relay in the middle")
+    parser.add_argument("--floor", action="store_true", help="also time a do-nothing relay in the middle")
     parser.add_argument("--sdk-path", action="store_true", help="also time mcpmux with its fast path turned off")
     parser.add_argument("--era", choices=["auto", "legacy"], default="auto", help="the benchmark client's handshake")
     parser.add_argument("--upstream-tools", type=int, default=0, help="inert tools each echo upstream lists too")
@@ -459,6 +505,9 @@ def _interrupt(signum: int, frame: object) -> None:
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--relay"]:
         asyncio.run(relay(argv[1:]))
+        return 0
+    if argv[:1] == ["--tcp-relay"]:
+        asyncio.run(tcp_relay(int(argv[1]), int(argv[2])))
         return 0
     args = _parse(argv)
     meta = _meta(args)  # before the run: the code under test is what the processes start with

@@ -282,7 +282,9 @@ async def _send(client: Client, call: FastCall, progress: ProgressFn | None) -> 
     lane = call.upstream.lane
     if lane is None:  # the connection is closing under us
         raise MCPError(code=CONNECTION_CLOSED, message="Connection closed")
-    return await lane.call(client, call.tool, call.arguments, progress), client.protocol_version
+    # A 2026 caller on the fast path asked for no logs (else it takes the SDK path): none are asked for.
+    logs = call.version not in MODERN_PROTOCOL_VERSIONS
+    return await lane.call(client, call.tool, call.arguments, progress, logs=logs), client.protocol_version
 
 
 def decode(data: str | bytes) -> Any:

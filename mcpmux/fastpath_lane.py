@@ -167,11 +167,16 @@ class UpstreamLane:
         outcomes.put(_Progress(params.get("progress", 0.0), params.get("total"), params.get("message")))
         return True
 
-    async def call(self, client: Client, tool: str, arguments: dict[str, Any], progress: ProgressFn | None) -> Any:
+    async def call(
+        self, client: Client, tool: str, arguments: dict[str, Any], progress: ProgressFn | None, *, logs: bool = True
+    ) -> Any:
         """Call `tool` (its upstream name) and return the raw `result` object of the response.
 
-        Raises `MCPError` for a JSON-RPC error response and for a lost connection (code -32000), as the
-        SDK's session does. Cancelling the caller sends `notifications/cancelled` with the lane id.
+        `logs=False` asks a 2026 upstream for no log messages on this request (the session's stamp
+        asks for all of them, for mcpmux to relay): for a caller that would not hear them, an
+        upstream logging at debug level is only work. Raises `MCPError` for a JSON-RPC error
+        response and for a lost connection (code -32000), as the SDK's session does. Cancelling the
+        caller sends `notifications/cancelled` with the lane id.
         """
         send = self.send
         if self.closed or send is None:
@@ -183,8 +188,11 @@ class UpstreamLane:
         opts: dict[str, Any] = {}
         # The session's own stamp: the 2026 `_meta` envelope and `Mcp-*` headers, byte for byte the SDK's.
         session._stamp(data, opts)  # type: ignore[arg-type]
+        meta = params.setdefault("_meta", {})
+        if not logs:
+            meta.pop(types.LOG_LEVEL_META_KEY, None)
         # The SDK path always asks for progress, with its request id as the token; so does the lane.
-        params.setdefault("_meta", {})["progressToken"] = request_id
+        meta["progressToken"] = request_id
         message = {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params}
         outcomes = self._pending[request_id] = _Outcomes()
         try:

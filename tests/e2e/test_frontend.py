@@ -140,6 +140,19 @@ async def test_upstream_list_changed_reaches_the_client(two_demos: Path, mode: s
         assert text_of(await client.call_tool("beta__shiny", {})) == "shiny works"
 
 
+async def test_a_2026_caller_that_asks_for_no_logs_hears_none(two_demos: Path) -> None:
+    received: list[types.LoggingMessageNotificationParams] = []
+
+    async def on_log(params: types.LoggingMessageNotificationParams) -> None:
+        received.append(params)
+
+    async with mux_over_stdio(two_demos, logging_callback=on_log) as client:  # fast path: no logLevel asked
+        for _ in range(3):
+            assert text_of(await client.call_tool("alpha__log", {"message": "the sky is blue"})) == "logged"
+        assert text_of(await client.call_tool("alpha__echo", {"text": "after"})) == "alpha: after"
+    assert received == []
+
+
 @pytest.mark.parametrize("mode", ["auto", "legacy"])
 async def test_upstream_logs_are_relayed_to_the_caller(two_demos: Path, mode: str) -> None:
     received: list[types.LoggingMessageNotificationParams] = []

@@ -22,6 +22,9 @@ import anyio.to_thread
 
 _CHUNK = 1 << 16
 
+FINISH_LINE_TIMEOUT = 5.0
+"""Seconds a cancelled writer keeps writing the rest of its line before it gives the wire up."""
+
 
 def pollable(fd: int) -> bool:
     """Whether the event loop can wait on `fd`: pipes and sockets can, regular files and /dev/null cannot."""
@@ -101,34 +104,55 @@ class LineWriter:
         nearly every line, and a checkpoint costs a whole loop iteration.
         """
         data = memoryview(text.encode("utf-8"))
-        if self._on_loop and not self._lock.locked():
-            if self._closed:
-                raise anyio.ClosedResourceError
-            with suppress(BlockingIOError):  # the pipe is full: the rest waits below
-                data = data[os.write(self._fd, data) :]
-            if not data:
-                return
+        if not self._on_loop:
+            async with self._lock:
+                await anyio.to_thread.run_sync(self._write_blocking, data)
+            return
+        if self._lock.locked():  # another line is part-way out: this one waits its turn
+            async with self._lock:
+                await self._write_rest(data, started=False)
+            return
+        if self._closed:
+            raise anyio.ClosedResourceError
+        rest = data
+        with suppress(BlockingIOError):  # the pipe is full: the rest waits below
+            rest = data[os.write(self._fd, data) :]
+        if rest:
             self._lock.acquire_nowait()  # the rest of this line goes before any other
             try:
-                await self._write_rest(data)
+                await self._write_rest(rest, started=len(rest) < len(data))
             finally:
                 self._lock.release()
-            return
-        async with self._lock:
-            if not self._on_loop:
-                await anyio.to_thread.run_sync(self._write_blocking, data)
-                return
-            await self._write_rest(data)
 
-    async def _write_rest(self, data: memoryview) -> None:
-        while data:
-            await anyio.wait_writable(self._fd)  # the reader is behind: wait, don't stall the loop
+    async def _write_rest(self, data: memoryview, *, started: bool) -> None:
+        """Write `data` (the whole line, or its rest once `started`) as the reader makes room.
+
+        A writer cancelled part-way through a line still finishes it (for up to
+        `FINISH_LINE_TIMEOUT` seconds) or else closes the wire: half a line must never be followed
+        by another, which would garble both for the reader.
+        """
+        rest = [data]
+        try:
+            await self._pump(rest)
+        except anyio.get_cancelled_exc_class():
+            if started or len(rest[0]) < len(data):
+                with (
+                    anyio.move_on_after(FINISH_LINE_TIMEOUT, shield=True),
+                    suppress(anyio.ClosedResourceError, OSError),
+                ):
+                    await self._pump(rest)
+                if rest[0]:
+                    self.close()
+            raise
+
+    async def _pump(self, rest: list[memoryview]) -> None:
+        while rest[0]:
             if self._closed:
                 raise anyio.ClosedResourceError
             try:
-                data = data[os.write(self._fd, data) :]
+                rest[0] = rest[0][os.write(self._fd, rest[0]) :]
             except BlockingIOError:
-                continue
+                await anyio.wait_writable(self._fd)  # the reader is behind: wait, don't stall the loop
 
     def close(self) -> None:
         """Closes the wire; a write waiting for room on it raises `anyio.ClosedResourceError`."""

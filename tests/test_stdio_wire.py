@@ -64,6 +64,27 @@ async def test_close_wakes_a_writer_waiting_for_a_reader_that_never_reads() -> N
         os.close(read_fd)
 
 
+async def test_a_writer_cancelled_mid_line_finishes_its_line_before_the_next() -> None:
+    read_fd, write_fd = os.pipe()
+    writer = LineWriter(os.fdopen(write_fd, "wb", buffering=0))
+    received: list[bytes] = []
+
+    def slow_reader() -> None:
+        with os.fdopen(read_fd, "rb") as wire:
+            time.sleep(0.3)  # the cancelled writer is stuck part-way through its line until now
+            received.extend(wire.readlines())
+
+    thread = threading.Thread(target=slow_reader)
+    thread.start()
+    with anyio.move_on_after(0.1) as scope:
+        await writer.write("a" * _BIG + "\n")
+    assert scope.cancelled_caught
+    await writer.write("b\n")
+    writer.close()
+    await anyio.to_thread.run_sync(thread.join)
+    assert received == [b"a" * _BIG + b"\n", b"b\n"]
+
+
 async def test_lines_split_across_reads_and_invalid_utf8_come_out_whole() -> None:
     read_fd, write_fd = os.pipe()
     async with anyio.create_task_group() as tasks:

@@ -195,18 +195,24 @@ class FastPath:
         """
         started = time.perf_counter()
         outcome = "error"
+        delivered = False
         try:
-            # Shutdown waits for (or cancels) it and a reload that stops its upstream cancels it.
-            with self.mux.track_call(call.upstream.name):
-                try:
+            try:
+                # Shutdown waits for (or cancels) it and a reload that stops its upstream cancels it.
+                with self.mux.track_call(call.upstream.name):
                     async with self.mux.dispatchers[call.upstream.name].slot(priority=0):
                         response, outcome = await self._respond(call, progress)
                         if deliver is not None:
+                            delivered = True
                             await deliver(response)
-                except RejectedError as err:
-                    response, outcome = self._failed(call, err), outcome_of(err)
-                    if deliver is not None:
-                        await deliver(response)
+            except (UpstreamUnavailableError, RejectedError) as err:
+                # Refused by a limit, or by mcpmux (shutting down, the upstream being stopped), or
+                # cancelled by it after the grace period (`CallCancelledError`).
+                if delivered:
+                    return response  # the client has its answer; what came after is bookkeeping's
+                response, outcome = self._failed(call, err), outcome_of(err)
+                if deliver is not None:
+                    await deliver(response)
             return response
         except BaseException as err:
             outcome = outcome_of(err)

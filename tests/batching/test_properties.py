@@ -111,8 +111,14 @@ def test_every_caller_gets_exactly_its_own_answer_in_time(
         assert [position[i] for i in order] == sorted(position[i] for i in order)
 
 
+# The upstream below stalls far longer than any deadline, so a batcher that ignored them would be
+# late by more than STALL_SLACK; the slack itself absorbs the pauses a shared machine inflicts on a
+# process (0.31 s seen once, in a clean-clone run).
+STALL_SLACK = 0.4
+
+
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(deadlines=st.lists(st.floats(0.005, 0.03), min_size=1, max_size=20), stall=st.floats(0.01, 0.1))
+@given(deadlines=st.lists(st.floats(0.005, 0.03), min_size=1, max_size=20), stall=st.floats(0.6, 1.0))
 def test_no_item_waits_past_its_deadline_even_when_nothing_else_happens(deadlines: list[float], stall: float) -> None:
     late: list[float] = []
 
@@ -134,7 +140,7 @@ def test_no_item_waits_past_its_deadline_even_when_nothing_else_happens(deadline
 
     anyio.run(main)
     assert len(late) == len(deadlines)
-    assert max(late) < SLACK
+    assert max(late) < STALL_SLACK
 
 
 @pytest.mark.anyio

@@ -435,18 +435,16 @@ def _format_row(row: Row) -> str:
 
 
 def _targets(rows: list[Row]) -> dict[str, dict[str, Any]]:
+    """mcpmux's verdicts; with `--floor`, the do-nothing relay's too (`relay_...`): what no middle can beat."""
     verdicts: dict[str, dict[str, Any]] = {}
-    for row in (row for row in rows if row.via == "mcpmux"):
+    for row in (row for row in rows if row.via in ("mcpmux", "relay")):
+        prefix = row.transport if row.via == "mcpmux" else f"relay_{row.transport}"
         if row.concurrency == 1:
             added = round(row.added_p50_ms, 3)
-            verdicts[f"{row.transport}_added_p50_ms_at_1"] = {"value": added, "target": "< 1.0", "met": added < 1.0}
+            verdicts[f"{prefix}_added_p50_ms_at_1"] = {"value": added, "target": "< 1.0", "met": added < 1.0}
         if row.concurrency == 64:
             kept = round(row.kept_pct, 1)
-            verdicts[f"{row.transport}_throughput_kept_pct_at_64"] = {
-                "value": kept,
-                "target": ">= 90",
-                "met": kept >= 90,
-            }
+            verdicts[f"{prefix}_throughput_kept_pct_at_64"] = {"value": kept, "target": ">= 90", "met": kept >= 90}
     return verdicts
 
 

@@ -22,18 +22,23 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-async def test_concurrent_lines_longer_than_the_pipe_arrive_whole_and_in_order() -> None:
+def _pipe_read_late(delay: float) -> tuple[LineWriter, threading.Thread, list[bytes]]:
+    """A writer on a new pipe whose reader starts reading only after `delay` seconds, into the list."""
     read_fd, write_fd = os.pipe()
-    writer = LineWriter(os.fdopen(write_fd, "wb", buffering=0))
     received: list[bytes] = []
 
     def slow_reader() -> None:
         with os.fdopen(read_fd, "rb") as wire:
-            time.sleep(0.2)  # the first line fills the pipe before anyone reads
+            time.sleep(delay)
             received.extend(wire.readlines())
 
     thread = threading.Thread(target=slow_reader)
     thread.start()
+    return LineWriter(os.fdopen(write_fd, "wb", buffering=0)), thread, received
+
+
+async def test_concurrent_lines_longer_than_the_pipe_arrive_whole_and_in_order() -> None:
+    writer, thread, received = _pipe_read_late(0.2)  # the first line fills the pipe before anyone reads
     async with anyio.create_task_group() as tasks:
         for mark in "abc":
             tasks.start_soon(writer.write, mark * _BIG + "\n")
@@ -65,17 +70,7 @@ async def test_close_wakes_a_writer_waiting_for_a_reader_that_never_reads() -> N
 
 
 async def test_a_writer_cancelled_mid_line_finishes_its_line_before_the_next() -> None:
-    read_fd, write_fd = os.pipe()
-    writer = LineWriter(os.fdopen(write_fd, "wb", buffering=0))
-    received: list[bytes] = []
-
-    def slow_reader() -> None:
-        with os.fdopen(read_fd, "rb") as wire:
-            time.sleep(0.3)  # the cancelled writer is stuck part-way through its line until now
-            received.extend(wire.readlines())
-
-    thread = threading.Thread(target=slow_reader)
-    thread.start()
+    writer, thread, received = _pipe_read_late(0.3)  # the cancelled writer is stuck mid-line until then
     with anyio.move_on_after(0.1) as scope:
         await writer.write("a" * _BIG + "\n")
     assert scope.cancelled_caught

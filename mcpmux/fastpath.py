@@ -207,12 +207,12 @@ class FastPath:
                             await deliver(response)
             except (UpstreamUnavailableError, RejectedError) as err:
                 # Refused by a limit, or by mcpmux (shutting down, the upstream being stopped), or
-                # cancelled by it after the grace period (`CallCancelledError`).
-                if delivered:
-                    return response  # the client has its answer; what came after is bookkeeping's
-                response, outcome = self._failed(call, err), outcome_of(err)
-                if deliver is not None:
-                    await deliver(response)
+                # cancelled by it after the grace period (`CallCancelledError`). Once the client has
+                # its answer, what came after was bookkeeping's and changes nothing.
+                if not delivered:
+                    response, outcome = self._failed(call, err), outcome_of(err)
+                    if deliver is not None:
+                        await deliver(response)
             return response
         except BaseException as err:
             outcome = outcome_of(err)

@@ -76,7 +76,8 @@ class _Outcomes:
 
 _CLOSED = types.ErrorData(code=CONNECTION_CLOSED, message="Connection closed")
 
-LANE_ID_MARK = '"mux.'
+_ID_PREFIX = "mux."
+LANE_ID_MARK = f'"{_ID_PREFIX}'
 """In every raw line that answers a lane call or reports its progress (the id, or the progress token)."""
 
 Send = Callable[[dict[str, Any], dict[str, str] | None], Awaitable[None]]
@@ -181,7 +182,7 @@ class UpstreamLane:
         send = self.send
         if self.closed or send is None:
             raise MCPError(code=CONNECTION_CLOSED, message="Connection closed")
-        request_id = f"{LANE_ID_MARK[1:]}{next(self._ids)}"
+        request_id = f"{_ID_PREFIX}{next(self._ids)}"
         params: dict[str, Any] = {"name": tool, "arguments": arguments}
         data: dict[str, Any] = {"method": "tools/call", "params": params}
         session = client.session

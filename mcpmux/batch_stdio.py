@@ -165,6 +165,10 @@ class StdioBatchEdge:
         """Write one line (ending in a newline) to the client, between the SDK's own lines."""
         await self._write_text(text)
 
+    def write_line_now(self, text: str) -> bool:
+        """`write_line` from synchronous code, when the wire takes the line at once; False when nothing was written."""
+        return self._out.write_now(text)
+
     async def _write_text(self, text: str) -> None:
         await self._out.write(text)
 

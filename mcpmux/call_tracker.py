@@ -35,13 +35,23 @@ class TrackedCall:
     with the reason, in place of the cancellation or of the error the cancellation caused.
     """
 
-    __slots__ = ("_reason", "_scope", "_tracker", "upstream")
+    __slots__ = ("_admitted", "_reason", "_scope", "_tracker", "upstream")
 
     def __init__(self, tracker: CallTracker, upstream: str | None) -> None:
         self._tracker = tracker
         self.upstream = upstream
         self._scope = anyio.CancelScope()
         self._reason: str | None = None
+        self._admitted = False
+
+    def admit(self) -> None:
+        """Count the call in now, before the `with` (which then does not again); raises as entering does.
+
+        Once admitted, the call must be entered and left, or shutdown waits for it in vain.
+        """
+        if not self._admitted:
+            self._tracker._admit(self)
+            self._admitted = True
 
     def cancel(self, reason: str) -> None:
         """Cancel the call; its caller gets `CallCancelledError(reason)`."""
@@ -49,7 +59,7 @@ class TrackedCall:
         self._scope.cancel()
 
     def __enter__(self) -> None:
-        self._tracker._admit(self)
+        self.admit()
         self._scope.__enter__()
 
     def __exit__(
@@ -110,11 +120,16 @@ class CallTracker:
                 await self._idle.wait()
         return len(late)
 
+    def refusal(self, upstream: str | None) -> str | None:
+        """Why a new call to `upstream` would be refused right now; None when it would be admitted."""
+        if not self._refusing:
+            return None
+        return self._refusing.get(None) or self._refusing.get(upstream)
+
     def _admit(self, call: TrackedCall) -> None:
-        if self._refusing:
-            reason = self._refusing.get(None) or self._refusing.get(call.upstream)
-            if reason is not None:
-                raise CallCancelledError(reason)
+        reason = self.refusal(call.upstream)
+        if reason is not None:
+            raise CallCancelledError(reason)
         if not self._calls:
             self._idle = anyio.Event()
         self._calls.add(call)

@@ -175,6 +175,10 @@ class UpstreamDispatcher:
         """One admission through this upstream's gate (limits, queue) for the body of the `async with`."""
         return self.gate.slot(priority=priority, deadline=self._queue_deadline())
 
+    async def admit(self, priority: int) -> None:
+        """Wait for one admission through this upstream's gate, as `slot` does; `gate.release()` gives it back."""
+        await self.gate.acquire(priority=priority, deadline=self._queue_deadline())
+
     def _priority(self, tool: str) -> int:
         return priority_for(self.upstream.config.priorities, tool)
 

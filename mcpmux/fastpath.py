@@ -7,6 +7,11 @@ front edge (`fastpath_stdio`, `fastpath_http`) hands the parsed JSON-RPC request
 when it returns a `FastCall`, `FastPath.answer` sends it through the upstream's `UpstreamLane` and
 returns the JSON-RPC response to write back. Everything else takes the SDK path unchanged.
 
+Where the wires allow it (stdio on both sides), `FastPath.launch` goes further: called from the
+code that read the client's line, it admits the call and writes its request to the upstream at
+once, and the result is answered from the code that reads it off the upstream's wire. The call's
+task then only waits and keeps the books, off the path the client waits on.
+
 A call takes the fast path only when nothing else needs it: the name routes to a connected upstream
 (not a local tool, not an unknown name: the SDK path words that error), the upstream caches no
 result of the tool and merges it into no list form, no `[servers.X.priorities]` or `[mux]
@@ -36,7 +41,8 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 from pydantic_core import from_json
 
-from mcpmux.batching import RejectedError
+from mcpmux.batching import AdmissionGate, RejectedError
+from mcpmux.call_tracker import TrackedCall
 from mcpmux.errors import (
     MuxError,
     UpstreamError,
@@ -45,6 +51,7 @@ from mcpmux.errors import (
     UpstreamUnavailableError,
     error_result,
 )
+from mcpmux.fastpath_lane import LaneFlight
 from mcpmux.metrics import outcome_of
 from mcpmux.mux import Mux
 from mcpmux.output_schema import OutputCheck, result_error
@@ -81,6 +88,25 @@ class FastCall:
 
 Deliver = Callable[[dict[str, Any]], Awaitable[None]]
 """Sends a JSON-RPC response to the client."""
+
+DeliverNow = Callable[[dict[str, Any]], bool]
+"""Sends a JSON-RPC response to the client from synchronous code when that needs no waiting; False when not sent."""
+
+
+@dataclass(slots=True)
+class Flight:
+    """A call `FastPath.launch` admitted and sent; `FastPath.answer(..., flight=)` finishes it."""
+
+    tracked: TrackedCall
+    gate: AdmissionGate
+    """The gate that admitted it, released when the call ends."""
+    client: Client
+    """The session its request went out on."""
+    started: float
+    sent: LaneFlight | None = None
+    response: dict[str, Any] | None = None
+    """The response, once it reached the client the moment the result was read."""
+    outcome: str = "ok"
 
 
 @dataclass(slots=True)
@@ -183,32 +209,78 @@ class FastPath:
         schema = listed.output_schema if listed is not None else None
         return _Eligibility(upstream.listing, upstream, route.name, None if schema is None else OutputCheck(schema))
 
+    def launch(self, call: FastCall, deliver_now: DeliverNow) -> Flight | None:
+        """Admit `call` and write its request to the upstream right now, from synchronous code; None
+        (nothing done) where anything would have to wait or refuse: the gate, a busy wire, an upstream
+        reconnecting, shutdown. `answer(call, ..., flight=)` must then run, as for any call: it waits,
+        words failures and keeps the books. Meanwhile the result, the moment it is read, goes to the
+        client through `deliver_now` if it can: the response skips the event loop both ways.
+        """
+        upstream, lane, client = call.upstream, call.upstream.lane, call.upstream.client
+        calls = self.mux.calls
+        if lane is None or client is None or calls.refusal(upstream.name) is not None:
+            return None
+        gate = self.mux.dispatchers[upstream.name].gate
+        if not gate.try_acquire():
+            return None
+        flight = Flight(calls.track(upstream.name), gate, client, time.perf_counter())
+        version = client.protocol_version
+
+        def answered(raw: dict[str, Any]) -> None:
+            if methods.is_input_required(raw) or (call.output is not None and call.output.problem(raw) is not None):
+                return  # the waiting task takes these: another round, or the error
+            try:
+                response, outcome = self._response(call, raw, version)
+            except ValidationError:
+                return  # likewise
+            if deliver_now(response):
+                flight.response, flight.outcome = response, outcome
+
+        flight.sent = lane.launch(client, call.tool, call.arguments, answered, logs=_logs_for(call))
+        if flight.sent is None:
+            gate.release()
+            return None
+        flight.tracked.admit()  # cannot refuse: nothing yielded since the refusal was checked
+        return flight
+
     async def answer(
-        self, call: FastCall, progress: ProgressFn | None = None, deliver: Deliver | None = None
+        self,
+        call: FastCall,
+        progress: ProgressFn | None = None,
+        deliver: Deliver | None = None,
+        flight: Flight | None = None,
     ) -> dict[str, Any]:
-        """Serve `call`; the JSON-RPC response (result or error) to send back, with the client's id.
+        """Serve `call` (sent already when `flight`); the JSON-RPC response (result or error), with the client's id.
 
         Failures read as on the SDK path: an unavailable or timed-out upstream, or a limit's refusal,
         is an `isError` result saying so; the upstream's JSON-RPC errors pass through. `deliver`, when
         given, gets the response as soon as it is ready, before the call's bookkeeping (the gate's
-        release, shutdown tracking, metrics): what the client waits for goes first.
+        release, shutdown tracking, metrics): what the client waits for goes first. A response the
+        flight already delivered is not delivered again.
         """
-        started = time.perf_counter()
+        started = time.perf_counter() if flight is None else flight.started
         outcome = "error"
         delivered = False
         try:
             try:
                 # Shutdown waits for (or cancels) it and a reload that stops its upstream cancels it.
-                with self.mux.track_call(call.upstream.name):
-                    async with self.mux.dispatchers[call.upstream.name].slot(priority=0):
-                        response, outcome = await self._respond(call, progress)
-                        if deliver is not None:
+                with self.mux.track_call(call.upstream.name) if flight is None else flight.tracked:
+                    gate = await self._admitted(call) if flight is None else flight.gate
+                    try:
+                        response, outcome = await self._respond(call, progress, flight)
+                        delivered = flight is not None and flight.response is not None
+                        if deliver is not None and not delivered:
                             delivered = True
                             await deliver(response)
+                    finally:
+                        gate.release()
             except (UpstreamUnavailableError, RejectedError) as err:
                 # Refused by a limit, or by mcpmux (shutting down, the upstream being stopped), or
                 # cancelled by it after the grace period (`CallCancelledError`). Once the client has
                 # its answer, what came after was bookkeeping's and changes nothing.
+                if flight is not None and flight.response is not None:
+                    outcome = flight.outcome
+                    return flight.response
                 if not delivered:
                     response, outcome = self._failed(call, err), outcome_of(err)
                     if deliver is not None:
@@ -220,31 +292,50 @@ class FastPath:
         finally:
             self.mux.metrics.observe_call(call.upstream.name, call.tool, time.perf_counter() - started, outcome)
 
-    async def _respond(self, call: FastCall, progress: ProgressFn | None) -> tuple[dict[str, Any], str]:
+    async def _admitted(self, call: FastCall) -> AdmissionGate:
+        """Wait for admission through the upstream's gate (limits, queue); the gate to release it on."""
+        dispatcher = self.mux.dispatchers[call.upstream.name]
+        await dispatcher.admit(priority=0)
+        return dispatcher.gate
+
+    async def _respond(
+        self, call: FastCall, progress: ProgressFn | None, flight: Flight | None
+    ) -> tuple[dict[str, Any], str]:
         """The response to `call` and the outcome to count, once admitted through the upstream's gate."""
         try:
-            raw, upstream_version = await self._call(call, progress)
+            raw, upstream_version = await self._call(call, progress, flight)
         except (UpstreamUnavailableError, UpstreamTimeoutError, UpstreamResultError) as err:
             return self._failed(call, err), outcome_of(err)
         except UpstreamError as err:
             error = types.ErrorData(code=err.code, message=str(err), data=err.data)
             return {"jsonrpc": "2.0", "id": call.request_id, "error": _dump(error)}, "error"
+        if flight is not None and flight.response is not None:
+            return flight.response, flight.outcome
         try:
-            result = self._shape(raw, upstream_version, call.version)
+            return self._response(call, raw, upstream_version)
         except ValidationError as err:
             problem = f"upstream {call.upstream.name!r} answered tool {call.tool!r} with an invalid result: {err}"
             error = types.ErrorData(code=types.INTERNAL_ERROR, message=problem)
             return {"jsonrpc": "2.0", "id": call.request_id, "error": _dump(error)}, "error"
+
+    def _response(self, call: FastCall, raw: Any, upstream_version: str | None) -> tuple[dict[str, Any], str]:
+        """The JSON-RPC response carrying the upstream's result, and the outcome to count; see `_shape`."""
+        result = self._shape(raw, upstream_version, call.version)
         return {"jsonrpc": "2.0", "id": call.request_id, "result": result}, "error" if result.get("isError") else "ok"
 
-    async def _call(self, call: FastCall, progress: ProgressFn | None) -> tuple[Any, str | None]:
+    async def _call(self, call: FastCall, progress: ProgressFn | None, flight: Flight | None) -> tuple[Any, str | None]:
         """The upstream's raw result and its protocol revision.
 
         Raises `UpstreamResultError` for a result that breaks the tool's output schema, as
         `Upstream.request` does on the SDK path.
         """
         what = f"tool {call.tool!r}"
-        raw, version = await call.upstream.request(what, lambda client: _send(client, call, progress))
+        if flight is None:
+            raw, version = await call.upstream.request(what, lambda client: _send(client, call, progress))
+        else:
+            raw, version = await call.upstream.request(what, lambda client: _wait(flight, progress), flight.client)
+            if flight.response is not None:
+                return raw, version  # answered already: it passed the checks below
         if methods.is_input_required(raw):
             # The SDK client drives input-required rounds (sampling under the mux's policy); the
             # first leg only asked for input, so it is asked again on that path.
@@ -288,9 +379,18 @@ async def _send(client: Client, call: FastCall, progress: ProgressFn | None) -> 
     lane = call.upstream.lane
     if lane is None:  # the connection is closing under us
         raise MCPError(code=CONNECTION_CLOSED, message="Connection closed")
-    # A 2026 caller on the fast path asked for no logs (else it takes the SDK path): none are asked for.
-    logs = call.version not in MODERN_PROTOCOL_VERSIONS
-    return await lane.call(client, call.tool, call.arguments, progress, logs=logs), client.protocol_version
+    return await lane.call(client, call.tool, call.arguments, progress, logs=_logs_for(call)), client.protocol_version
+
+
+async def _wait(flight: Flight, progress: ProgressFn | None) -> tuple[Any, str | None]:
+    assert flight.sent is not None
+    return await flight.sent.wait(progress), flight.client.protocol_version
+
+
+def _logs_for(call: FastCall) -> bool:
+    """Whether the upstream is asked for its logs: a 2026 caller on the fast path asked for none
+    (else it takes the SDK path)."""
+    return call.version not in MODERN_PROTOCOL_VERSIONS
 
 
 def decode(data: str | bytes) -> Any:

@@ -8,6 +8,9 @@ sees them. Two kinds of transport carry it:
 
 - mcpmux's stdio transport (`mcpmux.stdio_upstream`) writes the request as a raw JSON line and hands
   each raw message it reads to `take()`: no pydantic model and no task between the call and the pipe.
+  It can also write a short line from synchronous code (`SendNow`), so `launch()` sends a request
+  from the very code that read the client's line, and a response can be answered in `take()` itself
+  (see `FastPath.launch`).
 - an SDK transport (streamable HTTP) gets `session_sender(write_stream)`, and `WatchedTransport`
   hands every `SessionMessage` it reads to `divert()`.
 
@@ -50,6 +53,10 @@ class _Progress:
 _Outcome = dict[str, Any] | types.ErrorData | _Progress
 
 
+Answered = Callable[[dict[str, Any]], None]
+"""Sees a launched call's result the moment it is read, before the waiting task does (it may answer the caller)."""
+
+
 class _Outcomes:
     """What arrives for one call, in order: progress reports, then its answer.
 
@@ -57,11 +64,22 @@ class _Outcomes:
     on the fast path a loop iteration is a measurable share of a call.
     """
 
-    __slots__ = ("_arrived", "_items")
+    __slots__ = ("_arrived", "_items", "answered", "others")
 
-    def __init__(self) -> None:
+    def __init__(self, answered: Answered | None = None, others: int = 0) -> None:
         self._items: deque[_Outcome] = deque()
         self._arrived = anyio.Event()
+        self.answered = answered
+        self.others = others
+        """The lane's `others` count when the call went out."""
+
+    def answer(self, outcome: dict[str, Any] | types.ErrorData, others: int) -> None:
+        """The call's answer, for the waiting task; a result is first shown to `answered` when nothing
+        else is still queued for the call and no other message of the connection was read since it went
+        out (`others`): what came before the answer must reach the caller before it."""
+        if self.answered is not None and not self._items and others == self.others and isinstance(outcome, dict):
+            self.answered(outcome)
+        self.put(outcome)
 
     def put(self, outcome: _Outcome) -> None:
         self._items.append(outcome)
@@ -86,6 +104,24 @@ Send = Callable[[dict[str, Any], dict[str, str] | None], Awaitable[None]]
 Raises `anyio.BrokenResourceError` or `anyio.ClosedResourceError` once the connection is gone.
 """
 
+SendNow = Callable[[dict[str, Any]], bool]
+"""Writes one JSON-RPC message from synchronous code when that needs no waiting; False when nothing was written."""
+
+
+@dataclass(slots=True)
+class LaneFlight:
+    """A call `UpstreamLane.launch` sent."""
+
+    lane: UpstreamLane
+    request_id: str
+    outcomes: _Outcomes
+    client: Client
+    """The session the request went out on."""
+
+    async def wait(self, progress: ProgressFn | None) -> Any:
+        """The raw result, as `UpstreamLane.call` returns it (with the same errors and cancellation)."""
+        return await self.lane._settle(self, progress, None)
+
 
 def session_sender(write_stream: Any) -> Send:
     """The `Send` for an SDK transport's write stream (of `SessionMessage`s)."""
@@ -103,16 +139,40 @@ class UpstreamLane:
 
     def __init__(self) -> None:
         self.send: Send | None = None
+        self.send_now: SendNow | None = None
         self._ids = itertools.count(1)
         self._pending: dict[str, _Outcomes] = {}
         self.closed = False
+        self.others = 0
+        """Messages of the connection the transport passed on to the session (not this lane's)."""
+        self._behind = False
+        self._held: list[tuple[_Outcomes, _Outcome]] = []
 
-    def attach(self, send: Send) -> None:
-        """How the transport writes this lane's messages, once it is up."""
+    def attach(self, send: Send, send_now: SendNow | None = None) -> None:
+        """How the transport writes this lane's messages, once it is up (`send_now`: where it can at once)."""
         self.send = send
+        self.send_now = send_now
+
+    def passed_on(self) -> None:
+        """The transport passed a message of the connection to the session instead (not this lane's).
+
+        What the lane reads next is held until the session has taken that message in (`caught_up`):
+        whatever the session makes of it (a log relayed to the caller, say) comes first, as on the
+        SDK path. mcpmux's stdio transport, which reads the wire itself, says so.
+        """
+        self.others += 1
+        self._behind = True
+
+    def caught_up(self) -> None:
+        """The session asks for its next message (it dispatched those before): what was held goes on."""
+        self._behind = False
+        held, self._held = self._held, []
+        for outcomes, outcome in held:
+            outcomes.put(outcome)
 
     def close(self) -> None:
         """The transport ended: every call in flight fails with "Connection closed"."""
+        self.caught_up()
         self.closed = True
         pending, self._pending = self._pending, {}
         for outcomes in pending.values():
@@ -157,7 +217,10 @@ class UpstreamLane:
         outcomes = self._pending.pop(request_id, None) if isinstance(request_id, str) else None
         if outcomes is None:
             return False
-        outcomes.put(outcome)
+        if self._behind:
+            self._held.append((outcomes, outcome))
+        else:
+            outcomes.answer(outcome, self.others)
         return True
 
     def _progress(self, params: dict[str, Any]) -> bool:
@@ -165,7 +228,11 @@ class UpstreamLane:
         outcomes = self._pending.get(token) if isinstance(token, str) else None
         if outcomes is None:
             return False
-        outcomes.put(_Progress(params.get("progress", 0.0), params.get("total"), params.get("message")))
+        progress = _Progress(params.get("progress", 0.0), params.get("total"), params.get("message"))
+        if self._behind:
+            self._held.append((outcomes, progress))
+        else:
+            outcomes.put(progress)
         return True
 
     async def call(
@@ -182,31 +249,60 @@ class UpstreamLane:
         send = self.send
         if self.closed or send is None:
             raise MCPError(code=CONNECTION_CLOSED, message="Connection closed")
+        request_id, message, headers = self._request(client, tool, arguments, logs)
+        outcomes = self._pending[request_id] = _Outcomes()
+        return await self._settle(LaneFlight(self, request_id, outcomes, client), progress, send(message, headers))
+
+    def launch(
+        self, client: Client, tool: str, arguments: dict[str, Any], answered: Answered, *, logs: bool = True
+    ) -> LaneFlight | None:
+        """`call`'s request, sent right now from synchronous code; None (and nothing sent) where that would wait.
+
+        `answered` sees the result the moment it is read. Wait for the call with `LaneFlight.wait`,
+        always: it is what ends the call, and cancels it upstream when cancelled.
+        """
+        if self.closed or self.send_now is None:
+            return None
+        request_id, message, _headers = self._request(client, tool, arguments, logs)
+        outcomes = self._pending[request_id] = _Outcomes(answered, self.others)
+        if not self.send_now(message):
+            del self._pending[request_id]
+            return None
+        return LaneFlight(self, request_id, outcomes, client)
+
+    def _request(
+        self, client: Client, tool: str, arguments: dict[str, Any], logs: bool
+    ) -> tuple[str, dict[str, Any], dict[str, str] | None]:
+        """A new lane id, and the request with it, stamped as the session stamps its own."""
         request_id = f"{_ID_PREFIX}{next(self._ids)}"
         params: dict[str, Any] = {"name": tool, "arguments": arguments}
         data: dict[str, Any] = {"method": "tools/call", "params": params}
-        session = client.session
         opts: dict[str, Any] = {}
         # The session's own stamp: the 2026 `_meta` envelope and `Mcp-*` headers, byte for byte the SDK's.
-        session._stamp(data, opts)  # type: ignore[arg-type]
+        client.session._stamp(data, opts)  # type: ignore[arg-type]
         meta = params.setdefault("_meta", {})
         if not logs:
             meta.pop(types.LOG_LEVEL_META_KEY, None)
         # The SDK path always asks for progress, with its request id as the token; so does the lane.
         meta["progressToken"] = request_id
         message = {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params}
-        outcomes = self._pending[request_id] = _Outcomes()
+        return request_id, message, opts.get("headers")
+
+    async def _settle(self, flight: LaneFlight, progress: ProgressFn | None, sending: Awaitable[None] | None) -> Any:
+        """Finish sending (when `sending`), then wait for the answer; cancelled, tell the upstream."""
         try:
-            await send(message, opts.get("headers"))
-            return await self._outcome(outcomes, progress)
+            if sending is not None:
+                await sending
+            return await self._outcome(flight.outcomes, progress)
         except anyio.get_cancelled_exc_class():
-            if self._pending.pop(request_id, None) is not None:
-                await self._cancel(send, session, request_id)
+            send = self.send
+            if self._pending.pop(flight.request_id, None) is not None and send is not None:
+                await self._cancel(send, flight.client.session, flight.request_id)
             raise
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             raise MCPError(code=CONNECTION_CLOSED, message="Connection closed") from None
         finally:
-            self._pending.pop(request_id, None)
+            self._pending.pop(flight.request_id, None)
 
     async def _outcome(self, outcomes: _Outcomes, progress: ProgressFn | None) -> Any:
         while True:

@@ -18,7 +18,7 @@ from anyio.abc import TaskGroup
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from mcpmux.batch_stdio import StdioBatchEdge
-from mcpmux.fastpath import FastCall, FastPath, decode, sampling_declared
+from mcpmux.fastpath import FastCall, FastPath, Flight, decode, sampling_declared
 from mcpmux.jsonrpc_batch import id_key
 from mcpmux.upstream import ProgressFn
 
@@ -51,7 +51,9 @@ class StdioFastFront:
                 return False  # a duplicate id in flight: the SDK path answers that as it always has
             scope = anyio.CancelScope()
             self._running[key] = scope
-            self._tasks.start_soon(self._serve, call, key, scope)
+            # Sent upstream here and now where it can be; the task waits for it and keeps the books.
+            flight = self.fast.launch(call, self._write_now)
+            self._tasks.start_soon(self._serve, call, key, scope, flight)
             return True
         if '"notifications/cancelled"' in line:
             message = decode(line)
@@ -71,7 +73,7 @@ class StdioFastFront:
                 self._declares_sampling = sampling_declared(capabilities)
         return False
 
-    async def _serve(self, call: FastCall, key: str, scope: anyio.CancelScope) -> None:
+    async def _serve(self, call: FastCall, key: str, scope: anyio.CancelScope, flight: Flight | None) -> None:
         progress = self._progress_relay(call.progress_token) if call.progress_token is not None else None
         # Registered like an SDK-path call, so the upstream's logs meanwhile reach this call's client.
         relay = _LogRelay(self, call.version)
@@ -81,7 +83,7 @@ class StdioFastFront:
         callers[relay] = call.request_id
         try:
             with scope:  # a request cancelled before its answer is delivered gets no response at all
-                await self.fast.answer(call, progress, deliver=self._write)
+                await self.fast.answer(call, progress, deliver=self._write, flight=flight)
         finally:
             self._running.pop(key, None)
             callers.pop(relay, None)
@@ -96,6 +98,12 @@ class StdioFastFront:
             await self._write({"jsonrpc": "2.0", "method": "notifications/progress", "params": params})
 
         return relay
+
+    def _write_now(self, message: dict[str, Any]) -> bool:
+        """Write one line at once, from synchronous code, when no line is queued and the wire takes it now."""
+        if self._writing:
+            return False
+        return self._edge.write_line_now(json.dumps(message, separators=(",", ":")) + "\n")
 
     async def _write(self, message: dict[str, Any]) -> None:
         """Queue one line; the first writer writes every line queued meanwhile in one go.

@@ -73,7 +73,10 @@ async def stdio_transport(
         except OSError:
             raise anyio.BrokenResourceError from None
 
-    lane.attach(send)
+    def send_now(message: dict[str, Any]) -> bool:
+        return stdin.write_now(json.dumps(message, separators=(",", ":")) + "\n")
+
+    lane.attach(send, send_now)
 
     async def read() -> None:
         async with to_session:
@@ -83,6 +86,7 @@ async def stdio_transport(
                     continue
                 if not delivering or not line.strip():
                     continue  # once the session is gone, the rest is drained so the child can flush and exit
+                lane.passed_on()
                 try:
                     await to_session.send(_parse(line))
                 except (anyio.BrokenResourceError, anyio.ClosedResourceError):

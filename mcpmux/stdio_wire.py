@@ -9,6 +9,7 @@ regular file, a terminal) cannot be polled, so a thread does the blocking I/O fo
 from __future__ import annotations
 
 import os
+import select
 import stat
 import threading
 from collections.abc import AsyncIterator
@@ -94,6 +95,8 @@ class LineWriter:
         self._on_loop = pollable(self._fd)
         if self._on_loop:
             os.set_blocking(self._fd, False)
+        # A pipe writes up to PIPE_BUF bytes all at once or not at all, never part of them.
+        self._atomic = select.PIPE_BUF if self._on_loop and stat.S_ISFIFO(os.fstat(self._fd).st_mode) else 0
         self._lock = anyio.Lock()
         self._closed = False
 
@@ -123,6 +126,21 @@ class LineWriter:
                 await self._write_rest(rest, started=len(rest) < len(data))
             finally:
                 self._lock.release()
+
+    def write_now(self, text: str) -> bool:
+        """Write a line right now, from synchronous code, when that needs no waiting; False when nothing was written.
+
+        Only a short line on a pipe, with no other line part-way out, and a pipe with room for all
+        of it: any other write would have to wait, so `write` must do it.
+        """
+        data = text.encode("utf-8")
+        if len(data) > self._atomic or self._lock.locked() or self._closed:
+            return False
+        try:
+            os.write(self._fd, data)
+        except OSError:  # no room (or the reader is gone, which `write` then reports)
+            return False
+        return True
 
     async def _write_rest(self, data: memoryview, *, started: bool) -> None:
         """Write `data` (the whole line, or its rest once `started`) as the reader makes room.

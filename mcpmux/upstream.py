@@ -276,16 +276,22 @@ class Upstream:
         ):
             await self._refresh()
 
-    async def request(self, what: str, send: Callable[[Client], Awaitable[Any]]) -> Any:
+    @property
+    def client(self) -> Client | None:
+        """The live session's client; None while the upstream is not connected."""
+        return self._client
+
+    async def request(self, what: str, send: Callable[[Client], Awaitable[Any]], sent_on: Client | None = None) -> Any:
         """Run one request against the live session, with this upstream's timeout and error wording.
 
         A session the server no longer knows (HTTP 404) is re-initialized and the request sent once more:
         the server never saw it, so that is safe. A connection lost mid-request is not retried, since
-        the server may have acted on it.
+        the server may have acted on it. `sent_on`: the session a request already went out on (a
+        launched fast-path call); `send` then only waits for it there, and it is never sent again.
         """
         stale: Client | None = None
         for attempt in (1, 2):
-            client = await self._live_client(what, stale)
+            client = sent_on or await self._live_client(what, stale)
             try:
                 with anyio.fail_after(self.timeout):
                     return await send(client)
@@ -295,13 +301,14 @@ class Upstream:
                     f"(raise `timeout` for this server in the config if it is just slow)"
                 ) from None
             except MCPError as err:
-                if _session_expired(err) and attempt == 1:
+                if _session_expired(err) and attempt == 1 and sent_on is None:
                     logger.info("upstream %r: session expired; re-initializing", self.name)
                     self._mark_lost()
                     stale = client
                     continue
                 if err.code == CONNECTION_CLOSED:
-                    self._mark_lost()
+                    if sent_on is None or sent_on is self._client:  # not a later connection: that one is fine
+                        self._mark_lost()
                     raise UpstreamUnavailableError(
                         f"upstream {self.name!r} lost its connection during {what} (the server exited or "
                         "dropped it); mcpmux is reconnecting, retry shortly"

@@ -57,6 +57,8 @@ class _WatchedReadStream:
     async def receive(self) -> Any:
         try:
             while True:
+                if self._lane is not None:
+                    self._lane.caught_up()
                 item = await self._inner.receive()
                 if self._lane is None or not self._lane.divert(item):
                     return item

@@ -68,7 +68,7 @@ class AdmissionGate:
         """Wait for admission; raises `QueueFullError` or `DeadlineExceededError` (both counted)."""
         asked_at = anyio.current_time()
         deadline = self.policy.queue.resolve_deadline(deadline, asked_at)
-        if len(self._queue) == 0 and self._admit_one(asked_at):
+        if self.try_acquire(asked_at):
             return
         try:
             entry = await self._queue.put(_Waiter(), priority=priority, deadline=deadline)
@@ -85,6 +85,10 @@ class AdmissionGate:
                 self._queue.remove(entry)
                 self._admit_waiters(caller=waiter)
             raise
+
+    def try_acquire(self, now: float | None = None) -> bool:
+        """Admit one at once when nobody is queued and the limits allow it; False (and nothing counted) otherwise."""
+        return len(self._queue) == 0 and self._admit_one(anyio.current_time() if now is None else now)
 
     def release(self) -> None:
         """Give back one admission (the `slot` context does this for you)."""

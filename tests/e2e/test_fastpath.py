@@ -28,6 +28,7 @@ if __name__ != "__main__":
     from tests.reliability.conftest import HttpFront
 
 PROBE = Path(__file__).resolve()
+RAW_SERVER = PROBE.parents[1] / "servers" / "raw_server.py"
 
 
 def probe(**extra: Any) -> dict[str, Any]:
@@ -163,6 +164,25 @@ async def test_progress_and_cancellation_on_the_fast_path(tmp_path: Path) -> Non
         assert str(cancelled[0]).startswith("mux.")
         # The lane and the connection are fine afterwards.
         assert str(seen_id(await client.call_tool("probe__whoami", {}))).startswith("mux.")
+
+
+@pytest.mark.anyio
+async def test_a_log_written_just_before_the_result_reaches_the_caller_first(tmp_path: Path) -> None:
+    """The upstream writes a log line and the result in one go: a 2025 caller hears them in that order.
+
+    mcpmux answers a fast-path result straight from the code that reads it off the upstream's pipe,
+    while the log goes through the SDK's session; the result must not overtake it.
+    """
+    config = write_config(tmp_path / "mux.json", {"raw": {"command": sys.executable, "args": [str(RAW_SERVER)]}})
+    received: list[Any] = []
+
+    async def on_log(params: types.LoggingMessageNotificationParams) -> None:
+        received.append(params.data)
+
+    async with mux_over_stdio(config, mode="legacy", logging_callback=on_log, log_level="debug") as client:
+        for n in range(20):
+            assert text_of(await client.call_tool("raw__log_then_answer", {"message": f"line {n}"})) == "answered"
+            assert received == [f"line {i}" for i in range(n + 1)]
 
 
 @pytest.mark.slow

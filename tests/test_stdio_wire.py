@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import select
 import threading
 import time
 
@@ -94,3 +95,37 @@ async def test_lines_split_across_reads_and_invalid_utf8_come_out_whole() -> Non
         with os.fdopen(read_fd, "rb", buffering=0) as wire:
             lines = [line async for line in read_lines(wire)]
     assert lines == ['{"a": 1}\n', '{"b": "é"}\n', "\ufffd bad\n", "no newline at the end"]
+
+
+async def test_write_now_writes_a_short_line_whole_or_nothing() -> None:
+    """From synchronous code: a line the pipe takes at once goes out; anything that would wait is refused untouched."""
+    writer, thread, received = _pipe_read_late(0.3)
+    assert writer.write_now("first\n")
+    assert not writer.write_now("x" * (select.PIPE_BUF + 1) + "\n")  # longer than a pipe writes atomically
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(writer.write, "a" * _BIG + "\n")  # fills the pipe and waits, part-way through its line
+        await anyio.sleep(0.05)
+        assert not writer.write_now("b\n")  # it would land inside that line
+    assert writer.write_now("last\n")
+    writer.close()
+    await anyio.to_thread.run_sync(thread.join)
+    assert received == [b"first\n", b"a" * _BIG + b"\n", b"last\n"]
+
+
+async def test_write_now_refuses_a_full_pipe_and_a_closed_wire() -> None:
+    read_fd, write_fd = os.pipe()
+    writer = LineWriter(os.fdopen(write_fd, "wb", buffering=0))
+    try:
+        line = "y" * 1000 + "\n"
+        written = 0
+        while writer.write_now(line):  # nobody reads: the pipe fills up
+            written += 1
+        assert written > 0
+        os.set_blocking(read_fd, False)
+        data = os.read(read_fd, 1 << 20)
+        assert data == line.encode() * written  # only whole lines went in
+    finally:
+        os.close(read_fd)
+    assert not writer.write_now("after the reader left\n")
+    writer.close()
+    assert not writer.write_now("after close\n")

@@ -132,3 +132,26 @@ async def test_release_without_acquire_is_refused() -> None:
     gate = AdmissionGate(name="db")
     with pytest.raises(RuntimeError, match="'db': release\\(\\) without a matching acquire\\(\\)"):
         gate.release()
+
+
+@pytest.mark.anyio
+async def test_try_acquire_admits_at_once_or_not_at_all_and_never_jumps_the_line() -> None:
+    gate = AdmissionGate(GatePolicy(max_concurrency=1))
+    assert gate.try_acquire()
+    assert not gate.try_acquire()  # at the limit: refused, and nothing counted against anyone
+    admitted: list[str] = []
+
+    async def waiter() -> None:
+        async with gate.slot():
+            admitted.append("waiter")
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(waiter)
+        await anyio.sleep(0.05)
+        gate.release()  # the slot goes to the waiter in line ...
+        assert not gate.try_acquire()  # ... not to a newcomer that asks at once
+    assert admitted == ["waiter"]
+    assert gate.try_acquire()
+    gate.release()
+    stats = gate.stats()
+    assert (stats.active, stats.waiting, stats.admitted, stats.rejections) == (0, 0, 3, {})

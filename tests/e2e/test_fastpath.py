@@ -185,6 +185,24 @@ async def test_a_log_written_just_before_the_result_reaches_the_caller_first(tmp
             assert received == [f"line {i}" for i in range(n + 1)]
 
 
+@pytest.mark.anyio
+async def test_the_upstreams_concurrency_limit_holds_on_the_fast_path(tmp_path: Path) -> None:
+    """Calls past `max_concurrency` wait their turn (the fast path sends at once only when admitted at once)."""
+    config = write_config(tmp_path / "mux.json", {"probe": probe(limits={"max_concurrency": 2})})
+    async with mux_over_stdio(config) as client:
+        seen: list[Any] = []
+
+        async def one() -> None:
+            seen.append(seen_id(await client.call_tool("probe__slow", {"seconds": 0.2})))
+
+        async with anyio.create_task_group() as tasks:
+            for _ in range(8):
+                tasks.start_soon(one)
+        assert len(seen) == 8
+        assert all(str(request_id).startswith("mux.") for request_id in seen)
+        assert json.loads(text_of(await client.call_tool("probe__peak", {}))) == 2
+
+
 @pytest.mark.slow
 @pytest.mark.anyio
 async def test_http_clients_of_both_eras_cancel_fast_path_calls(tmp_path: Path) -> None:
@@ -341,8 +359,9 @@ def _serve_probe() -> None:
 
     cancelled: list[Any] = []
     asked: list[Any] = []
+    running = [0, 0]  # `slow` calls running now, and the most at once
     schema = {"type": "object"}
-    names = ["whoami", "shapes", "fail", "reject", "slow", "cancelled", "ask", "asked", "crash"]
+    names = ["whoami", "shapes", "fail", "reject", "slow", "peak", "cancelled", "ask", "asked", "crash"]
     names += ["cached", "one", "many"]
     tools = [types.Tool(name=name, input_schema=schema) for name in names]
     typed = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
@@ -383,6 +402,8 @@ def _serve_probe() -> None:
             raise MCPError(code=-32042, message="the probe refuses", data={"why": "asked to"})
         if params.name == "slow":
             steps = int(arguments.get("steps", 1))
+            running[0] += 1
+            running[1] = max(running)
             try:
                 for step in range(steps):
                     await anyio.sleep(float(arguments["seconds"]) / steps)
@@ -390,7 +411,11 @@ def _serve_probe() -> None:
             except anyio.get_cancelled_exc_class():
                 cancelled.append(ctx.request_id)
                 raise
+            finally:
+                running[0] -= 1
             return text({"id": ctx.request_id})
+        if params.name == "peak":  # the most `slow` calls that ran at once
+            return text(running[1])
         if params.name == "cancelled":
             return text(cancelled)
         if params.name == "ask":  # a 2026 input-required round: sampling, then the answer

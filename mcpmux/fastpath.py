@@ -100,13 +100,16 @@ class Flight:
     tracked: TrackedCall
     gate: AdmissionGate
     """The gate that admitted it, released when the call ends."""
-    client: Client
-    """The session its request went out on."""
+    sent: LaneFlight
     started: float
-    sent: LaneFlight | None = None
     response: dict[str, Any] | None = None
-    """The response, once it reached the client the moment the result was read."""
+    """The response, once it reached the client the moment the result was read; then `outcome` is its outcome."""
     outcome: str = "ok"
+
+    @property
+    def answered(self) -> bool:
+        """Whether the client has its response already."""
+        return self.response is not None
 
 
 @dataclass(slots=True)
@@ -218,12 +221,11 @@ class FastPath:
         """
         upstream, lane, client = call.upstream, call.upstream.lane, call.upstream.client
         calls = self.mux.calls
-        if lane is None or client is None or calls.refusal(upstream.name) is not None:
+        if lane is None or not lane.can_launch or client is None or calls.refusal(upstream.name) is not None:
             return None
         gate = self.mux.dispatchers[upstream.name].gate
         if not gate.try_acquire():
             return None
-        flight = Flight(calls.track(upstream.name), gate, client, time.perf_counter())
         version = client.protocol_version
 
         def answered(raw: dict[str, Any]) -> None:
@@ -236,10 +238,15 @@ class FastPath:
             if deliver_now(response):
                 flight.response, flight.outcome = response, outcome
 
-        flight.sent = lane.launch(client, call.tool, call.arguments, answered, logs=_logs_for(call))
-        if flight.sent is None:
-            gate.release()
+        try:
+            sent = lane.launch(client, call.tool, call.arguments, answered, logs=_logs_for(call))
+        except BaseException:
+            gate.refund()
+            raise
+        if sent is None:  # the wire could not take it at once
+            gate.refund()
             return None
+        flight = Flight(calls.track(upstream.name), gate, sent, time.perf_counter())
         flight.tracked.admit()  # cannot refuse: nothing yielded since the refusal was checked
         return flight
 
@@ -268,8 +275,7 @@ class FastPath:
                     gate = await self._admitted(call) if flight is None else flight.gate
                     try:
                         response, outcome = await self._respond(call, progress, flight)
-                        delivered = flight is not None and flight.response is not None
-                        if deliver is not None and not delivered:
+                        if deliver is not None and not _answered(flight):
                             delivered = True
                             await deliver(response)
                     finally:
@@ -278,13 +284,12 @@ class FastPath:
                 # Refused by a limit, or by mcpmux (shutting down, the upstream being stopped), or
                 # cancelled by it after the grace period (`CallCancelledError`). Once the client has
                 # its answer, what came after was bookkeeping's and changes nothing.
-                if flight is not None and flight.response is not None:
-                    outcome = flight.outcome
-                    return flight.response
-                if not delivered:
+                if not delivered and not _answered(flight):
                     response, outcome = self._failed(call, err), outcome_of(err)
                     if deliver is not None:
                         await deliver(response)
+            if flight is not None and flight.response is not None:  # the books follow what the client got
+                response, outcome = flight.response, flight.outcome
             return response
         except BaseException as err:
             outcome = outcome_of(err)
@@ -310,7 +315,7 @@ class FastPath:
             error = types.ErrorData(code=err.code, message=str(err), data=err.data)
             return {"jsonrpc": "2.0", "id": call.request_id, "error": _dump(error)}, "error"
         if flight is not None and flight.response is not None:
-            return flight.response, flight.outcome
+            return flight.response, flight.outcome  # shaped and sent already
         try:
             return self._response(call, raw, upstream_version)
         except ValidationError as err:
@@ -333,9 +338,10 @@ class FastPath:
         if flight is None:
             raw, version = await call.upstream.request(what, lambda client: _send(client, call, progress))
         else:
-            raw, version = await call.upstream.request(what, lambda client: _wait(flight, progress), flight.client)
-            if flight.response is not None:
-                return raw, version  # answered already: it passed the checks below
+            sent = flight.sent
+            raw, version = await call.upstream.request(what, lambda _: _wait(sent, progress), sent.client)
+            if flight.answered:
+                return raw, version  # it passed the checks below before it was sent
         if methods.is_input_required(raw):
             # The SDK client drives input-required rounds (sampling under the mux's policy); the
             # first leg only asked for input, so it is asked again on that path.
@@ -382,9 +388,12 @@ async def _send(client: Client, call: FastCall, progress: ProgressFn | None) -> 
     return await lane.call(client, call.tool, call.arguments, progress, logs=_logs_for(call)), client.protocol_version
 
 
-async def _wait(flight: Flight, progress: ProgressFn | None) -> tuple[Any, str | None]:
-    assert flight.sent is not None
-    return await flight.sent.wait(progress), flight.client.protocol_version
+async def _wait(sent: LaneFlight, progress: ProgressFn | None) -> tuple[Any, str | None]:
+    return await sent.wait(progress), sent.client.protocol_version
+
+
+def _answered(flight: Flight | None) -> bool:
+    return flight is not None and flight.answered
 
 
 def _logs_for(call: FastCall) -> bool:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -37,6 +38,8 @@ from pydantic import ValidationError
 
 if TYPE_CHECKING:  # upstream.py imports this module
     from mcpmux.upstream import ProgressFn
+
+logger = logging.getLogger(__name__)
 
 
 # A courtesy cancel must not hang a caller whose upstream stopped reading.
@@ -74,12 +77,16 @@ class _Outcomes:
         """The lane's `others` count when the call went out."""
 
     def answer(self, outcome: dict[str, Any] | types.ErrorData, others: int) -> None:
-        """The call's answer, for the waiting task; a result is first shown to `answered` when nothing
+        """The call's answer, for the waiting task; a result is also shown to `answered` when nothing
         else is still queued for the call and no other message of the connection was read since it went
         out (`others`): what came before the answer must reach the caller before it."""
-        if self.answered is not None and not self._items and others == self.others and isinstance(outcome, dict):
-            self.answered(outcome)
-        self.put(outcome)
+        answered = self.answered if not self._items and others == self.others else None
+        self.put(outcome)  # first: whatever `answered` does, the waiting task gets the answer
+        if answered is not None and isinstance(outcome, dict):
+            try:
+                answered(outcome)
+            except Exception:  # the reader runs this: one call's fault must not end the connection
+                logger.exception("answering a fast-path result at once failed; its task answers it")
 
     def put(self, outcome: _Outcome) -> None:
         self._items.append(outcome)
@@ -148,6 +155,11 @@ class UpstreamLane:
         self._behind = False
         self._held: list[tuple[_Outcomes, _Outcome]] = []
 
+    @property
+    def can_launch(self) -> bool:
+        """Whether `launch` may send: the transport can write from synchronous code, and is up."""
+        return self.send_now is not None and not self.closed
+
     def attach(self, send: Send, send_now: SendNow | None = None) -> None:
         """How the transport writes this lane's messages, once it is up (`send_now`: where it can at once)."""
         self.send = send
@@ -156,9 +168,10 @@ class UpstreamLane:
     def passed_on(self) -> None:
         """The transport passed a message of the connection to the session instead (not this lane's).
 
-        What the lane reads next is held until the session has taken that message in (`caught_up`):
-        whatever the session makes of it (a log relayed to the caller, say) comes first, as on the
-        SDK path. mcpmux's stdio transport, which reads the wire itself, says so.
+        What the lane reads next is held until the session asks for its next message (`caught_up`):
+        by then it has dispatched this one, and the handler it started for a notification (a log to
+        relay, say) runs before the call's task wakes, as on the SDK path. mcpmux's stdio
+        transport, which reads the wire itself, says so.
         """
         self.others += 1
         self._behind = True
@@ -261,7 +274,7 @@ class UpstreamLane:
         `answered` sees the result the moment it is read. Wait for the call with `LaneFlight.wait`,
         always: it is what ends the call, and cancels it upstream when cancelled.
         """
-        if self.closed or self.send_now is None:
+        if self.send_now is None or self.closed:
             return None
         request_id, message, _headers = self._request(client, tool, arguments, logs)
         outcomes = self._pending[request_id] = _Outcomes(answered, self.others)

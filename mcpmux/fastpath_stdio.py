@@ -51,8 +51,16 @@ class StdioFastFront:
                 return False  # a duplicate id in flight: the SDK path answers that as it always has
             scope = anyio.CancelScope()
             self._running[key] = scope
+
+            def deliver_now(response: dict[str, Any]) -> bool:
+                if scope.cancel_called or not self._write_now(response):
+                    return False  # a cancelled request gets no response at all
+                if self._running.get(key) is scope:  # answered: a cancellation for this id is too late
+                    del self._running[key]
+                return True
+
             # Sent upstream here and now where it can be; the task waits for it and keeps the books.
-            flight = self.fast.launch(call, self._write_now)
+            flight = self.fast.launch(call, deliver_now)
             self._tasks.start_soon(self._serve, call, key, scope, flight)
             return True
         if '"notifications/cancelled"' in line:
@@ -85,7 +93,8 @@ class StdioFastFront:
             with scope:  # a request cancelled before its answer is delivered gets no response at all
                 await self.fast.answer(call, progress, deliver=self._write, flight=flight)
         finally:
-            self._running.pop(key, None)
+            if self._running.get(key) is scope:  # the id may be in use again by a newer call
+                del self._running[key]
             callers.pop(relay, None)
 
     def _progress_relay(self, token: Any) -> ProgressFn:

@@ -291,7 +291,7 @@ class Upstream:
         """
         stale: Client | None = None
         for attempt in (1, 2):
-            client = sent_on or await self._live_client(what, stale)
+            client = sent_on if sent_on is not None else await self._live_client(what, stale)
             try:
                 with anyio.fail_after(self.timeout):
                     return await send(client)

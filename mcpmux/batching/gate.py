@@ -90,6 +90,13 @@ class AdmissionGate:
         """Admit one at once when nobody is queued and the limits allow it; False (and nothing counted) otherwise."""
         return len(self._queue) == 0 and self._admit_one(anyio.current_time() if now is None else now)
 
+    def refund(self) -> None:
+        """Give back an admission that was never used (see `try_acquire`): its slot, its rate token and its count."""
+        self._admitted -= 1
+        if self.policy.rate is not None:
+            self._tokens = min(float(self.policy.burst), self._tokens + 1)
+        self.release()
+
     def release(self) -> None:
         """Give back one admission (the `slot` context does this for you)."""
         if self._active <= 0:

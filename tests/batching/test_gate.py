@@ -155,3 +155,17 @@ async def test_try_acquire_admits_at_once_or_not_at_all_and_never_jumps_the_line
     gate.release()
     stats = gate.stats()
     assert (stats.active, stats.waiting, stats.admitted, stats.rejections) == (0, 0, 3, {})
+
+
+@pytest.mark.anyio
+async def test_a_refunded_admission_costs_no_token_and_counts_for_nothing() -> None:
+    gate = AdmissionGate(GatePolicy(max_concurrency=None, rate=0.001, burst=1))  # one token, none for ages
+    assert gate.try_acquire()
+    gate.refund()  # admitted, then not used after all (the wire could not take the request at once)
+    stats = gate.stats()
+    assert (stats.active, stats.admitted) == (0, 0)
+    assert stats.tokens is not None
+    assert stats.tokens >= 1
+    async with gate.slot():  # the token is still there for the call that goes on to wait its turn
+        pass
+    assert not gate.try_acquire()

@@ -8,6 +8,7 @@ calls of one upstream (a reload stopping it) and refuses new ones until `admit(u
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from types import TracebackType
 
 import anyio
@@ -35,7 +36,7 @@ class TrackedCall:
     with the reason, in place of the cancellation or of the error the cancellation caused.
     """
 
-    __slots__ = ("_admitted", "_reason", "_scope", "_tracker", "upstream")
+    __slots__ = ("_admitted", "_reason", "_scope", "_tracker", "on_cancel", "upstream")
 
     def __init__(self, tracker: CallTracker, upstream: str | None) -> None:
         self._tracker = tracker
@@ -43,6 +44,8 @@ class TrackedCall:
         self._scope = anyio.CancelScope()
         self._reason: str | None = None
         self._admitted = False
+        self.on_cancel: Callable[[], None] | None = None
+        """Told when mcpmux cancels the call: a call admitted early may have no task in its `with` yet."""
 
     def admit(self) -> None:
         """Count the call in now, before the `with` (which then does not again); raises as entering does.
@@ -53,10 +56,16 @@ class TrackedCall:
             self._tracker._admit(self)
             self._admitted = True
 
+    def release(self) -> None:
+        """Count out a call admitted with `admit` that ended without entering its `with`."""
+        self._tracker._release(self)
+
     def cancel(self, reason: str) -> None:
         """Cancel the call; its caller gets `CallCancelledError(reason)`."""
         self._reason = reason
         self._scope.cancel()
+        if self.on_cancel is not None:
+            self.on_cancel()
 
     def __enter__(self) -> None:
         self.admit()

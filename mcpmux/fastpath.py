@@ -31,6 +31,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import anyio
 import mcp_types as types
 from mcp import Client
 from mcp.shared.exceptions import MCPError
@@ -93,15 +94,25 @@ DeliverNow = Callable[[dict[str, Any]], bool]
 """Sends a JSON-RPC response to the client from synchronous code when that needs no waiting; False when not sent."""
 
 
+Escalate = Callable[[], None]
+"""Starts the task that finishes a launched call: `answer(call, ..., flight=)`."""
+
+
 @dataclass(slots=True)
 class Flight:
-    """A call `FastPath.launch` admitted and sent; `FastPath.answer(..., flight=)` finishes it."""
+    """A call `FastPath.launch` admitted and sent: it ends at once when its result is answered the
+    moment it is read; anything else (`wake`) has a task finish it, with `answer(..., flight=)`."""
 
     tracked: TrackedCall
     gate: AdmissionGate
     """The gate that admitted it, released when the call ends."""
     sent: LaneFlight
     started: float
+    deadline: float
+    """When its timeout runs out (`anyio.current_time()`'s clock)."""
+    escalate: Escalate
+    escalated: bool = False
+    """Whether a task finishes it (else it ended at once, or is still out)."""
     response: dict[str, Any] | None = None
     """The response, once it reached the client the moment the result was read; then `outcome` is its outcome."""
     outcome: str = "ok"
@@ -110,6 +121,12 @@ class Flight:
     def answered(self) -> bool:
         """Whether the client has its response already."""
         return self.response is not None
+
+    def wake(self) -> None:
+        """Have a task finish the call (something arrived for it, it was cancelled, it timed out); once."""
+        if not self.escalated:
+            self.escalated = True
+            self.escalate()
 
 
 @dataclass(slots=True)
@@ -212,12 +229,17 @@ class FastPath:
         schema = listed.output_schema if listed is not None else None
         return _Eligibility(upstream.listing, upstream, route.name, None if schema is None else OutputCheck(schema))
 
-    def launch(self, call: FastCall, deliver_now: DeliverNow) -> Flight | None:
+    def launch(self, call: FastCall, deliver_now: DeliverNow, escalate: Escalate) -> Flight | None:
         """Admit `call` and write its request to the upstream right now, from synchronous code; None
         (nothing done) where anything would have to wait or refuse: the gate, a busy wire, an upstream
-        reconnecting, shutdown. `answer(call, ..., flight=)` must then run, as for any call: it waits,
-        words failures and keeps the books. Meanwhile the result, the moment it is read, goes to the
-        client through `deliver_now` if it can: the response skips the event loop both ways.
+        reconnecting, shutdown.
+
+        The result, the moment it is read, goes to the client through `deliver_now` if it can, and
+        the call ends there, its books kept: no task, no trip through the event loop either way.
+        Anything else (progress, an error, a result not answered at once, the connection's end, a
+        cancellation by mcpmux, the timeout) calls `escalate`, once, which must start a task that
+        runs `answer(call, ..., flight=)`; so must the caller's own reasons (`Flight.wake`: the
+        client cancelled, the caller shuts down).
         """
         upstream, lane, client = call.upstream, call.upstream.lane, call.upstream.client
         calls = self.mux.calls
@@ -228,27 +250,41 @@ class FastPath:
             return None
         version = client.protocol_version
 
-        def answered(raw: dict[str, Any]) -> None:
+        def answered(raw: dict[str, Any]) -> bool:
             if methods.is_input_required(raw) or (call.output is not None and call.output.problem(raw) is not None):
-                return  # the waiting task takes these: another round, or the error
+                return False  # the task takes these: another round, or the error
             try:
                 response, outcome = self._response(call, raw, version)
             except ValidationError:
-                return  # likewise
-            if deliver_now(response):
-                flight.response, flight.outcome = response, outcome
+                return False  # likewise
+            if not deliver_now(response):
+                return False
+            flight.response, flight.outcome = response, outcome
+            if flight.escalated:
+                return False  # its task is under way: it keeps the books
+            self._ended_at_once(call, flight)
+            return True
 
         try:
-            sent = lane.launch(client, call.tool, call.arguments, answered, logs=_logs_for(call))
+            sent = lane.launch(client, call.tool, call.arguments, answered, lambda: flight.wake(), logs=_logs_for(call))
         except BaseException:
             gate.refund()
             raise
         if sent is None:  # the wire could not take it at once
             gate.refund()
             return None
-        flight = Flight(calls.track(upstream.name), gate, sent, time.perf_counter())
+        deadline = anyio.current_time() + upstream.timeout
+        flight = Flight(calls.track(upstream.name), gate, sent, time.perf_counter(), deadline, escalate)
+        flight.tracked.on_cancel = flight.wake
         flight.tracked.admit()  # cannot refuse: nothing yielded since the refusal was checked
         return flight
+
+    def _ended_at_once(self, call: FastCall, flight: Flight) -> None:
+        """The books of a call answered the moment its result was read, as `answer` keeps them."""
+        flight.gate.release()
+        flight.tracked.release()
+        elapsed = time.perf_counter() - flight.started
+        self.mux.metrics.observe_call(call.upstream.name, call.tool, elapsed, flight.outcome)
 
     async def answer(
         self,
@@ -339,7 +375,9 @@ class FastPath:
             raw, version = await call.upstream.request(what, lambda client: _send(client, call, progress))
         else:
             sent = flight.sent
-            raw, version = await call.upstream.request(what, lambda _: _wait(sent, progress), sent.client)
+            raw, version = await call.upstream.request(
+                what, lambda _: _wait(sent, progress), sent.client, flight.deadline
+            )
             if flight.answered:
                 return raw, version  # it passed the checks below before it was sent
         if methods.is_input_required(raw):

@@ -56,8 +56,8 @@ class _Progress:
 _Outcome = dict[str, Any] | types.ErrorData | _Progress
 
 
-Answered = Callable[[dict[str, Any]], None]
-"""Sees a launched call's result the moment it is read, before the waiting task does (it may answer the caller)."""
+Answered = Callable[[dict[str, Any]], bool]
+"""Sees a launched call's result the moment it is read; True when that ended the call (nobody waits for it)."""
 
 
 class _Outcomes:
@@ -67,30 +67,35 @@ class _Outcomes:
     on the fast path a loop iteration is a measurable share of a call.
     """
 
-    __slots__ = ("_arrived", "_items", "answered", "others")
+    __slots__ = ("_arrived", "_items", "answered", "on_put", "others")
 
-    def __init__(self, answered: Answered | None = None, others: int = 0) -> None:
+    def __init__(self, answered: Answered | None = None, on_put: Callable[[], None] | None = None, others: int = 0):
         self._items: deque[_Outcome] = deque()
         self._arrived = anyio.Event()
         self.answered = answered
+        self.on_put = on_put
+        """Told of everything queued: a launched call's task may not exist yet."""
         self.others = others
         """The lane's `others` count when the call went out."""
 
     def answer(self, outcome: dict[str, Any] | types.ErrorData, others: int) -> None:
-        """The call's answer, for the waiting task; a result is also shown to `answered` when nothing
-        else is still queued for the call and no other message of the connection was read since it went
-        out (`others`): what came before the answer must reach the caller before it."""
+        """The call's answer: a result goes to `answered` first when nothing else is still queued for
+        the call and no other message of the connection was read since it went out (`others`), as
+        what came before the answer must reach the caller before it; queued unless that ended the call."""
         answered = self.answered if not self._items and others == self.others else None
-        self.put(outcome)  # first: whatever `answered` does, the waiting task gets the answer
         if answered is not None and isinstance(outcome, dict):
             try:
-                answered(outcome)
+                if answered(outcome):
+                    return
             except Exception:  # the reader runs this: one call's fault must not end the connection
                 logger.exception("answering a fast-path result at once failed; its task answers it")
+        self.put(outcome)
 
     def put(self, outcome: _Outcome) -> None:
         self._items.append(outcome)
         self._arrived.set()
+        if self.on_put is not None:
+            self.on_put()
 
     async def get(self) -> _Outcome:
         while not self._items:
@@ -267,17 +272,26 @@ class UpstreamLane:
         return await self._settle(LaneFlight(self, request_id, outcomes, client), progress, send(message, headers))
 
     def launch(
-        self, client: Client, tool: str, arguments: dict[str, Any], answered: Answered, *, logs: bool = True
+        self,
+        client: Client,
+        tool: str,
+        arguments: dict[str, Any],
+        answered: Answered,
+        on_put: Callable[[], None],
+        *,
+        logs: bool = True,
     ) -> LaneFlight | None:
         """`call`'s request, sent right now from synchronous code; None (and nothing sent) where that would wait.
 
-        `answered` sees the result the moment it is read. Wait for the call with `LaneFlight.wait`,
-        always: it is what ends the call, and cancels it upstream when cancelled.
+        `answered` sees the result the moment it is read, and may end the call there. Anything else
+        that arrives for the call (progress, an error, a result `answered` left, the connection's
+        end) is queued and `on_put` told: then `LaneFlight.wait` must take it, as it ends the call
+        and cancels it upstream when cancelled.
         """
         if self.send_now is None or self.closed:
             return None
         request_id, message, _headers = self._request(client, tool, arguments, logs)
-        outcomes = self._pending[request_id] = _Outcomes(answered, self.others)
+        outcomes = self._pending[request_id] = _Outcomes(answered, on_put, self.others)
         if not self.send_now(message):
             del self._pending[request_id]
             return None

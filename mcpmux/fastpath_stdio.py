@@ -8,9 +8,11 @@ client gets no response, as on the SDK path). Every other line goes on to the SD
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import weakref
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -25,8 +27,24 @@ from mcpmux.upstream import ProgressFn
 logger = logging.getLogger(__name__)
 
 
+@dataclass(slots=True)
+class _Running:
+    """A fast-path call in flight: its cancel scope, and its flight when it was launched."""
+
+    scope: anyio.CancelScope
+    flight: Flight | None = None
+
+    def cancel(self) -> None:
+        self.scope.cancel()
+        if self.flight is not None:
+            self.flight.wake()  # a launched call with no task yet gets one, to tell the upstream
+
+
 class StdioFastFront:
-    """Takes fast-path calls off the lines of the one client on `edge`; calls run in `tasks`."""
+    """Takes fast-path calls off the lines of the one client on `edge`; calls run in `tasks`.
+
+    Call `close()` before cancelling `tasks`: launched calls without a task get one then.
+    """
 
     def __init__(self, fast: FastPath, edge: StdioBatchEdge, tasks: TaskGroup, callers: dict[str, Any]) -> None:
         """`callers`: `Frontend`'s calls in flight per upstream, where upstream logs are delivered."""
@@ -34,10 +52,11 @@ class StdioFastFront:
         self._edge = edge
         self._tasks = tasks
         self._callers = callers
-        self._running: dict[str, anyio.CancelScope] = {}
+        self._running: dict[str, _Running] = {}
         self._declares_sampling = False
         self._outbox: list[str] = []
         self._writing = False
+        self._loop = _asyncio_loop()
 
     async def take(self, line: str) -> bool:
         """True when the fast path took `line` (the SDK must not see it); it takes only well-formed messages."""
@@ -49,19 +68,7 @@ class StdioFastFront:
             key = id_key(call.request_id)
             if key in self._running:
                 return False  # a duplicate id in flight: the SDK path answers that as it always has
-            scope = anyio.CancelScope()
-            self._running[key] = scope
-
-            def deliver_now(response: dict[str, Any]) -> bool:
-                if scope.cancel_called or not self._write_now(response):
-                    return False  # a cancelled request gets no response at all
-                if self._running.get(key) is scope:  # answered: a cancellation for this id is too late
-                    del self._running[key]
-                return True
-
-            # Sent upstream here and now where it can be; the task waits for it and keeps the books.
-            flight = self.fast.launch(call, deliver_now)
-            self._tasks.start_soon(self._serve, call, key, scope, flight)
+            self._start(call, key)
             return True
         if '"notifications/cancelled"' in line:
             message = decode(line)
@@ -81,21 +88,56 @@ class StdioFastFront:
                 self._declares_sampling = sampling_declared(capabilities)
         return False
 
-    async def _serve(self, call: FastCall, key: str, scope: anyio.CancelScope, flight: Flight | None) -> None:
-        progress = self._progress_relay(call.progress_token) if call.progress_token is not None else None
+    def close(self) -> None:
+        """Give every launched call still without a task its task (which the caller then cancels)."""
+        for running in list(self._running.values()):
+            if running.flight is not None:
+                running.flight.wake()
+
+    def _start(self, call: FastCall, key: str) -> None:
+        """Launch the call right here when it can be (`FastPath.launch`), else start its task."""
+        running = self._running[key] = _Running(anyio.CancelScope())
         # Registered like an SDK-path call, so the upstream's logs meanwhile reach this call's client.
         relay = _LogRelay(self, call.version)
         callers = self._callers.get(call.upstream.name)
         if callers is None:
             callers = self._callers[call.upstream.name] = weakref.WeakKeyDictionary()
         callers[relay] = call.request_id
+        timer: asyncio.TimerHandle | None = None
+
+        def deliver_now(response: dict[str, Any]) -> bool:
+            if running.scope.cancel_called or not self._write_now(response):
+                return False  # a cancelled request gets no response at all
+            self._forget(key, running, callers, relay)  # answered: a cancellation for this id is too late
+            if timer is not None:
+                timer.cancel()
+            return True
+
+        def escalate() -> None:
+            if timer is not None:
+                timer.cancel()
+            self._tasks.start_soon(self._serve, call, key, running, callers, relay)
+
+        flight = self.fast.launch(call, deliver_now, escalate) if self._loop is not None else None
+        if flight is None:
+            self._tasks.start_soon(self._serve, call, key, running, callers, relay)
+            return
+        running.flight = flight
+        assert self._loop is not None
+        timer = self._loop.call_at(flight.deadline, flight.wake)  # its task words the timeout
+
+    async def _serve(self, call: FastCall, key: str, running: _Running, callers: Any, relay: _LogRelay) -> None:
+        progress = self._progress_relay(call.progress_token) if call.progress_token is not None else None
         try:
-            with scope:  # a request cancelled before its answer is delivered gets no response at all
-                await self.fast.answer(call, progress, deliver=self._write, flight=flight)
+            with running.scope:  # a request cancelled before its answer is delivered gets no response at all
+                await self.fast.answer(call, progress, deliver=self._write, flight=running.flight)
         finally:
-            if self._running.get(key) is scope:  # the id may be in use again by a newer call
-                del self._running[key]
-            callers.pop(relay, None)
+            self._forget(key, running, callers, relay)
+
+    def _forget(self, key: str, running: _Running, callers: Any, relay: _LogRelay) -> None:
+        if self._running.get(key) is running:  # the id may be in use again by a newer call
+            del self._running[key]
+        callers.pop(relay, None)
 
     def _progress_relay(self, token: Any) -> ProgressFn:
         async def relay(progress: float, total: float | None, message: str | None) -> None:
@@ -131,6 +173,14 @@ class StdioFastFront:
                     await self._edge.write_line("".join(lines))
         finally:
             self._writing = False
+
+
+def _asyncio_loop() -> asyncio.AbstractEventLoop | None:
+    """The asyncio loop this runs on; None on another anyio backend (a launched call's timer is asyncio's)."""
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
 
 
 class _LogRelay:

@@ -294,10 +294,14 @@ class Frontend:
         with claimed_stdio() as (wire_in, wire_out):
             edge = StdioBatchEdge(wire_in, wire_out)
             async with anyio.create_task_group() as fast_calls:
+                front = None
                 if self.mux.config.mux.fast_path:
-                    edge.take = StdioFastFront(FastPath.of(self), edge, fast_calls, self._callers).take
+                    front = StdioFastFront(FastPath.of(self), edge, fast_calls, self._callers)
+                    edge.take = front.take
                 async with stdio_server(edge.stdin, edge.stdout) as (read_stream, write_stream):
                     await self.server.run(read_stream, write_stream, self.server.create_initialization_options())
+                if front is not None:
+                    front.close()
                 fast_calls.cancel_scope.cancel()
 
     def http_app(self, host: str, policy: EdgePolicy, path: str = "/mcp") -> Starlette:

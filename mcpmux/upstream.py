@@ -281,19 +281,27 @@ class Upstream:
         """The live session's client; None while the upstream is not connected."""
         return self._client
 
-    async def request(self, what: str, send: Callable[[Client], Awaitable[Any]], sent_on: Client | None = None) -> Any:
+    async def request(
+        self,
+        what: str,
+        send: Callable[[Client], Awaitable[Any]],
+        sent_on: Client | None = None,
+        deadline: float | None = None,
+    ) -> Any:
         """Run one request against the live session, with this upstream's timeout and error wording.
 
         A session the server no longer knows (HTTP 404) is re-initialized and the request sent once more:
         the server never saw it, so that is safe. A connection lost mid-request is not retried, since
         the server may have acted on it. `sent_on`: the session a request already went out on (a
-        launched fast-path call); `send` then only waits for it there, and it is never sent again.
+        launched fast-path call); `send` then only waits for it there, and it is never sent again,
+        until `deadline` (on `anyio.current_time()`'s clock: its timeout ran from the sending).
         """
         stale: Client | None = None
         for attempt in (1, 2):
             client = sent_on if sent_on is not None else await self._live_client(what, stale)
             try:
-                with anyio.fail_after(self.timeout):
+                limit = self.timeout if deadline is None else max(deadline - anyio.current_time(), 0.0)
+                with anyio.fail_after(limit):
                     return await send(client)
             except TimeoutError:
                 raise UpstreamTimeoutError(

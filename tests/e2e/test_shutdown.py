@@ -180,3 +180,31 @@ def test_a_second_sigint_skips_the_rest_of_the_grace(tmp_path: Path) -> None:
     cut_short = "mcpmux is shutting down: the call was cancelled (a second signal cut the grace period short)"
     assert _text(answer) == cut_short
     assert b"SIGINT received: skipping the rest of the grace period" in stderr
+
+
+@pytest.mark.parametrize("fast_path", [True, False], ids=["fast-path", "sdk-path"])
+def test_stdin_closing_with_a_call_in_flight_ends_mcpmux_at_once(tmp_path: Path, fast_path: bool) -> None:
+    """The client went away: its calls are cancelled, not waited for (the grace is for signals)."""
+    config = write_config(tmp_path / "c.json", {"alpha": demo("alpha")}, shutdown_grace=30, fast_path=fast_path)
+    process = _serve(config)
+    try:
+        client = _StdioClient(process)
+        client.call(2, "alpha__pid", {})
+        pid = int(_text(client.collect(1, timeout=30)[2]))
+        client.call(3, "alpha__sleep", {"seconds": 60.0})
+        time.sleep(0.5)
+        assert process.stdin is not None
+        process.stdin.close()
+        process.stdin = None  # closed: `communicate` below must not flush it
+        closed = time.monotonic()
+        code = process.wait(timeout=40)
+        exited = time.monotonic() - closed
+    finally:
+        if process.poll() is None:
+            process.kill()
+        _, stderr = process.communicate()
+    assert code == 0, stderr.decode()
+    assert exited < 6, f"exit took {exited:.1f}s after stdin closed"
+    assert b" WARNING " not in stderr, stderr.decode()  # nothing in flight broke on the way out
+    assert b" ERROR " not in stderr, stderr.decode()
+    assert _gone(pid)

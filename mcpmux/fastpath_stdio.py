@@ -1,9 +1,11 @@
 """The stdio half of the fast path: lines a `StdioBatchEdge` hands over before the SDK reads them.
 
-`StdioFastFront.take(line)` answers a `tools/call` line itself when `FastPath.route` accepts it:
-the call runs in a task of the front's task group and its response line is written straight to
-stdout. A `notifications/cancelled` naming such a call cancels it (the upstream hears of it, the
-client gets no response, as on the SDK path). Every other line goes on to the SDK.
+`StdioFastFront.take(line)` answers a `tools/call` line itself when `FastPath.route` accepts it,
+and its response line is written straight to stdout. Where it can be, the call is launched right
+there (`FastPath.launch`) and answered from the upstream's wire, with no task at all; otherwise, or
+once something needs one, it runs in a task of the front's task group. A `notifications/cancelled`
+naming such a call cancels it (the upstream hears of it, the client gets no response, as on the
+SDK path). Every other line goes on to the SDK.
 """
 
 from __future__ import annotations

@@ -109,6 +109,11 @@ class _StdioClient:
     def call(self, id: int, tool: str, arguments: dict[str, Any]) -> None:
         self.send("tools/call", {"name": tool, "arguments": arguments}, id)
 
+    def upstream_pid(self) -> int:
+        """The pid of the `alpha` demo upstream (asked with request id 2)."""
+        self.call(2, "alpha__pid", {})
+        return int(_text(self.collect(1, timeout=30)[2]))
+
     def collect(self, count: int, timeout: float) -> dict[int, dict[str, Any]]:
         deadline = time.monotonic() + timeout
         got: dict[int, dict[str, Any]] = {}
@@ -128,8 +133,7 @@ def test_sigterm_over_stdio_drains_refuses_new_calls_and_exits_0(tmp_path: Path,
     process = _serve(config)
     try:
         client = _StdioClient(process)
-        client.call(2, "alpha__pid", {})
-        pid = int(_text(client.collect(1, timeout=30)[2]))
+        pid = client.upstream_pid()
         client.call(3, "alpha__sleep", {"seconds": 1.0})
         client.call(4, "alpha__sleep", {"seconds": 60.0})
         time.sleep(0.5)
@@ -189,8 +193,7 @@ def test_stdin_closing_with_a_call_in_flight_ends_mcpmux_at_once(tmp_path: Path,
     process = _serve(config)
     try:
         client = _StdioClient(process)
-        client.call(2, "alpha__pid", {})
-        pid = int(_text(client.collect(1, timeout=30)[2]))
+        pid = client.upstream_pid()
         client.call(3, "alpha__sleep", {"seconds": 60.0})
         time.sleep(0.5)
         assert process.stdin is not None

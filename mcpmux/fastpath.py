@@ -9,8 +9,9 @@ returns the JSON-RPC response to write back. Everything else takes the SDK path 
 
 Where the wires allow it (stdio on both sides), `FastPath.launch` goes further: called from the
 code that read the client's line, it admits the call and writes its request to the upstream at
-once, and the result is answered from the code that reads it off the upstream's wire. The call's
-task then only waits and keeps the books, off the path the client waits on.
+once, and the result is answered from the code that reads it off the upstream's wire, where the
+call then ends. A task, running `FastPath.answer`, is started only for what that cannot do (a
+timeout, a cancellation, progress, an error, a result not answered at once).
 
 A call takes the fast path only when nothing else needs it: the name routes to a connected upstream
 (not a local tool, not an unknown name: the SDK path words that error), the upstream caches no

@@ -35,6 +35,7 @@ class _Running:
 
     scope: anyio.CancelScope
     flight: Flight | None = None
+    ended: bool = False
 
     def cancel(self) -> None:
         self.scope.cancel()
@@ -55,6 +56,8 @@ class StdioFastFront:
         self._tasks = tasks
         self._callers = callers
         self._running: dict[str, _Running] = {}
+        self._relays: dict[str, _LogRelay] = {}
+        """Per upstream with calls of this client in flight: where its logs reach the client."""
         self._declares_sampling = False
         self._outbox: list[str] = []
         self._writing = False
@@ -99,18 +102,13 @@ class StdioFastFront:
     def _start(self, call: FastCall, key: str) -> None:
         """Launch the call right here when it can be (`FastPath.launch`), else start its task."""
         running = self._running[key] = _Running(anyio.CancelScope())
-        # Registered like an SDK-path call, so the upstream's logs meanwhile reach this call's client.
-        relay = _LogRelay(self, call.version)
-        callers = self._callers.get(call.upstream.name)
-        if callers is None:
-            callers = self._callers[call.upstream.name] = weakref.WeakKeyDictionary()
-        callers[relay] = call.request_id
+        self._hold_relay(call)
         timer: asyncio.TimerHandle | None = None
 
         def deliver_now(response: dict[str, Any]) -> bool:
             if running.scope.cancel_called or not self._write_now(response):
                 return False  # a cancelled request gets no response at all
-            self._forget(key, running, callers, relay)  # answered: a cancellation for this id is too late
+            self._forget(call, key, running)  # answered: a cancellation for this id is too late
             if timer is not None:
                 timer.cancel()
             return True
@@ -118,28 +116,49 @@ class StdioFastFront:
         def escalate() -> None:
             if timer is not None:
                 timer.cancel()
-            self._tasks.start_soon(self._serve, call, key, running, callers, relay)
+            self._tasks.start_soon(self._serve, call, key, running)
 
         flight = self.fast.launch(call, deliver_now, escalate) if self._loop is not None else None
         if flight is None:
-            self._tasks.start_soon(self._serve, call, key, running, callers, relay)
+            self._tasks.start_soon(self._serve, call, key, running)
             return
         running.flight = flight
         assert self._loop is not None
         timer = self._loop.call_at(flight.deadline, flight.wake)  # its task words the timeout
 
-    async def _serve(self, call: FastCall, key: str, running: _Running, callers: Any, relay: _LogRelay) -> None:
+    async def _serve(self, call: FastCall, key: str, running: _Running) -> None:
         progress = self._progress_relay(call.progress_token) if call.progress_token is not None else None
         try:
             with running.scope:  # a request cancelled before its answer is delivered gets no response at all
                 await self.fast.answer(call, progress, deliver=self._write, flight=running.flight)
         finally:
-            self._forget(key, running, callers, relay)
+            self._forget(call, key, running)
 
-    def _forget(self, key: str, running: _Running, callers: Any, relay: _LogRelay) -> None:
+    def _forget(self, call: FastCall, key: str, running: _Running) -> None:
+        """The call is over for this front (answered, or its task ended): once."""
+        if running.ended:
+            return
+        running.ended = True
         if self._running.get(key) is running:  # the id may be in use again by a newer call
             del self._running[key]
-        callers.pop(relay, None)
+        relay = self._relays[call.upstream.name]
+        relay.calls -= 1
+        if relay.calls == 0:
+            del self._relays[call.upstream.name]
+            relay.callers.pop(relay, None)
+
+    def _hold_relay(self, call: FastCall) -> None:
+        """Registered like the SDK path registers a client's session: the upstream's logs meanwhile
+        reach this client, once each however many of its calls are in flight there."""
+        relay = self._relays.get(call.upstream.name)
+        if relay is None:
+            callers = self._callers.get(call.upstream.name)
+            if callers is None:
+                callers = self._callers[call.upstream.name] = weakref.WeakKeyDictionary()
+            relay = self._relays[call.upstream.name] = _LogRelay(self, callers)
+        relay.calls += 1
+        relay.version = call.version
+        relay.callers[relay] = call.request_id
 
     def _progress_relay(self, token: Any) -> ProgressFn:
         async def relay(progress: float, total: float | None, message: str | None) -> None:
@@ -186,7 +205,8 @@ def _asyncio_loop() -> asyncio.AbstractEventLoop | None:
 
 
 class _LogRelay:
-    """Stands in for the SDK's per-request session in `Frontend`'s callers: it is told the upstream's logs.
+    """Stands in for the client's SDK session in `Frontend`'s callers of one upstream, while the client
+    has fast-path calls in flight there: it is told the upstream's logs.
 
     A 2025 client hears every level, as from the SDK path; a 2026 request did not opt in (those that
     do take the SDK path), so it hears none. It never carries sampling requests.
@@ -195,14 +215,19 @@ class _LogRelay:
     client_capabilities = None
     can_send_request = False
 
-    def __init__(self, front: StdioFastFront, version: str) -> None:
+    def __init__(self, front: StdioFastFront, callers: Any) -> None:
         self._front = front
-        self._version = version
+        self.callers = callers
+        """The callers of the upstream it is registered with."""
+        self.calls = 0
+        """This client's calls in flight on that upstream."""
+        self.version = ""
+        """The revision of the latest of them."""
 
     async def send_log_message(
         self, level: str, data: Any, logger: str | None = None, related_request_id: Any = None
     ) -> None:
-        if self._version in MODERN_PROTOCOL_VERSIONS:
+        if self.version in MODERN_PROTOCOL_VERSIONS:
             return
         params: dict[str, Any] = {"level": level, "data": data}
         if logger is not None:

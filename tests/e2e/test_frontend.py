@@ -163,3 +163,18 @@ async def test_upstream_logs_are_relayed_to_the_caller(two_demos: Path, mode: st
     async with mux_over_stdio(two_demos, mode=mode, logging_callback=on_log, log_level="debug") as client:
         assert text_of(await client.call_tool("alpha__log", {"message": "the sky is blue"})) == "logged"
     assert [(p.level, p.data) for p in received] == [("info", "the sky is blue")]
+
+
+async def test_a_log_reaches_a_caller_once_however_many_of_its_calls_are_in_flight(two_demos: Path) -> None:
+    received: list[types.LoggingMessageNotificationParams] = []
+
+    async def on_log(params: types.LoggingMessageNotificationParams) -> None:
+        received.append(params)
+
+    client_of = mux_over_stdio(two_demos, mode="legacy", logging_callback=on_log, log_level="debug")
+    async with client_of as client, anyio.create_task_group() as tasks:
+        for _ in range(2):
+            tasks.start_soon(client.call_tool, "alpha__sleep", {"seconds": 1.0})
+        await anyio.sleep(0.3)  # both in flight
+        assert text_of(await client.call_tool("alpha__log", {"message": "once"})) == "logged"
+    assert [p.data for p in received] == ["once"]

@@ -280,6 +280,12 @@ class FastPath:
         flight.tracked.admit()  # cannot refuse: nothing yielded since the refusal was checked
         return flight
 
+    def abandon(self, call: FastCall, flight: Flight) -> None:
+        """End a launched call no task can finish (its caller is gone): forgotten by the lane, books kept."""
+        flight.sent.abandon()
+        flight.outcome = "cancelled"
+        self._ended_at_once(call, flight)
+
     def _ended_at_once(self, call: FastCall, flight: Flight) -> None:
         """The books of a call answered the moment its result was read, as `answer` keeps them."""
         flight.gate.release()

@@ -134,6 +134,10 @@ class LaneFlight:
         """The raw result, as `UpstreamLane.call` returns it (with the same errors and cancellation)."""
         return await self.lane._settle(self, progress, None)
 
+    def abandon(self) -> None:
+        """Nobody will wait for the call: whatever arrives for it is dropped."""
+        self.lane._pending.pop(self.request_id, None)
+
 
 def session_sender(write_stream: Any) -> Send:
     """The `Send` for an SDK transport's write stream (of `SessionMessage`s)."""
@@ -292,10 +296,13 @@ class UpstreamLane:
             return None
         request_id, message, _headers = self._request(client, tool, arguments, logs)
         outcomes = self._pending[request_id] = _Outcomes(answered, on_put, self.others)
-        if not self.send_now(message):
-            del self._pending[request_id]
-            return None
-        return LaneFlight(self, request_id, outcomes, client)
+        sent = False
+        try:
+            sent = self.send_now(message)
+        finally:
+            if not sent:  # not written (or the writing raised): nothing is on its way
+                del self._pending[request_id]
+        return LaneFlight(self, request_id, outcomes, client) if sent else None
 
     def _request(
         self, client: Client, tool: str, arguments: dict[str, Any], logs: bool

@@ -116,9 +116,18 @@ class StdioFastFront:
         def escalate() -> None:
             if timer is not None:
                 timer.cancel()
-            self._tasks.start_soon(self._serve, call, key, running)
+            try:
+                self._tasks.start_soon(self._serve, call, key, running)
+            except RuntimeError:  # the task group is gone (its front ended abnormally): nobody to answer
+                assert running.flight is not None
+                self.fast.abandon(call, running.flight)
+                self._forget(call, key, running)
 
-        flight = self.fast.launch(call, deliver_now, escalate) if self._loop is not None else None
+        try:
+            flight = self.fast.launch(call, deliver_now, escalate) if self._loop is not None else None
+        except BaseException:
+            self._forget(call, key, running)
+            raise
         if flight is None:
             self._tasks.start_soon(self._serve, call, key, running)
             return
@@ -128,9 +137,14 @@ class StdioFastFront:
 
     async def _serve(self, call: FastCall, key: str, running: _Running) -> None:
         progress = self._progress_relay(call.progress_token) if call.progress_token is not None else None
+
+        async def deliver(response: dict[str, Any]) -> None:
+            if not running.scope.cancel_called:  # a request cancelled before its answer gets none at all
+                await self._write(response)
+
         try:
-            with running.scope:  # a request cancelled before its answer is delivered gets no response at all
-                await self.fast.answer(call, progress, deliver=self._write, flight=running.flight)
+            with running.scope:
+                await self.fast.answer(call, progress, deliver=deliver, flight=running.flight)
         finally:
             self._forget(call, key, running)
 
@@ -143,6 +157,8 @@ class StdioFastFront:
             del self._running[key]
         relay = self._relays[call.upstream.name]
         relay.calls -= 1
+        if call.version not in MODERN_PROTOCOL_VERSIONS:
+            relay.legacy_calls -= 1
         if relay.calls == 0:
             del self._relays[call.upstream.name]
             relay.callers.pop(relay, None)
@@ -157,7 +173,8 @@ class StdioFastFront:
                 callers = self._callers[call.upstream.name] = weakref.WeakKeyDictionary()
             relay = self._relays[call.upstream.name] = _LogRelay(self, callers)
         relay.calls += 1
-        relay.version = call.version
+        if call.version not in MODERN_PROTOCOL_VERSIONS:
+            relay.legacy_calls += 1
         relay.callers[relay] = call.request_id
 
     def _progress_relay(self, token: Any) -> ProgressFn:
@@ -208,8 +225,9 @@ class _LogRelay:
     """Stands in for the client's SDK session in `Frontend`'s callers of one upstream, while the client
     has fast-path calls in flight there: it is told the upstream's logs.
 
-    A 2025 client hears every level, as from the SDK path; a 2026 request did not opt in (those that
-    do take the SDK path), so it hears none. It never carries sampling requests.
+    The logs go out while at least one of those calls is a 2025 one: a 2025 client hears every level,
+    as from the SDK path; a 2026 request did not opt in (those that do take the SDK path), so it
+    hears none. It never carries sampling requests.
     """
 
     client_capabilities = None
@@ -221,13 +239,13 @@ class _LogRelay:
         """The callers of the upstream it is registered with."""
         self.calls = 0
         """This client's calls in flight on that upstream."""
-        self.version = ""
-        """The revision of the latest of them."""
+        self.legacy_calls = 0
+        """Those of them made in a 2025 revision: only those hear the upstream's logs."""
 
     async def send_log_message(
         self, level: str, data: Any, logger: str | None = None, related_request_id: Any = None
     ) -> None:
-        if self.version in MODERN_PROTOCOL_VERSIONS:
+        if not self.legacy_calls:
             return
         params: dict[str, Any] = {"level": level, "data": data}
         if logger is not None:

@@ -298,10 +298,12 @@ class Frontend:
                 if self.mux.config.mux.fast_path:
                     front = StdioFastFront(FastPath.of(self), edge, fast_calls, self._callers)
                     edge.take = front.take
-                async with stdio_server(edge.stdin, edge.stdout) as (read_stream, write_stream):
-                    await self.server.run(read_stream, write_stream, self.server.create_initialization_options())
-                if front is not None:
-                    front.close()
+                try:
+                    async with stdio_server(edge.stdin, edge.stdout) as (read_stream, write_stream):
+                        await self.server.run(read_stream, write_stream, self.server.create_initialization_options())
+                finally:
+                    if front is not None:
+                        front.close()
                 fast_calls.cancel_scope.cancel()
 
     def http_app(self, host: str, policy: EdgePolicy, path: str = "/mcp") -> Starlette:

@@ -110,6 +110,12 @@ _ID_PREFIX = "mux."
 LANE_ID_MARK = f'"{_ID_PREFIX}'
 """In every raw line that answers a lane call or reports its progress (the id, or the progress token)."""
 
+
+def is_lane_id(value: object) -> bool:
+    """Whether `value` is a lane request's id (which no SDK session ever uses)."""
+    return isinstance(value, str) and value.startswith(_ID_PREFIX)
+
+
 Send = Callable[[dict[str, Any], dict[str, str] | None], Awaitable[None]]
 """Writes one JSON-RPC message (raw JSON) with the HTTP headers its session stamped (None: no headers).
 

@@ -16,7 +16,7 @@ import math
 import os
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager, nullcontext
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
@@ -27,13 +27,13 @@ import mcp_types as types
 from anyio.abc import TaskGroup
 from mcp import Client
 from mcp.client.session import SamplingFnT
-from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from mcpmux.config import MuxSettings, ServerConfig
 from mcpmux.errors import UpstreamError, UpstreamTimeoutError, UpstreamUnavailableError
 from mcpmux.fastpath_lane import UpstreamLane
+from mcpmux.http_upstream import http_transport
 from mcpmux.output_schema import result_error, sdk_problem
 from mcpmux.stdio_upstream import stdio_transport
 from mcpmux.upstream_io import Listing, WatchedTransport, fetch_listing, listen_for_changes
@@ -219,18 +219,13 @@ class Upstream:
         self._health = _Health()
         health = self._health
         lane = UpstreamLane()
-        # An HTTP client handed to the SDK stays ours to close: left open, each reconnection would
-        # leak the old connection pool's sockets (CLOSE_WAIT once the server is gone).
-        http: httpx2.AsyncClient | None = None
-        if self.config.transport == "stdio":
-            config = self.config
+        config = self.config
+        if config.transport == "stdio":
             child = stdio_transport(config.command or "", list(config.args), self._child_env(), config.cwd, lane)
-            transport: Any = WatchedTransport(child, health.lost, lane)
+            transport = WatchedTransport(child, health.lost, lane)
         else:
-            http = httpx2.AsyncClient(headers=dict(self.config.headers), timeout=httpx2.Timeout(30.0, read=None))
-            transport = WatchedTransport(
-                streamable_http_client(self.config.url or "", http_client=http), health.lost, lane
-            )
+            endpoint = http_transport(config.url or "", dict(config.headers), lane)
+            transport = WatchedTransport(endpoint, health.lost, lane)
         client = Client(
             transport,
             mode=self.config.protocol,
@@ -242,7 +237,7 @@ class Upstream:
         )
         # The deadline covers the process start and handshake only; it is lifted once connected.
         with anyio.CancelScope(deadline=anyio.current_time() + self.settings.startup_timeout) as scope:
-            async with http if http is not None else nullcontext(), client:
+            async with client:
                 scope.deadline = math.inf
                 self.lane = lane
                 try:

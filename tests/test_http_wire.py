@@ -1,0 +1,108 @@
+"""HTTP/1.1 responses and server-sent events as mcpmux's HTTP lane client reads them (mcpmux.http_wire).
+
+Every response is fed whole and one byte at a time: a TCP read can end anywhere.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from mcpmux.http_wire import Event, EventStream, Head, HttpWireError, ResponseReader
+
+
+def read(raw: bytes, *, bytewise: bool, eof: bool = False) -> dict[str, Any]:
+    seen: dict[str, Any] = {"heads": [], "body": b"", "ends": 0}
+
+    def on_body(piece: bytes) -> None:
+        seen["body"] += piece
+
+    def on_end() -> None:
+        seen["ends"] += 1
+
+    reader = ResponseReader(seen["heads"].append, on_body, on_end)
+    for piece in [raw[i : i + 1] for i in range(len(raw))] if bytewise else [raw]:
+        reader.feed(piece)
+    if eof:
+        reader.eof()
+    return seen
+
+
+CHUNKED = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream; charset=utf-8\r\nTransfer-Encoding: chunked\r\n\r\n"
+    b"5\r\nhello\r\n7;ext=1\r\n, world\r\n0\r\nX-Trailer: 1\r\n\r\n"
+)
+
+
+@pytest.mark.parametrize("bytewise", [False, True])
+def test_bodies_framed_by_length_by_chunks_and_by_the_connections_end(bytewise: bool) -> None:
+    fixed = read(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\nX-A: 1\r\nx-a: 2\r\n\r\nbody", bytewise=bytewise)
+    assert fixed["body"] == b"body"
+    assert fixed["ends"] == 1
+    head: Head = fixed["heads"][0]
+    assert (head.status, head.keep_alive, head.headers["x-a"]) == (200, True, "1, 2")
+
+    chunked = read(CHUNKED, bytewise=bytewise)
+    assert chunked["body"] == b"hello, world"
+    assert chunked["ends"] == 1
+    assert chunked["heads"][0].content_type() == "text/event-stream"
+
+    until_close = read(b"HTTP/1.0 200 OK\r\n\r\nall of it", bytewise=bytewise, eof=True)
+    assert until_close["body"] == b"all of it"
+    assert until_close["ends"] == 1
+    assert not until_close["heads"][0].keep_alive
+
+
+def test_interim_responses_are_skipped_and_bodiless_statuses_end_at_once() -> None:
+    seen = read(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 202 Accepted\r\nContent-Length: 0\r\n\r\n", bytewise=False)
+    assert [head.status for head in seen["heads"]] == [202]
+    assert seen["ends"] == 1
+    assert read(b"HTTP/1.1 204 No Content\r\n\r\n", bytewise=False)["ends"] == 1
+    closing = read(b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 0\r\n\r\n", bytewise=False)
+    assert not closing["heads"][0].keep_alive
+
+
+@pytest.mark.parametrize(
+    ("raw", "why"),
+    [
+        (b"SSH-2.0-OpenSSH\r\n\r\n", "not an HTTP/1.x status line"),
+        (b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n", "bad header line"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "bad chunk size"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokEXTRA", "after the end of a response"),
+    ],
+)
+def test_what_is_not_http_is_refused(raw: bytes, why: str) -> None:
+    with pytest.raises(HttpWireError, match=why):
+        read(raw, bytewise=False)
+
+
+def test_a_response_cut_short_is_broken() -> None:
+    with pytest.raises(HttpWireError, match="ended before the response did"):
+        read(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort", bytewise=False, eof=True)
+
+
+@pytest.mark.parametrize("bytewise", [False, True])
+def test_events_with_any_line_ending_multiline_data_comments_and_ids(bytewise: bool) -> None:
+    events: list[Event] = []
+    stream = EventStream(events.append, max_size=1024)
+    raw = (
+        b": ping\r\n\r\n"  # a comment alone dispatches nothing
+        b'event: message\r\nid: 7\r\ndata: {"a":\r\ndata: 1}\r\n\r\n'
+        b"data:no space\n\n"
+        b"id\nevent: other\ndata: x\n\n"
+    ) + "data: caf\u00e9\n\n".encode()
+    for piece in [raw[i : i + 1] for i in range(len(raw))] if bytewise else [raw]:
+        stream.feed(piece)
+    assert events == [
+        Event('{"a":\n1}', "message", "7"),
+        Event("no space", "message", "7"),  # the last event id stays until another is set
+        Event("x", "other", ""),
+        Event("caf\u00e9", "message", ""),
+    ]
+
+
+def test_an_event_larger_than_allowed_is_refused() -> None:
+    stream = EventStream(lambda event: None, max_size=100)
+    with pytest.raises(HttpWireError, match="exceeds 100 bytes"):
+        stream.feed(b"data: " + b"x" * 200)

@@ -122,8 +122,8 @@ Send = Callable[[dict[str, Any], dict[str, str] | None], Awaitable[None]]
 Raises `anyio.BrokenResourceError` or `anyio.ClosedResourceError` once the connection is gone.
 """
 
-SendNow = Callable[[dict[str, Any]], bool]
-"""Writes one JSON-RPC message from synchronous code when that needs no waiting; False when nothing was written."""
+SendNow = Callable[[dict[str, Any], dict[str, str] | None], bool]
+"""`Send`, from synchronous code, when that needs no waiting; False when nothing was written."""
 
 
 @dataclass(slots=True)
@@ -300,11 +300,11 @@ class UpstreamLane:
         """
         if self.send_now is None or self.closed:
             return None
-        request_id, message, _headers = self._request(client, tool, arguments, logs)
+        request_id, message, headers = self._request(client, tool, arguments, logs)
         outcomes = self._pending[request_id] = _Outcomes(answered, on_put, self.others)
         sent = False
         try:
-            sent = self.send_now(message)
+            sent = self.send_now(message, headers)
         finally:
             if not sent:  # not written (or the writing raised): nothing is on its way
                 del self._pending[request_id]

@@ -88,6 +88,7 @@ class HttpLane:
         self._carrying: dict[str, _Connection] = {}
         self._closed = False
         self._tls: ssl.SSLContext | None = None
+        self._resending: set[asyncio.Task[None]] = set()
 
     async def on_sdk_response(self, response: httpx2.Response) -> None:
         """An httpx response hook on the SDK's client: learns the session id and where POSTs end up."""
@@ -125,6 +126,47 @@ class HttpLane:
             # The server closed the idle connection as the request went out, having read none of it.
         raise anyio.BrokenResourceError
 
+    def send_now(self, message: dict[str, Any], headers: dict[str, str] | None) -> bool:
+        """`send` for a request, from synchronous code, on an idle connection; False (nothing sent) otherwise.
+
+        Not on a 2025 session: a request it sends may meet an expired session (404), and only a
+        request `send` sent is sent again on the new one (`Upstream.request`).
+        """
+        request_id = message.get("id")
+        if self._closed or self.session_id is not None or not is_lane_id(request_id):
+            return False
+        connection = self._reusable()
+        if connection is None:
+            return False
+        try:
+            data = self._encode(message, headers or {})
+        except anyio.BrokenResourceError:
+            self.rest(connection)
+            return False
+        # Nobody waits to send it again should the connection turn out dead: `resend` will.
+        connection.start(str(request_id), data, resend=True)
+        return True
+
+    def resend(self, request_id: str, data: bytes) -> None:
+        """Send a request again on a fresh connection: its idle one was closed under it, unread."""
+        task = asyncio.get_running_loop().create_task(self._resend(request_id, data))
+        self._resending.add(task)
+        task.add_done_callback(self._resending.discard)
+
+    async def _resend(self, request_id: str, data: bytes) -> None:
+        try:
+            connection = await self._open()
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            self.deliver(
+                {
+                    "jsonrpc": "2.0",
+                    "id": request_id,
+                    "error": {"code": CONNECTION_CLOSED, "message": "Connection closed"},
+                }
+            )
+            return
+        connection.start(request_id, data)
+
     def close(self) -> None:
         """Close every connection; calls still waiting get "Connection closed" from the lane."""
         self._closed = True
@@ -132,6 +174,8 @@ class HttpLane:
         self._idle.clear()
         for connection in connections:
             connection.drop()
+        for task in self._resending:
+            task.cancel()
 
     def _encode(self, message: dict[str, Any], stamped: dict[str, str]) -> bytes:
         body = json.dumps(message, separators=(",", ":")).encode()
@@ -203,10 +247,13 @@ class HttpLane:
 class _Exchange:
     """One request on a connection and what has arrived of its response."""
 
-    __slots__ = ("accepted", "answered", "body", "events", "head", "request_id")
+    __slots__ = ("accepted", "answered", "body", "data", "events", "head", "request_id", "resend")
 
-    def __init__(self, request_id: str | None) -> None:
+    def __init__(self, request_id: str | None, data: bytes, resend: bool) -> None:
         self.request_id = request_id
+        self.data = data
+        self.resend = resend
+        """Whether the connection sends it again itself when it turns out dead (nobody awaits `accepted`)."""
         self.accepted: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         """True once the response began; False when the connection ended before any of it."""
         self.head: Head | None = None
@@ -228,9 +275,9 @@ class _Connection(asyncio.Protocol):
         self.closing = False
         self._linger: asyncio.TimerHandle | None = None
 
-    def start(self, request_id: str | None, data: bytes) -> _Exchange:
+    def start(self, request_id: str | None, data: bytes, *, resend: bool = False) -> _Exchange:
         assert self.transport is not None
-        self.exchange = exchange = _Exchange(request_id)
+        self.exchange = exchange = _Exchange(request_id, data, resend)
         self.used += 1
         self.reader.expect_next()
         if request_id is not None:
@@ -272,9 +319,11 @@ class _Connection(asyncio.Protocol):
             return
         if not exchange.accepted.done():
             exchange.accepted.set_result(False)
-            if self.used > 1:
-                self._finish(exchange)  # the sender tries again on a fresh connection
-                return
+            if self.used > 1:  # the server closed it idle as the request went out: it read none of it
+                self._finish(exchange)
+                if exchange.resend and exchange.request_id is not None:
+                    self.owner.resend(exchange.request_id, exchange.data)
+                return  # else the sender tries again
         self._fail("Connection closed")
         self._finish(exchange)
 

@@ -40,7 +40,7 @@ async def http_transport(url: str, headers: dict[str, str], lane: UpstreamLane) 
         if raw is None:
             yield read, write
             return
-        lane.attach(raw.send)
+        lane.attach(raw.send, raw.send_now)
         merged = _MergedReadStream(read, lane)
         raw.pass_on = merged.put
         try:

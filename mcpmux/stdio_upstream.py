@@ -73,7 +73,7 @@ async def stdio_transport(
         except OSError:
             raise anyio.BrokenResourceError from None
 
-    def send_now(message: dict[str, Any]) -> bool:
+    def send_now(message: dict[str, Any], headers: dict[str, str] | None) -> bool:
         return stdin.write_now(json.dumps(message, separators=(",", ":")) + "\n")
 
     lane.attach(send, send_now)

@@ -76,13 +76,21 @@ async def test_an_expired_session_is_reinitialized_and_the_call_sent_again(tmp_p
         stop(server)
 
 
-async def test_a_request_the_upstream_drops_unread_on_a_reused_connection_is_sent_again(tmp_path: Path) -> None:
-    """An idle connection the upstream closes just as a call goes out on it costs that call nothing."""
+@pytest.mark.parametrize("era", ERAS)
+async def test_a_request_the_upstream_drops_unread_on_a_reused_connection_is_sent_again(
+    tmp_path: Path, era: str
+) -> None:
+    """An idle connection the upstream closes just as a call goes out on it costs that call nothing.
+
+    A 2026 call from this stdio client is sent from the code that read it, and sent again from a
+    task of the HTTP lane's; a 2025 one is sent, and sent again, by its call's task.
+    """
     port = free_port()
     server = subprocess.Popen([sys.executable, str(RAW_HTTP_SERVER), str(port)], stderr=subprocess.DEVNULL)
     try:
         wait_for_port(port, server)
-        config = write_config(tmp_path / "mux.json", {"raw": {"url": f"http://127.0.0.1:{port}/mcp"}})
+        upstream = {"url": f"http://127.0.0.1:{port}/mcp", "protocol": era}
+        config = write_config(tmp_path / "mux.json", {"raw": upstream})
         async with mux_over_stdio(config) as client:
             for _ in range(5):
                 result = await client.call_tool("raw__whoami", {})

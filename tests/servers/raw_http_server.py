@@ -1,4 +1,6 @@
-"""A streamable HTTP MCP server written without the SDK (2025-11-25, JSON responses): `raw_http_server.py PORT`.
+"""A streamable HTTP MCP server written without the SDK (JSON responses): `raw_http_server.py PORT`.
+
+It speaks 2026-07-28 (`server/discover`, no session) and 2025-11-25 (`initialize`, session `s1`).
 
 It closes a keep-alive connection the moment a second `tools/call` arrives on it, unanswered, as a
 server whose idle timeout fires just as a request goes out does. Its one tool, `whoami`, answers
@@ -19,10 +21,12 @@ dropped = 0
 
 def answer(request: dict[str, Any]) -> dict[str, Any]:
     method, request_id = request.get("method"), request.get("id")
-    if method == "initialize":
+    if method == "server/discover":
+        result = {"supportedVersions": ["2026-07-28"], "capabilities": {"tools": {}}, "serverInfo": INFO}
+    elif method == "initialize":
         result: dict[str, Any] = {"protocolVersion": "2025-11-25", "capabilities": {"tools": {}}, "serverInfo": INFO}
     elif method == "tools/list":
-        result = {"tools": [TOOL]}
+        result = {"tools": [TOOL], "ttlMs": 60_000, "cacheScope": "public"}
     elif method == "tools/call":
         text = json.dumps({"id": request_id, "dropped": dropped})
         result = {"content": [{"type": "text", "text": text}], "isError": False}
@@ -31,6 +35,8 @@ def answer(request: dict[str, Any]) -> dict[str, Any]:
     else:
         error = {"code": -32601, "message": f"Method not found: {method}"}
         return {"jsonrpc": "2.0", "id": request_id, "error": error}
+    if "_meta" in request.get("params", {}):  # a 2026 request: its results say they are complete
+        result["resultType"] = "complete"
     return {"jsonrpc": "2.0", "id": request_id, "result": result}
 
 
@@ -57,9 +63,16 @@ async def serve_connection(reader: asyncio.StreamReader, writer: asyncio.StreamW
                 status, payload = (b"202 Accepted", b"") if "id" not in request else (b"200 OK", b"")
                 if "id" in request:
                     payload = json.dumps(answer(request)).encode()
+            session = b"mcp-session-id: s1\r\n" if b'"initialize"' in body else b""
             writer.write(
-                b"HTTP/1.1 " + status + b"\r\ncontent-type: application/json\r\nmcp-session-id: s1\r\n"
-                b"content-length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload
+                b"HTTP/1.1 "
+                + status
+                + b"\r\ncontent-type: application/json\r\n"
+                + session
+                + b"content-length: "
+                + str(len(payload)).encode()
+                + b"\r\n\r\n"
+                + payload
             )
             await writer.drain()
     except (asyncio.IncompleteReadError, ConnectionError):

@@ -1,34 +1,39 @@
 """The fast path's own HTTP client: raw `tools/call` POSTs to a streamable HTTP upstream.
 
 Through the SDK's transport a call costs a pydantic model each way, two tasks and a task group per
-POST, and httpx's request machinery: a third of mcpmux's CPU per relayed call. `HttpLane` is the
-`Send` of an HTTP upstream's `UpstreamLane` instead. It keeps HTTP/1.1 keep-alive connections to
-the upstream (asyncio protocols, `mcpmux.http_wire` for the parsing), writes each request as one
-buffer, and hands each JSON-RPC message of the response to the lane as raw JSON from the protocol's
-own callback, as it arrives: no task and no model on the way. It sends what the SDK's transport
-would send: the configured headers, the session's stamp, and on a 2025 session its
-`Mcp-Session-Id`, read off the SDK's own responses (`on_sdk_response`, an httpx event hook), to
-the endpoint the SDK's requests ended up at (after a same-origin redirect).
+POST, and httpx's request machinery: over half of mcpmux's CPU per relayed call. `HttpLane` is
+the `Send` of an HTTP upstream's `UpstreamLane` instead. It keeps HTTP/1.1 keep-alive connections
+to the upstream (`mcpmux.http_connection`, asyncio protocols), writes each request as one buffer,
+and hands each JSON-RPC message of the response to the lane as raw JSON from the protocol's own
+callback, as it arrives: no task and no model on the way. It sends what the SDK's client sends:
+its headers (the configured ones, its User-Agent; not Accept-Encoding, as it decodes no
+compression), the session's stamp, on a 2025 session its `Mcp-Session-Id` (read off the SDK's
+own responses by `on_sdk_response`, an httpx event hook), to the path the SDK's requests ended up
+at after a same-origin redirect. Once the SDK's requests moved to another origin (an http→https
+redirect) or the server set a cookie (which the SDK's client sends back), requests go through the
+SDK's transport instead (`fallback`).
 
 What a response carries beside the call's own progress and answer (a log, a 2025 server's request
 for sampling) goes to the SDK's session through `pass_on`, whose handlers answer it as ever. A
 2026 call is cancelled by closing its connection, as the spec says; a 2025 call by POSTing
-`notifications/cancelled`. Errors read as the SDK's transport words them. Not done here, left to
-the SDK's path (`raw_lane_allowed`): an upstream behind a proxy; resuming a broken event stream with
-`Last-Event-ID` (such a call fails as "Connection closed", as one without event ids does on the SDK).
+`notifications/cancelled`. Errors read as the SDK's transport words them. At most
+`MAX_CONNECTIONS` connections, as httpx's pool; idle ones are reused for `IDLE_REUSE` seconds.
+Left to the SDK's client (`raw_lane_allowed`): an upstream behind a proxy, or with credentials in
+its URL. Not done: resuming a broken event stream with `Last-Event-ID` (such a call fails as
+"Connection closed", as one without event ids does on the SDK's client).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import ssl
 import time
 import urllib.request
+from collections import deque
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 from urllib.parse import urlsplit
 
 import anyio
@@ -37,20 +42,17 @@ import mcp_types as types
 from mcp.shared.inbound import MCP_PROTOCOL_VERSION_HEADER
 from mcp_types.jsonrpc import CONNECTION_CLOSED
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
-from pydantic_core import from_json
 
-from mcpmux.fastpath_lane import UpstreamLane, is_lane_id
-from mcpmux.http_wire import Event, EventStream, Head, HttpWireError, ResponseReader
+from mcpmux.fastpath_lane import Send, UpstreamLane, is_lane_id
+from mcpmux.http_connection import Connection
 
 logger = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT = 30.0  # as the SDK's httpx client for upstreams
-IDLE_REUSE = 4.0
-"""Seconds an idle connection is reused within; common servers close theirs after 5."""
+IDLE_REUSE = 1.5
+"""Seconds an idle connection is reused within; some servers close theirs after 2 (gunicorn), most after 5."""
+MAX_CONNECTIONS = 100  # as httpx's pool
 MAX_IDLE = 64
-LINGER = 1.0
-"""Seconds a connection whose call is answered waits for the rest of its event stream before it is closed."""
-MAX_EVENT_SIZE = 1024 * 1024  # as the SDK's transport
 
 PassOn = Callable[[dict[str, Any]], None]
 
@@ -68,27 +70,41 @@ def raw_lane_allowed(url: str) -> bool:
 class HttpLane:
     """Keep-alive connections to one upstream endpoint, carrying the lane's requests."""
 
-    def __init__(self, url: str, headers: dict[str, str], lane: UpstreamLane) -> None:
+    def __init__(self, url: str, http: httpx2.AsyncClient, lane: UpstreamLane) -> None:
         parts = urlsplit(url)
         self._https = parts.scheme == "https"
         self._host = parts.hostname or ""
         self._port = parts.port or (443 if self._https else 80)
         self._origin = (parts.scheme, self._host, self._port)
         self._target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        fixed = {key.lower(): value for key, value in headers.items() if key.lower() != "accept-encoding"}
-        fixed |= {"host": parts.netloc.rpartition("@")[2], "accept": "application/json, text/event-stream"}
-        fixed["content-type"] = "application/json"
-        self._headers = fixed
+        host = f"[{self._host}]" if ":" in self._host else self._host
+        headers = {"host": host if parts.port in (None, 443 if self._https else 80) else f"{host}:{self._port}"}
+        headers |= {key.lower(): value for key, value in http.headers.items()}
+        for unsent in ("accept-encoding", "connection"):
+            headers.pop(unsent, None)
+        headers |= {"accept": "application/json, text/event-stream", "content-type": "application/json"}
+        self._headers = headers
+        self._http = http
         self._lane = lane
         self.session_id: str | None = None
         """A 2025 session's id, from the SDK's handshake."""
         self.pass_on: PassOn | None = None
         """Where a message that is not the lane's goes: the SDK's session (set by its transport)."""
-        self._idle: list[_Connection] = []
-        self._carrying: dict[str, _Connection] = {}
-        self._closed = False
+        self.fallback: Send | None = None
+        """The SDK transport's own `Send`, for when the lane cannot send as the SDK's client would."""
+        self._same_origin = True
+        self._live: set[Connection] = set()
+        self._idle: deque[Connection] = deque()
+        self._carrying: dict[str, Connection] = {}
+        self._waiting: deque[asyncio.Future[None]] = deque()
+        self._resending: dict[str, asyncio.Task[None]] = {}
         self._tls: ssl.SSLContext | None = None
-        self._resending: set[asyncio.Task[None]] = set()
+        self.closed = False
+
+    @property
+    def usable(self) -> bool:
+        """Whether requests go out on the lane's own connections (see the module docstring)."""
+        return self._same_origin and not self._http.cookies
 
     async def on_sdk_response(self, response: httpx2.Response) -> None:
         """An httpx response hook on the SDK's client: learns the session id and where POSTs end up."""
@@ -96,35 +112,33 @@ class HttpLane:
         if session_id:
             self.session_id = session_id
         url = response.request.url
-        origin = (url.scheme, url.host, url.port or (443 if url.scheme == "https" else 80))
-        if response.request.method == "POST" and response.is_success and origin == self._origin:
-            self._target = url.raw_path.decode("ascii")
+        if response.request.method == "POST" and response.is_success:
+            if (url.scheme, url.host, url.port or (443 if url.scheme == "https" else 80)) == self._origin:
+                self._target = url.raw_path.decode("ascii")
+            else:
+                self._same_origin = False
 
     async def send(self, message: dict[str, Any], headers: dict[str, str] | None) -> None:
         """POST one message. A request's response reaches the lane (or `pass_on`) as it arrives.
 
         Raises `anyio.BrokenResourceError` when the upstream cannot be reached.
         """
-        if self._closed:
+        if self.closed:
             raise anyio.ClosedResourceError
+        if not self.usable and self.fallback is not None:
+            await self.fallback(message, headers)
+            return
         stamped = headers or {}
-        if message.get("method") == "notifications/cancelled":
-            params = message.get("params") or {}
-            if stamped.get(MCP_PROTOCOL_VERSION_HEADER) in MODERN_PROTOCOL_VERSIONS:
-                carrying = self._carrying.get(str(params.get("requestId")))
-                if carrying is not None:
-                    carrying.drop()  # closing a 2026 request's stream is its cancellation
-                return
+        if message.get("method") == "notifications/cancelled" and self._cancelled(message, stamped):
+            return
         data = self._encode(message, stamped)
         request_id = message.get("id") if "method" in message else None
-        for _attempt in (1, 2):
-            connection = self._reusable() or await self._open()
-            reused = connection.used > 0
-            exchange = connection.start(request_id if isinstance(request_id, str) else None, data)
-            if not reused or await exchange.accepted:
-                return
+        request_id = request_id if isinstance(request_id, str) else None
+        connection = await self._connection()
+        exchange = connection.start(request_id, data)
+        if connection.used > 1 and await exchange.unread:
             # The server closed the idle connection as the request went out, having read none of it.
-        raise anyio.BrokenResourceError
+            (await self._connection(fresh=True)).start(request_id, data)
 
     def send_now(self, message: dict[str, Any], headers: dict[str, str] | None) -> bool:
         """`send` for a request, from synchronous code, on an idle connection; False (nothing sent) otherwise.
@@ -133,49 +147,58 @@ class HttpLane:
         request `send` sent is sent again on the new one (`Upstream.request`).
         """
         request_id = message.get("id")
-        if self._closed or self.session_id is not None or not is_lane_id(request_id):
-            return False
-        connection = self._reusable()
-        if connection is None:
+        if self.closed or not self.usable or self.session_id is not None or not is_lane_id(request_id):
             return False
         try:
             data = self._encode(message, headers or {})
         except anyio.BrokenResourceError:
-            self.rest(connection)
             return False
-        # Nobody waits to send it again should the connection turn out dead: `resend` will.
-        connection.start(str(request_id), data, resend=True)
+        connection = self._reusable()
+        if connection is None:
+            return False
+        connection.start(str(request_id), data, resend=True)  # nobody waits to send it again: `resend` will
         return True
 
     def resend(self, request_id: str, data: bytes) -> None:
-        """Send a request again on a fresh connection: its idle one was closed under it, unread."""
+        """Send a launched request again on a fresh connection: its idle one was closed under it, unread."""
+        if self.closed:
+            return  # the lane fails its calls
         task = asyncio.get_running_loop().create_task(self._resend(request_id, data))
-        self._resending.add(task)
-        task.add_done_callback(self._resending.discard)
+        self._resending[request_id] = task
+        task.add_done_callback(lambda _: self._resending.pop(request_id, None))
 
     async def _resend(self, request_id: str, data: bytes) -> None:
         try:
-            connection = await self._open()
+            connection = await self._connection(fresh=True)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-            self.deliver(
-                {
-                    "jsonrpc": "2.0",
-                    "id": request_id,
-                    "error": {"code": CONNECTION_CLOSED, "message": "Connection closed"},
-                }
-            )
+            closed = {"code": CONNECTION_CLOSED, "message": "Connection closed"}
+            self.deliver({"jsonrpc": "2.0", "id": request_id, "error": closed})
             return
         connection.start(request_id, data)
 
+    def _cancelled(self, message: dict[str, Any], stamped: dict[str, str]) -> bool:
+        """A 2026 request is cancelled by closing its connection (True: nothing to POST); a 2025 one by the POST."""
+        if stamped.get(MCP_PROTOCOL_VERSION_HEADER) not in MODERN_PROTOCOL_VERSIONS:
+            return False
+        request_id = str((message.get("params") or {}).get("requestId"))
+        resending = self._resending.pop(request_id, None)
+        if resending is not None:
+            resending.cancel()
+        carrying = self._carrying.get(request_id)
+        if carrying is not None:
+            carrying.drop()
+        return True
+
     def close(self) -> None:
         """Close every connection; calls still waiting get "Connection closed" from the lane."""
-        self._closed = True
-        connections = [*self._idle, *self._carrying.values()]
-        self._idle.clear()
-        for connection in connections:
+        self.closed = True
+        for connection in list(self._live):
             connection.drop()
-        for task in self._resending:
+        self._idle.clear()
+        for task in list(self._resending.values()):
             task.cancel()
+        for waiter in self._waiting:
+            waiter.cancel()
 
     def _encode(self, message: dict[str, Any], stamped: dict[str, str]) -> bytes:
         body = json.dumps(message, separators=(",", ":")).encode()
@@ -189,50 +212,91 @@ class HttpLane:
             raise anyio.BrokenResourceError("a header value holds a line break")
         return ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8") + body
 
-    def _reusable(self) -> _Connection | None:
+    def _reusable(self) -> Connection | None:
+        """The most recently rested idle connection still fit to carry a request; stale ones are closed."""
         now = time.monotonic()
+        while self._idle and now - self._idle[0].idle_since >= IDLE_REUSE:
+            self._idle.popleft().drop()
         while self._idle:
             connection = self._idle.pop()
-            if now - connection.idle_since < IDLE_REUSE and connection.open:
+            if connection.reusable():
                 return connection
             connection.drop()
         return None
 
-    async def _open(self) -> _Connection:
+    async def _connection(self, *, fresh: bool = False) -> Connection:
+        """An idle connection (unless `fresh`), else a new one once fewer than `MAX_CONNECTIONS` are open."""
+        while True:
+            if self.closed:
+                raise anyio.ClosedResourceError
+            idle = None if fresh else self._reusable()
+            if idle is not None:
+                return idle
+            if len(self._live) < MAX_CONNECTIONS:
+                return await self._open()
+            if self._idle:  # at the limit, a new one takes an idle one's place
+                self._idle.popleft().drop()
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiting.append(waiter)
+            try:
+                await waiter
+            finally:
+                if waiter in self._waiting:
+                    self._waiting.remove(waiter)
+
+    async def _open(self) -> Connection:
         loop = asyncio.get_running_loop()
-        ssl = httpx2.create_ssl_context() if self._https else None
+        if self._https and self._tls is None:
+            self._tls = httpx2.create_ssl_context()  # the trust the SDK's client has
+            self._tls.set_alpn_protocols(["http/1.1"])
         try:
             with anyio.fail_after(CONNECT_TIMEOUT):
-                _, connection = await loop.create_connection(lambda: _Connection(self), self._host, self._port, ssl=ssl)
+                _, connection = await loop.create_connection(
+                    lambda: Connection(self), self._host, self._port, ssl=self._tls
+                )
         except (OSError, TimeoutError) as err:
             logger.debug("cannot connect to %s:%s: %s", self._host, self._port, err)
             raise anyio.BrokenResourceError from err
-        if self._closed:
+        if self.closed:
             connection.drop()
             raise anyio.ClosedResourceError
+        self._live.add(connection)
         return connection
 
-    def carrying(self, request_id: str, connection: _Connection | None) -> None:
+    def _wake_one(self) -> None:
+        while self._waiting:
+            waiter = self._waiting.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    # -- what connections tell their pool (`mcpmux.http_connection.Pool`) ---------------------------
+
+    def carrying(self, request_id: str, connection: Connection | None) -> None:
         if connection is None:
             self._carrying.pop(request_id, None)
         else:
             self._carrying[request_id] = connection
 
-    def rest(self, connection: _Connection) -> None:
+    def rest(self, connection: Connection) -> None:
         """A connection whose response ended and that may carry another request."""
-        if self._closed or len(self._idle) >= MAX_IDLE:
+        if self.closed or len(self._idle) >= MAX_IDLE:
             connection.drop()
-        else:
-            connection.idle_since = time.monotonic()
-            self._idle.append(connection)
+            return
+        connection.idle_since = time.monotonic()
+        self._idle.append(connection)
+        self._wake_one()
 
-    def forget(self, connection: _Connection) -> None:
+    def forget(self, connection: Connection) -> None:
+        """A connection ended."""
+        self._live.discard(connection)
         if connection in self._idle:
             self._idle.remove(connection)
+        self._wake_one()
 
     def deliver(self, message: dict[str, Any]) -> None:
         """One JSON-RPC message of a response: the lane's, or the session's to handle."""
-        if self._closed or self._lane.take(message):
+        if self.closed or self._lane.take(message):
             return
         request_id = message.get("id")
         if "method" in message or not is_lane_id(request_id):
@@ -242,212 +306,3 @@ class HttpLane:
         # An answer the lane could not read: its call (if anyone still waits) fails now, not at its timeout.
         error = {"code": types.INTERNAL_ERROR, "message": "the upstream's response is not valid JSON-RPC"}
         self._lane.take({"jsonrpc": "2.0", "id": request_id, "error": error})
-
-
-class _Exchange:
-    """One request on a connection and what has arrived of its response."""
-
-    __slots__ = ("accepted", "answered", "body", "data", "events", "head", "request_id", "resend")
-
-    def __init__(self, request_id: str | None, data: bytes, resend: bool) -> None:
-        self.request_id = request_id
-        self.data = data
-        self.resend = resend
-        """Whether the connection sends it again itself when it turns out dead (nobody awaits `accepted`)."""
-        self.accepted: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        """True once the response began; False when the connection ended before any of it."""
-        self.head: Head | None = None
-        self.body = bytearray()
-        self.events: EventStream | None = None
-        self.answered = request_id is None
-
-
-class _Connection(asyncio.Protocol):
-    """One keep-alive connection: one request at a time (HTTP/1.1, no pipelining)."""
-
-    def __init__(self, owner: HttpLane) -> None:
-        self.owner = owner
-        self.transport: asyncio.Transport | None = None
-        self.reader = ResponseReader(self._head, self._body, self._end)
-        self.exchange: _Exchange | None = None
-        self.used = 0
-        self.idle_since = 0.0
-        self.closing = False
-        self._linger: asyncio.TimerHandle | None = None
-
-    def start(self, request_id: str | None, data: bytes, *, resend: bool = False) -> _Exchange:
-        assert self.transport is not None
-        self.exchange = exchange = _Exchange(request_id, data, resend)
-        self.used += 1
-        self.reader.expect_next()
-        if request_id is not None:
-            self.owner.carrying(request_id, self)
-        self.transport.write(data)
-        return exchange
-
-    @property
-    def open(self) -> bool:
-        return not self.closing and self.transport is not None and not self.transport.is_closing()
-
-    def drop(self) -> None:
-        self.closing = True
-        if self.transport is not None:
-            self.transport.abort()
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)  # uvloop's are not asyncio.Transport subclasses
-
-    def data_received(self, data: bytes) -> None:
-        try:
-            self.reader.feed(data)
-        except HttpWireError as err:
-            self._fail(f"the upstream's response was not valid HTTP: {err}")
-            self.drop()
-
-    def eof_received(self) -> bool:
-        with contextlib.suppress(HttpWireError):  # connection_lost, right after this, fails what was unfinished
-            self.reader.eof()
-        return False
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.closing = True
-        if self._linger is not None:
-            self._linger.cancel()
-        self.owner.forget(self)
-        exchange = self.exchange
-        if exchange is None:
-            return
-        if not exchange.accepted.done():
-            exchange.accepted.set_result(False)
-            if self.used > 1:  # the server closed it idle as the request went out: it read none of it
-                self._finish(exchange)
-                if exchange.resend and exchange.request_id is not None:
-                    self.owner.resend(exchange.request_id, exchange.data)
-                return  # else the sender tries again
-        self._fail("Connection closed")
-        self._finish(exchange)
-
-    def _head(self, head: Head) -> None:
-        exchange = self.exchange
-        if exchange is None:
-            raise HttpWireError("a response arrived that no request asked for")
-        exchange.head = head
-        if not exchange.accepted.done():
-            exchange.accepted.set_result(True)
-        if head.status == 202 or not 200 <= head.status < 300:
-            return
-        kind = head.content_type()
-        if kind == "text/event-stream":
-            exchange.events = EventStream(self._event, MAX_EVENT_SIZE)
-        elif kind != "application/json" and not exchange.answered:
-            self._fail(f"Unexpected content type: {kind}", types.INVALID_REQUEST)
-
-    def _body(self, piece: bytes) -> None:
-        exchange = self.exchange
-        if exchange is None or exchange.answered:
-            return
-        if exchange.events is not None:
-            exchange.events.feed(piece)
-        else:
-            exchange.body += piece
-
-    def _end(self) -> None:
-        exchange = self.exchange
-        if exchange is None:
-            return
-        head = exchange.head
-        if head is not None and not exchange.answered:
-            if head.status == 202:
-                self._fail("server answered a request with 202 Accepted", types.INVALID_REQUEST)
-            elif 300 <= head.status < 400:
-                where = head.headers.get("location", "?")
-                self._fail(f"the server redirected the request to {where}; not followed", types.INVALID_REQUEST)
-            elif head.status >= 400:
-                self._http_error(head.status)
-            elif exchange.events is None:
-                self._json_answer()
-            else:
-                self._fail("SSE stream ended without a response")
-        self._finish(exchange)
-        if head is not None and head.keep_alive and not self.closing:
-            self.owner.rest(self)
-        else:
-            self.drop()
-
-    def _event(self, event: Event) -> None:
-        exchange = self.exchange
-        if exchange is None or exchange.answered or event.event != "message" or not event.data:
-            return
-        message = self._parsed(event.data, "SSE message")
-        if message is None:
-            return
-        if "method" not in message and ("result" in message or "error" in message):
-            message["id"] = exchange.request_id  # as the SDK's transport: the answer is the request's
-            exchange.answered = True
-            self._linger = asyncio.get_running_loop().call_later(LINGER, self._overstayed)
-        self.owner.deliver(message)
-
-    def _json_answer(self) -> None:
-        exchange = self.exchange
-        assert exchange is not None
-        message = self._parsed(bytes(exchange.body), "JSON response")
-        if message is not None:
-            exchange.answered = True
-            self.owner.deliver(message)
-
-    def _parsed(self, data: str | bytes, what: str) -> dict[str, Any] | None:
-        """A JSON-RPC message as raw JSON; None (and the request failed, as the SDK words it) if it is none."""
-        try:
-            message = from_json(data)
-        except ValueError as err:
-            self._fail(f"Failed to parse {what}: {err}", types.PARSE_ERROR)
-            return None
-        if not isinstance(message, dict):
-            self._fail(f"Failed to parse {what}: not a JSON-RPC message", types.PARSE_ERROR)
-            return None
-        return message
-
-    def _http_error(self, status: int) -> None:
-        """An error status; a JSON-RPC error in its body is the answer, as on the SDK's transport."""
-        exchange = self.exchange
-        assert exchange is not None
-        assert exchange.head is not None
-        if exchange.head.content_type() == "application/json":
-            try:
-                message = from_json(bytes(exchange.body))
-            except ValueError:
-                message = None
-            if isinstance(message, dict) and isinstance(message.get("error"), dict):
-                self._fail(str(message["error"].get("message", "")), message["error"].get("code"), message["error"])
-                return
-        if status == 404:
-            if self.owner.session_id is None:
-                self._fail("Not Found", types.METHOD_NOT_FOUND)
-            else:
-                self._fail("Session terminated", types.INVALID_REQUEST)
-        else:
-            self._fail("Server returned an error response", types.INTERNAL_ERROR)
-
-    def _fail(self, message: str, code: object = CONNECTION_CLOSED, error: dict[str, Any] | None = None) -> None:
-        """Answer the request with an error, once."""
-        exchange = self.exchange
-        if exchange is None or exchange.answered:
-            return
-        exchange.answered = True
-        self.owner.deliver(
-            {"jsonrpc": "2.0", "id": exchange.request_id, "error": error or {"code": code, "message": message}}
-        )
-
-    def _finish(self, exchange: _Exchange) -> None:
-        self.exchange = None
-        if self._linger is not None:
-            self._linger.cancel()
-            self._linger = None
-        if exchange.request_id is not None:
-            self.owner.carrying(exchange.request_id, None)
-
-    def _overstayed(self) -> None:
-        """An answered call's stream did not end in time: its connection goes (a 2026 server reads it as a cancel)."""
-        self._linger = None
-        if self.exchange is not None:
-            self.drop()

@@ -23,7 +23,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.message import SessionMessage
 from pydantic import ValidationError
 
-from mcpmux.fastpath_lane import UpstreamLane
+from mcpmux.fastpath_lane import UpstreamLane, session_sender
 from mcpmux.http_lane import HttpLane, raw_lane_allowed
 
 _Item = SessionMessage | Exception
@@ -32,14 +32,16 @@ _Item = SessionMessage | Exception
 @asynccontextmanager
 async def http_transport(url: str, headers: dict[str, str], lane: UpstreamLane) -> AsyncIterator[tuple[Any, Any]]:
     """The (read, write) streams an SDK `Client` takes; `lane` is attached to an `HttpLane` where one can serve."""
-    raw = HttpLane(url, headers, lane) if raw_lane_allowed(url) and _on_asyncio() else None
-    hooks = {"response": [raw.on_sdk_response]} if raw is not None else None
     # The HTTP client stays ours to close: left open, each reconnection would leak the old pool's sockets.
-    http = httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30.0, read=None), event_hooks=hooks)
+    http = httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30.0, read=None))
+    raw = HttpLane(url, http, lane) if raw_lane_allowed(url) and _on_asyncio() else None
+    if raw is not None:
+        http.event_hooks = {"response": [raw.on_sdk_response]}
     async with http, streamable_http_client(url, http_client=http) as (read, write):
         if raw is None:
             yield read, write
             return
+        raw.fallback = session_sender(write)
         lane.attach(raw.send, raw.send_now)
         merged = _MergedReadStream(read, lane)
         raw.pass_on = merged.put
@@ -84,8 +86,8 @@ class _MergedReadStream:
                 while True:
                     item = await self._inner.receive()
                     self._send.send_nowait((getattr(self._inner, "last_context", None), item))
-            except (anyio.EndOfStream, anyio.ClosedResourceError):
-                pass
+            except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+                pass  # the SDK transport's stream ended, or the session stopped reading
 
     def put(self, message: dict[str, Any]) -> None:
         """A message `HttpLane` read that is not the lane's: the session handles it next."""

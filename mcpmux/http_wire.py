@@ -9,12 +9,16 @@ still runs.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum, auto
 
 MAX_HEAD = 64 * 1024
 """Bytes a status line and its headers may take."""
+_DECIMAL = re.compile(r"[0-9]+")
+_HEX = re.compile(r"[0-9A-Fa-f]+")
+_HEAD_END = re.compile(rb"\r?\n\r?\n")
 
 
 class HttpWireError(Exception):
@@ -60,19 +64,19 @@ class ResponseReader:
         self._state = _State.HEAD
         self._remaining = 0
 
-    @property
-    def started(self) -> bool:
+        self.started = False
         """Whether any byte of the current response has arrived."""
-        return bool(self._buffer) or self._state is not _State.HEAD
 
     def expect_next(self) -> None:
         """A new request went out: what arrives next is its response."""
         self._state = _State.HEAD
         self._buffer.clear()
+        self.started = False
 
     def feed(self, data: bytes) -> None:
         if self._state is _State.DONE:
             raise HttpWireError("the upstream sent bytes after the end of a response")
+        self.started = True
         self._buffer += data
         while self._step():
             pass
@@ -116,10 +120,10 @@ class ResponseReader:
         if line is None:
             return False
         if state is _State.CHUNK_SIZE:
-            try:
-                self._remaining = int(line.split(b";", 1)[0].strip(), 16)
-            except ValueError:
-                raise HttpWireError(f"bad chunk size {bytes(line[:40])!r}") from None
+            size = line.split(b";", 1)[0].strip().decode("latin-1")
+            if not _HEX.fullmatch(size):
+                raise HttpWireError(f"bad chunk size {bytes(line[:40])!r}")
+            self._remaining = int(size, 16)
             self._state = _State.CHUNK_DATA if self._remaining else _State.TRAILERS
         elif state is _State.CHUNK_END:
             if line:
@@ -141,13 +145,13 @@ class ResponseReader:
         return line
 
     def _read_head(self) -> bool:
-        end = self._buffer.find(b"\r\n\r\n")
-        if end < 0:
+        end = _HEAD_END.search(self._buffer)
+        if end is None:
             if len(self._buffer) > MAX_HEAD:
                 raise HttpWireError(f"the response's headers exceed {MAX_HEAD} bytes")
             return False
-        lines = bytes(self._buffer[:end]).decode("latin-1").split("\r\n")
-        del self._buffer[: end + 4]
+        lines = [line.rstrip("\r") for line in bytes(self._buffer[: end.start()]).decode("latin-1").split("\n")]
+        del self._buffer[: end.end()]
         version, _, rest = lines[0].partition(" ")
         code = rest[:3]
         if not version.startswith("HTTP/1.") or not code.isdigit():
@@ -177,10 +181,11 @@ class ResponseReader:
         elif "chunked" in headers.get("transfer-encoding", "").lower():
             self._state = _State.CHUNK_SIZE
         elif "content-length" in headers:
-            try:
-                self._remaining = int(headers["content-length"])
-            except ValueError:
-                raise HttpWireError(f"bad Content-Length {headers['content-length']!r}") from None
+            lengths = {value.strip() for value in headers["content-length"].split(",")}
+            length = lengths.pop()
+            if lengths or not _DECIMAL.fullmatch(length):  # repeated, it must say the same each time
+                raise HttpWireError(f"bad Content-Length {headers['content-length']!r}")
+            self._remaining = int(length)
             self._state = _State.FIXED if self._remaining else _State.DONE
         else:
             self._state = _State.UNTIL_CLOSE
@@ -211,15 +216,22 @@ class EventStream:
         self._event = ""
         self._id: str | None = None
         self._size = 0
+        self._after_cr = False
 
     def feed(self, chunk: bytes) -> None:
-        self._pending += chunk
+        """Take the next piece of the body; lines end with CRLF, LF or CR, as the spec allows."""
+        if not chunk:
+            return
+        pending = self._pending
+        if self._after_cr and chunk.startswith(b"\n"):
+            chunk = chunk[1:]  # the LF of a CRLF split across two pieces
+        self._after_cr = chunk.endswith(b"\r")
+        pending += chunk
         start = 0
-        while (end := self._pending.find(b"\n", start)) >= 0:
-            line = self._pending[start:end]
-            start = end + 1
-            self._line(bytes(line).rstrip(b"\r").decode("utf-8", errors="replace"))
-        del self._pending[:start]
+        while (end := _line_end(pending, start)) >= 0:
+            self._line(bytes(pending[start:end]).decode("utf-8", errors="replace"))
+            start = end + 2 if pending[end : end + 2] == b"\r\n" else end + 1
+        del pending[:start]
         if len(self._pending) + self._size > self._max_size:
             raise HttpWireError(f"a server-sent event exceeds {self._max_size} bytes")
 
@@ -242,3 +254,11 @@ class EventStream:
             self._event = value
         elif name == "id" and "\0" not in value:
             self._id = value
+
+
+def _line_end(data: bytearray, start: int) -> int:
+    """Where the first line from `start` ends (its CR or LF), or -1; a CR last in `data` ends it too."""
+    lf, cr = data.find(b"\n", start), data.find(b"\r", start)
+    if cr < 0:
+        return lf
+    return cr if lf < 0 else min(lf, cr)

@@ -70,11 +70,21 @@ def test_interim_responses_are_skipped_and_bodiless_statuses_end_at_once() -> No
         (b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n", "bad header line"),
         (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "bad chunk size"),
         (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokEXTRA", "after the end of a response"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: -3\r\n\r\n", "bad Content-Length"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nok", "bad Content-Length"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n-2\r\n", "bad chunk size"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n+3\r\n", "bad chunk size"),
     ],
 )
 def test_what_is_not_http_is_refused(raw: bytes, why: str) -> None:
     with pytest.raises(HttpWireError, match=why):
         read(raw, bytewise=False)
+
+
+def test_bare_line_feeds_and_a_repeated_identical_length_are_read_as_h11_reads_them() -> None:
+    seen = read(b"HTTP/1.1 200 OK\nContent-Length: 2\nContent-Length: 2\n\nok", bytewise=True)
+    assert seen["body"] == b"ok"
+    assert seen["ends"] == 1
 
 
 def test_a_response_cut_short_is_broken() -> None:
@@ -91,7 +101,7 @@ def test_events_with_any_line_ending_multiline_data_comments_and_ids(bytewise: b
         b'event: message\r\nid: 7\r\ndata: {"a":\r\ndata: 1}\r\n\r\n'
         b"data:no space\n\n"
         b"id\nevent: other\ndata: x\n\n"
-    ) + "data: caf\u00e9\n\n".encode()
+    ) + "data: caf\u00e9\r\rdata: cr\r\r".encode()
     for piece in [raw[i : i + 1] for i in range(len(raw))] if bytewise else [raw]:
         stream.feed(piece)
     assert events == [
@@ -99,6 +109,7 @@ def test_events_with_any_line_ending_multiline_data_comments_and_ids(bytewise: b
         Event("no space", "message", "7"),  # the last event id stays until another is set
         Event("x", "other", ""),
         Event("caf\u00e9", "message", ""),
+        Event("cr", "message", ""),  # bare CR line endings
     ]
 
 

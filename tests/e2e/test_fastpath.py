@@ -40,6 +40,12 @@ def seen_id(result: Any) -> Any:
     return json.loads(text_of(result))["id"]
 
 
+def sent_by_mcpmux_http_client(result: Any) -> bool:
+    """Whether the probe's `whoami` came over HTTP from mcpmux's own client (`mcpmux.http_lane`)."""
+    seen = json.loads(text_of(result))
+    return str(seen["id"]).startswith("mux.") and "encoding" in seen and seen["encoding"] is None
+
+
 def dump(outcome: Any) -> Any:
     """A result or an error as the client sees it, for comparing two paths."""
     if isinstance(outcome, MCPError):
@@ -113,6 +119,9 @@ async def assert_same_answers(fast: Client, slow: Client) -> None:
     for upstream in ("probe", "old", "web", "oldweb"):
         assert str(seen_id(await fast.call_tool(f"{upstream}__whoami", {}))).startswith("mux.")
         assert isinstance(seen_id(await slow.call_tool(f"{upstream}__whoami", {})), int)
+    for upstream in ("web", "oldweb"):
+        assert sent_by_mcpmux_http_client(await fast.call_tool(f"{upstream}__whoami", {}))
+        assert not sent_by_mcpmux_http_client(await slow.call_tool(f"{upstream}__whoami", {}))
     for name, arguments in CALLS:
         fast_outcome, slow_outcome = (
             dump(await outcome_of(fast, name, arguments)),
@@ -186,7 +195,9 @@ async def test_progress_and_cancellation_on_the_fast_path(tmp_path: Path, kind: 
             assert len(cancelled) == 1
             assert str(cancelled[0]).startswith("mux.")
             # The lane and the connection are fine afterwards.
-            assert str(seen_id(await client.call_tool("probe__whoami", {}))).startswith("mux.")
+            after = await client.call_tool("probe__whoami", {})
+            assert str(seen_id(after)).startswith("mux.")
+            assert kind == "stdio" or sent_by_mcpmux_http_client(after)
 
 
 @pytest.mark.anyio
@@ -390,6 +401,11 @@ def _serve_probe() -> None:
     typed = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
     tools.append(types.Tool(name="typed", input_schema=schema, output_schema=typed))
 
+    def http_marks(ctx: Any) -> dict[str, Any]:
+        """Over HTTP, the request's Accept-Encoding: mcpmux's own client sends none, httpx asks for gzip."""
+        headers = getattr(getattr(ctx, "request", None), "headers", None)
+        return {} if headers is None else {"encoding": headers.get("accept-encoding")}
+
     def text(value: Any) -> types.CallToolResult:
         return types.CallToolResult(content=[types.TextContent(type="text", text=json.dumps(value))])
 
@@ -399,7 +415,7 @@ def _serve_probe() -> None:
     async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
         arguments = params.arguments or {}
         if params.name in ("whoami", "cached"):
-            return text({"id": ctx.request_id, **arguments})
+            return text({"id": ctx.request_id, **arguments, **http_marks(ctx)})
         if params.name == "one":
             return text({"id": ctx.request_id, "item": arguments["item"]})
         if params.name == "many":

@@ -10,15 +10,18 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import anyio
 import mcp_types as types
 import pytest
+from mcp import Client
 
 from tests.e2e.conftest import free_port, http_upstream, mux_over_stdio, stop, text_of, wait_for_port, write_config
-from tests.e2e.test_fastpath import PROBE, probe_over_http, seen_id
+from tests.e2e.test_fastpath import PROBE, probe_over_http, sent_by_mcpmux_http_client
 
 pytestmark = pytest.mark.anyio
 
@@ -52,7 +55,7 @@ async def test_connections_the_upstream_closes_when_idle_cost_no_call(tmp_path: 
                 await anyio.sleep(pause)
                 result = await client.call_tool("web__whoami", {})
                 assert not result.is_error, text_of(result)
-                assert str(seen_id(result)).startswith("mux.")
+                assert sent_by_mcpmux_http_client(result)
 
 
 async def test_an_expired_session_is_reinitialized_and_the_call_sent_again(tmp_path: Path) -> None:
@@ -65,15 +68,36 @@ async def test_an_expired_session_is_reinitialized_and_the_call_sent_again(tmp_p
         upstream = {"url": f"http://127.0.0.1:{port}/mcp", "protocol": "legacy"}
         config = write_config(tmp_path / "mux.json", {"web": upstream})
         async with mux_over_stdio(config) as client:
-            assert str(seen_id(await client.call_tool("web__whoami", {}))).startswith("mux.")
+            assert sent_by_mcpmux_http_client(await client.call_tool("web__whoami", {}))
             stop(server)
             server = subprocess.Popen(command, stderr=subprocess.DEVNULL)
             wait_for_port(port, server)
             result = await client.call_tool("web__whoami", {"text": "again"})
             assert not result.is_error, text_of(result)
-            assert str(seen_id(result)).startswith("mux.")
+            assert sent_by_mcpmux_http_client(result)
     finally:
         stop(server)
+
+
+@contextmanager
+def raw_http_server(*options: str) -> Iterator[str]:
+    """tests/servers/raw_http_server.py on loopback; yields its URL."""
+    port = free_port()
+    server = subprocess.Popen([sys.executable, str(RAW_HTTP_SERVER), str(port), *options], stderr=subprocess.DEVNULL)
+    try:
+        wait_for_port(port, server)
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        stop(server)
+
+
+async def whoami(client: Client) -> dict[str, Any]:
+    result = await client.call_tool("raw__whoami", {})
+    assert not result.is_error, text_of(result)
+    seen: dict[str, Any] = json.loads(text_of(result))
+    assert str(seen["id"]).startswith("mux.")
+    assert seen["encoding"] is None  # mcpmux's own client (httpx asks for gzip)
+    return seen
 
 
 @pytest.mark.parametrize("era", ERAS)
@@ -85,18 +109,50 @@ async def test_a_request_the_upstream_drops_unread_on_a_reused_connection_is_sen
     A 2026 call from this stdio client is sent from the code that read it, and sent again from a
     task of the HTTP lane's; a 2025 one is sent, and sent again, by its call's task.
     """
-    port = free_port()
-    server = subprocess.Popen([sys.executable, str(RAW_HTTP_SERVER), str(port)], stderr=subprocess.DEVNULL)
-    try:
-        wait_for_port(port, server)
-        upstream = {"url": f"http://127.0.0.1:{port}/mcp", "protocol": era}
-        config = write_config(tmp_path / "mux.json", {"raw": upstream})
+    with raw_http_server("drop") as url:
+        config = write_config(tmp_path / "mux.json", {"raw": {"url": url, "protocol": era}})
         async with mux_over_stdio(config) as client:
-            for _ in range(5):
-                result = await client.call_tool("raw__whoami", {})
-                assert not result.is_error, text_of(result)
-            seen = json.loads(text_of(result))
-            assert str(seen["id"]).startswith("mux.")
+            for _ in range(4):
+                await whoami(client)
+            seen = await whoami(client)
             assert seen["dropped"] == 4  # every call after the first met a dropped connection first
-    finally:
-        stop(server)
+            assert seen["ran"] == {"whoami": 5}
+
+
+@pytest.mark.parametrize("era", ERAS)
+async def test_a_call_the_upstream_may_have_acted_on_is_never_sent_twice(tmp_path: Path, era: str) -> None:
+    """Cancelled, timed out, or its connection lost mid-call: the upstream ran the tool once, whatever the era."""
+    with raw_http_server() as url:
+        config = write_config(tmp_path / "mux.json", {"raw": {"url": url, "protocol": era, "timeout": 0.5}})
+        async with mux_over_stdio(config) as client:
+            await whoami(client)  # leaves an idle connection: the next call goes out on it
+            with anyio.move_on_after(0.3):  # the client cancels
+                await client.call_tool("raw__slow", {})
+            timed_out = await client.call_tool("raw__slow", {})  # mcpmux's timeout (0.5 s) ends it
+            assert timed_out.is_error
+            assert "did not answer tool 'slow' within 0.5s" in text_of(timed_out)
+            vanished = await client.call_tool("raw__vanish", {})  # the server read it, then dropped the connection
+            assert vanished.is_error
+            assert "lost its connection" in text_of(vanished)
+            await anyio.sleep(1.2)  # anything sent again would have arrived by now
+            with anyio.fail_after(10):  # mcpmux reconnects after the lost connection
+                while (await client.call_tool("raw__whoami", {})).is_error:
+                    await anyio.sleep(0.1)
+            assert (await whoami(client))["ran"] == {"whoami": 3, "slow": 2, "vanish": 1}
+
+
+async def test_what_the_sdks_client_sends_the_fast_path_sends_too(tmp_path: Path) -> None:
+    """A Host header from the config, and cookies the server set (a load balancer's affinity), reach the server."""
+    with raw_http_server("vhost") as url:
+        entry = {"url": url, "protocol": "legacy", "headers": {"Host": "mcp.example"}}
+        async with mux_over_stdio(write_config(tmp_path / "vhost.json", {"raw": entry})) as client:
+            await whoami(client)
+    with raw_http_server("cookie") as url:
+        for era in ERAS:
+            config = write_config(tmp_path / f"cookie-{era}.json", {"raw": {"url": url, "protocol": era}})
+            async with mux_over_stdio(config) as client:
+                for _ in range(3):
+                    result = await client.call_tool("raw__whoami", {})
+                    assert not result.is_error, text_of(result)
+                    # The SDK's client keeps cookies: such calls go out through it, on the fast path still.
+                    assert str(json.loads(text_of(result))["id"]).startswith("mux.")

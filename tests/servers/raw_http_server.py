@@ -1,41 +1,68 @@
-"""A streamable HTTP MCP server written without the SDK (JSON responses): `raw_http_server.py PORT`.
+"""A streamable HTTP MCP server written without the SDK (JSON responses): `raw_http_server.py PORT [OPTION...]`.
 
-It speaks 2026-07-28 (`server/discover`, no session) and 2025-11-25 (`initialize`, session `s1`).
+It speaks 2026-07-28 (`server/discover`, no session) and 2025-11-25 (`initialize`, session `s1`),
+and answers with plain `application/json`, so no byte of an answer exists before the tool is done.
+Options:
+- `drop`: it closes a keep-alive connection the moment a second `tools/call` arrives on it,
+  unanswered, as a server whose idle timeout fires just as a request goes out does;
+- `cookie`: it sets a cookie when its session opens, and answers 404 "Session not found" to any
+  later request without it (a load balancer's affinity);
+- `vhost`: it serves only requests whose Host header is `mcp.example` (404 otherwise).
 
-It closes a keep-alive connection the moment a second `tools/call` arrives on it, unanswered, as a
-server whose idle timeout fires just as a request goes out does. Its one tool, `whoami`, answers
-with the JSON-RPC id it was called with and how many requests it has dropped so far.
+Tools: `whoami` (the JSON-RPC id it was called with, what was dropped and run so far, and the
+request's Accept-Encoding), `slow` (answers after 1 s), `vanish` (closes the connection 0.2 s
+into the call, unanswered, as a crashing worker would).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import sys
 from typing import Any
 
-TOOL = {"name": "whoami", "inputSchema": {"type": "object"}}
+TOOLS = [{"name": name, "inputSchema": {"type": "object"}} for name in ("whoami", "slow", "vanish")]
 INFO = {"name": "rawhttp", "version": "1.0"}
+OPTIONS = set(sys.argv[2:])
+COOKIE = "affinity=node-a"
+REFUSED = (
+    b"404 Not Found",
+    json.dumps({"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": "Session not found"}}).encode(),
+)
 dropped = 0
+ran: collections.Counter[str] = collections.Counter()
 
 
-def answer(request: dict[str, Any]) -> dict[str, Any]:
-    method, request_id = request.get("method"), request.get("id")
+class Vanish(Exception):
+    """The connection ends here, unanswered."""
+
+
+async def answer(request: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
+    method, request_id, params = request.get("method"), request.get("id"), request.get("params", {})
     if method == "server/discover":
-        result = {"supportedVersions": ["2026-07-28"], "capabilities": {"tools": {}}, "serverInfo": INFO}
+        result: dict[str, Any] = {"supportedVersions": ["2026-07-28"], "capabilities": {"tools": {}}}
+        result["serverInfo"] = INFO
     elif method == "initialize":
-        result: dict[str, Any] = {"protocolVersion": "2025-11-25", "capabilities": {"tools": {}}, "serverInfo": INFO}
+        result = {"protocolVersion": "2025-11-25", "capabilities": {"tools": {}}, "serverInfo": INFO}
     elif method == "tools/list":
-        result = {"tools": [TOOL], "ttlMs": 60_000, "cacheScope": "public"}
+        result = {"tools": TOOLS, "ttlMs": 60_000, "cacheScope": "public"}
     elif method == "tools/call":
-        text = json.dumps({"id": request_id, "dropped": dropped})
-        result = {"content": [{"type": "text", "text": text}], "isError": False}
+        name = params.get("name")
+        ran[name] += 1
+        if name == "slow":
+            await asyncio.sleep(1.0)
+        elif name == "vanish":
+            await asyncio.sleep(0.2)
+            raise Vanish
+        seen = {"id": request_id, "dropped": dropped, "ran": ran, "encoding": headers.get("accept-encoding")}
+        result = {"content": [{"type": "text", "text": json.dumps(seen)}], "isError": False}
     elif method == "ping":
         result = {}
     else:
         error = {"code": -32601, "message": f"Method not found: {method}"}
         return {"jsonrpc": "2.0", "id": request_id, "error": error}
-    if "_meta" in request.get("params", {}):  # a 2026 request: its results say they are complete
+    if "_meta" in params:  # a 2026 request: its results say they are complete
         result["resultType"] = "complete"
     return {"jsonrpc": "2.0", "id": request_id, "result": result}
 
@@ -50,32 +77,32 @@ async def serve_connection(reader: asyncio.StreamReader, writer: asyncio.StreamW
             method = lines[0].split(" ")[0]
             headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:] if line)}
             body = await reader.readexactly(int(headers.get("content-length", "0")))
-            if method != "POST":
-                status, payload = (b"405 Method Not Allowed", b"") if method == "GET" else (b"200 OK", b"")
-            else:
+            status, payload = (b"405 Method Not Allowed", b"") if method == "GET" else (b"200 OK", b"")
+            opening = b'"initialize"' in body or b'"server/discover"' in body
+            if ("vhost" in OPTIONS and headers.get("host") != "mcp.example") or (
+                "cookie" in OPTIONS and not opening and COOKIE not in headers.get("cookie", "")
+            ):
+                status, payload = REFUSED
+            elif method == "POST":
                 request = json.loads(body)
                 if request.get("method") == "tools/call":
                     calls += 1
-                    if calls > 1:
+                    if "drop" in OPTIONS and calls > 1:
                         dropped += 1
-                        writer.close()
                         return
-                status, payload = (b"202 Accepted", b"") if "id" not in request else (b"200 OK", b"")
                 if "id" in request:
-                    payload = json.dumps(answer(request)).encode()
+                    payload = json.dumps(await answer(request, headers)).encode()
+                else:
+                    status = b"202 Accepted"
             session = b"mcp-session-id: s1\r\n" if b'"initialize"' in body else b""
-            writer.write(
-                b"HTTP/1.1 "
-                + status
-                + b"\r\ncontent-type: application/json\r\n"
-                + session
-                + b"content-length: "
-                + str(len(payload)).encode()
-                + b"\r\n\r\n"
-                + payload
-            )
+            if opening and "cookie" in OPTIONS:
+                session += f"set-cookie: {COOKIE}; Path=/\r\n".encode()
+            length = b"content-length: " + str(len(payload)).encode() + b"\r\n\r\n"
+            writer.write(b"HTTP/1.1 " + status + b"\r\ncontent-type: application/json\r\n" + session + length + payload)
             await writer.drain()
-    except (asyncio.IncompleteReadError, ConnectionError):
+    except (asyncio.IncompleteReadError, ConnectionError, Vanish):
+        pass
+    finally:
         writer.close()
 
 

@@ -382,9 +382,12 @@ class FastPath:
             raw, version = await call.upstream.request(what, lambda client: _send(client, call, progress))
         else:
             sent = flight.sent
-            raw, version = await call.upstream.request(
-                what, lambda _: _wait(sent, progress), sent.client, flight.deadline
-            )
+
+            def wait_or_resend(client: Client) -> Awaitable[tuple[Any, str | None]]:
+                # A new session (the first one expired, HTTP 404) never saw the request: it is sent there anew.
+                return _wait(sent, progress) if client is sent.client else _send(client, call, progress)
+
+            raw, version = await call.upstream.request(what, wait_or_resend, sent.client, flight.deadline)
             if flight.answered:
                 return raw, version  # it passed the checks below before it was sent
         if methods.is_input_required(raw):

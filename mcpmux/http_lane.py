@@ -141,13 +141,9 @@ class HttpLane:
             (await self._connection(fresh=True)).start(request_id, data)
 
     def send_now(self, message: dict[str, Any], headers: dict[str, str] | None) -> bool:
-        """`send` for a request, from synchronous code, on an idle connection; False (nothing sent) otherwise.
-
-        Not on a 2025 session: a request it sends may meet an expired session (404), and only a
-        request `send` sent is sent again on the new one (`Upstream.request`).
-        """
+        """`send` for a request, from synchronous code, on an idle connection; False (nothing sent) otherwise."""
         request_id = message.get("id")
-        if self.closed or not self.usable or self.session_id is not None or not is_lane_id(request_id):
+        if self.closed or not self.usable or not is_lane_id(request_id):
             return False
         try:
             data = self._encode(message, headers or {})

@@ -288,8 +288,9 @@ class Upstream:
         A session the server no longer knows (HTTP 404) is re-initialized and the request sent once more:
         the server never saw it, so that is safe. A connection lost mid-request is not retried, since
         the server may have acted on it. `sent_on`: the session a request already went out on (a
-        launched fast-path call); `send` then only waits for it there, and it is never sent again,
-        until `deadline` (on `anyio.current_time()`'s clock: its timeout ran from the sending).
+        launched fast-path call); `send` then only waits for it there, until `deadline` (on
+        `anyio.current_time()`'s clock: its timeout ran from the sending), and sends it anew only
+        on the new session after an expired one.
         """
         stale: Client | None = None
         for attempt in (1, 2):
@@ -304,10 +305,11 @@ class Upstream:
                     f"(raise `timeout` for this server in the config if it is just slow)"
                 ) from None
             except MCPError as err:
-                if _session_expired(err) and attempt == 1 and sent_on is None:
+                if _session_expired(err) and attempt == 1:
                     logger.info("upstream %r: session expired; re-initializing", self.name)
-                    self._mark_lost()
-                    stale = client
+                    if client is self._client:  # not a later connection: that one is fine
+                        self._mark_lost()
+                    stale, sent_on = client, None  # a launched request is sent anew, by `send`
                     continue
                 if err.code == CONNECTION_CLOSED:
                     if sent_on is None or sent_on is self._client:  # not a later connection: that one is fine

@@ -156,3 +156,20 @@ async def test_what_the_sdks_client_sends_the_fast_path_sends_too(tmp_path: Path
                     assert not result.is_error, text_of(result)
                     # The SDK's client keeps cookies: such calls go out through it, on the fast path still.
                     assert str(json.loads(text_of(result))["id"]).startswith("mux.")
+
+
+@pytest.mark.parametrize("fast_path", [True, False])
+async def test_a_session_the_upstream_forgot_is_opened_again_under_a_call_sent_at_once(
+    tmp_path: Path, fast_path: bool
+) -> None:
+    """A 2025 upstream forgets its session between two calls: the next call, sent from the code that
+    read it on an idle connection, meets a 404, and is sent again on a new session; it succeeds."""
+    with raw_http_server() as url:
+        config = write_config(tmp_path / "mux.json", {"raw": {"url": url, "protocol": "legacy"}}, fast_path=fast_path)
+        async with mux_over_stdio(config) as client:
+            for _ in range(3):
+                assert not (await client.call_tool("raw__whoami", {})).is_error
+                assert not (await client.call_tool("raw__forget", {})).is_error
+                result = await client.call_tool("raw__whoami", {})
+                assert not result.is_error, text_of(result)
+                assert str(json.loads(text_of(result))["id"]).startswith("mux.") == fast_path

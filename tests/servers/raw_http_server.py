@@ -11,7 +11,8 @@ Options:
 
 Tools: `whoami` (the JSON-RPC id it was called with, what was dropped and run so far, and the
 request's Accept-Encoding), `slow` (answers after 1 s), `vanish` (closes the connection 0.2 s
-into the call, unanswered, as a crashing worker would).
+into the call, unanswered, as a crashing worker would), `forget` (it forgets its 2025 session, as a
+restarted server does: 404 "Session not found" until a new `initialize`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import json
 import sys
 from typing import Any
 
-TOOLS = [{"name": name, "inputSchema": {"type": "object"}} for name in ("whoami", "slow", "vanish")]
+TOOLS = [{"name": name, "inputSchema": {"type": "object"}} for name in ("whoami", "slow", "vanish", "forget")]
 INFO = {"name": "rawhttp", "version": "1.0"}
 OPTIONS = set(sys.argv[2:])
 COOKIE = "affinity=node-a"
@@ -32,6 +33,7 @@ REFUSED = (
 )
 dropped = 0
 ran: collections.Counter[str] = collections.Counter()
+sessions = {"opened": 0, "current": ""}
 
 
 class Vanish(Exception):
@@ -44,6 +46,8 @@ async def answer(request: dict[str, Any], headers: dict[str, str]) -> dict[str, 
         result: dict[str, Any] = {"supportedVersions": ["2026-07-28"], "capabilities": {"tools": {}}}
         result["serverInfo"] = INFO
     elif method == "initialize":
+        sessions["opened"] += 1
+        sessions["current"] = f"s{sessions['opened']}"
         result = {"protocolVersion": "2025-11-25", "capabilities": {"tools": {}}, "serverInfo": INFO}
     elif method == "tools/list":
         result = {"tools": TOOLS, "ttlMs": 60_000, "cacheScope": "public"}
@@ -55,6 +59,8 @@ async def answer(request: dict[str, Any], headers: dict[str, str]) -> dict[str, 
         elif name == "vanish":
             await asyncio.sleep(0.2)
             raise Vanish
+        elif name == "forget":
+            sessions["current"] = ""
         seen = {"id": request_id, "dropped": dropped, "ran": ran, "encoding": headers.get("accept-encoding")}
         result = {"content": [{"type": "text", "text": json.dumps(seen)}], "isError": False}
     elif method == "ping":
@@ -79,8 +85,11 @@ async def serve_connection(reader: asyncio.StreamReader, writer: asyncio.StreamW
             body = await reader.readexactly(int(headers.get("content-length", "0")))
             status, payload = (b"405 Method Not Allowed", b"") if method == "GET" else (b"200 OK", b"")
             opening = b'"initialize"' in body or b'"server/discover"' in body
-            if ("vhost" in OPTIONS and headers.get("host") != "mcp.example") or (
-                "cookie" in OPTIONS and not opening and COOKIE not in headers.get("cookie", "")
+            unknown = "mcp-session-id" in headers and headers["mcp-session-id"] != sessions["current"]
+            if (
+                unknown
+                or ("vhost" in OPTIONS and headers.get("host") != "mcp.example")
+                or ("cookie" in OPTIONS and not opening and COOKIE not in headers.get("cookie", ""))
             ):
                 status, payload = REFUSED
             elif method == "POST":
@@ -94,7 +103,7 @@ async def serve_connection(reader: asyncio.StreamReader, writer: asyncio.StreamW
                     payload = json.dumps(await answer(request, headers)).encode()
                 else:
                     status = b"202 Accepted"
-            session = b"mcp-session-id: s1\r\n" if b'"initialize"' in body else b""
+            session = f"mcp-session-id: {sessions['current']}\r\n".encode() if b'"initialize"' in body else b""
             if opening and "cookie" in OPTIONS:
                 session += f"set-cookie: {COOKIE}; Path=/\r\n".encode()
             length = b"content-length: " + str(len(payload)).encode() + b"\r\n\r\n"

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 from cachetools import LRUCache
@@ -42,7 +42,11 @@ logger = logging.getLogger(__name__)
 
 MAX_BODY = 4 * 1024 * 1024
 """Bodies above this go to the SDK, which applies its own limit."""
-_REQUEST_CANCELLED = -32800  # what the SDK answers a cancelled request with on a 2025 session
+REQUEST_CANCELLED = -32800  # what the SDK answers a cancelled request with on a 2025 session
+
+
+class Cancellable(Protocol):
+    def cancel(self) -> None: ...
 
 
 class FastPathMiddleware:
@@ -62,8 +66,9 @@ class FastPathMiddleware:
         self.path = path.rstrip("/") or "/"
         self.declares_sampling: LRUCache[str, bool] = LRUCache(maxsize=max_sessions)
         """Per 2025 session id: whether its client declared sampling in `initialize`."""
-        self._running: dict[tuple[str, str], anyio.CancelScope] = {}
-        """2025 sessions' fast-path calls in flight, by (session id, request id key)."""
+        self.running: dict[tuple[str, str], Cancellable] = {}
+        """2025 sessions' fast-path calls in flight, by (session id, request id key); also those
+        `mcpmux.fastpath_http_front` serves below ASGI."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (
@@ -79,13 +84,13 @@ class FastPathMiddleware:
             await send({"type": "http.response.start", "status": 202, "headers": []})
             await send({"type": "http.response.body", "body": b""})
             return
-        call = self._route(scope, body) if complete else None
+        call = self.route(scope, body) if complete else None
         if call is None:
             if b'"initialize"' in body:
                 send = self._learning(body, send)
             await self.app(scope, _replaying(body, complete, receive), send)
             return
-        response = await self._answer_unless_gone(call, _session(scope), receive)
+        response = await self._answer_unless_gone(call, session_of(scope), receive)
         if response is None:
             return  # the client went away: the call was cancelled, nobody is left to answer
         # A 2026 error's status comes from the SDK's table; a 2025 session's errors ride a 200, as on its SSE.
@@ -96,7 +101,8 @@ class FastPathMiddleware:
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": payload})
 
-    def _route(self, scope: Scope, body: bytes) -> FastCall | None:
+    def route(self, scope: Scope, body: bytes) -> FastCall | None:
+        """The `FastCall` a POST of `body` is, or None when the SDK must serve it."""
         if b'"tools/call"' not in body:
             return None
         headers = {key.decode("latin-1").lower(): value.decode("latin-1") for key, value in scope["headers"]}
@@ -141,27 +147,27 @@ class FastPathMiddleware:
             tasks.start_soon(watch_client)
             cancelled = anyio.CancelScope()
             if key is not None:
-                self._running[key] = cancelled
+                self.running[key] = cancelled
             try:
                 with cancelled:
                     response = await self.fast.answer(call)
             finally:
                 if key is not None:
-                    self._running.pop(key, None)
+                    self.running.pop(key, None)
             if cancelled.cancelled_caught:
-                cancelled_error = {"code": _REQUEST_CANCELLED, "message": "Request cancelled"}
+                cancelled_error = {"code": REQUEST_CANCELLED, "message": "Request cancelled"}
                 response = {"jsonrpc": "2.0", "id": call.request_id, "error": cancelled_error}
             tasks.cancel_scope.cancel()
         return response
 
     def _cancel(self, scope: Scope, body: bytes) -> bool:
         """Cancel the fast-path call a 2025 session's `notifications/cancelled` names; False if none."""
-        session = _session(scope)
+        session = session_of(scope)
         message = decode(body)
         params = message.get("params") if isinstance(message, dict) else None
         if session is None or not isinstance(params, dict) or message.get("method") != "notifications/cancelled":
             return False
-        running = self._running.get((session, id_key(params.get("requestId"))))
+        running = self.running.get((session, id_key(params.get("requestId"))))
         if running is None:
             return False
         running.cancel()
@@ -217,7 +223,8 @@ def _replaying(body: bytes, complete: bool, receive: Receive) -> Receive:
     return replay
 
 
-def _session(scope: Scope) -> str | None:
+def session_of(scope: Scope) -> str | None:
+    """The request's `mcp-session-id` (a 2025 session), if any."""
     return next((value.decode("latin-1") for key, value in scope["headers"] if key.lower() == b"mcp-session-id"), None)
 
 

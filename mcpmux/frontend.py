@@ -36,7 +36,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.message import ServerMessageMetadata
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from sse_starlette.sse import AppStatus
-from starlette.applications import Starlette
+from starlette.types import ASGIApp
 
 from mcpmux import __version__
 from mcpmux.batch_http import BatchArrayMiddleware
@@ -45,6 +45,7 @@ from mcpmux.edge_policy import EdgePolicy
 from mcpmux.errors import MuxError, UnknownToolError, UpstreamError
 from mcpmux.fastpath import FastPath
 from mcpmux.fastpath_http import FastPathMiddleware
+from mcpmux.fastpath_http_front import HttpFastFront, protocol_class
 from mcpmux.fastpath_stdio import StdioFastFront
 from mcpmux.http_edge import HttpEdge
 from mcpmux.input_rounds import InputRounds, ParkedCall, parks
@@ -306,8 +307,9 @@ class Frontend:
                         front.close()
                 fast_calls.cancel_scope.cancel()
 
-    def http_app(self, host: str, policy: EdgePolicy, path: str = "/mcp") -> Starlette:
-        """The streamable HTTP app behind the `HttpEdge` security checks (2025-03-26 batch arrays too)."""
+    def http_app(self, host: str, policy: EdgePolicy, path: str = "/mcp") -> tuple[ASGIApp, HttpFastFront | None]:
+        """The streamable HTTP app behind the `HttpEdge` security checks (2025-03-26 batch arrays too),
+        and the fast path's front below ASGI (`mcpmux.fastpath_http_front`; None with the fast path off)."""
         # The edge checks Host/Origin on every route; the SDK's own check (/mcp only, loopback names only)
         # would refuse the hosts `[http] allowed_hosts` adds.
         unchecked = TransportSecuritySettings(enable_dns_rebinding_protection=False)
@@ -316,17 +318,17 @@ class Frontend:
             streamable_http_path=path, host=host, transport_security=unchecked, max_request_body_size=limit
         )
         app.add_middleware(BatchArrayMiddleware, path=path, max_body=limit)
-        if self.mux.config.mux.fast_path:
-            fast = FastPath.of(self)
-            app.add_middleware(FastPathMiddleware, fast=fast, session_manager=self.server.session_manager, path=path)
-        app.add_middleware(HttpEdge, policy=policy, mcp_path=path)  # added last: outermost, in front of every route
         inference = self.mux.inference
         if inference is not None and inference.settings.openai_api:
             from mcpmux.inference.openai_api import openai_mount  # imported here: it pulls in torch
 
             app.router.routes.append(openai_mount(inference))
         app.router.routes.append(metrics_route(self.mux.metrics.registry))
-        return app
+        if not self.mux.config.mux.fast_path:
+            return HttpEdge(app, policy=policy, mcp_path=path), None
+        fast = FastPathMiddleware(app, FastPath.of(self), self.server.session_manager, path=path)
+        edge = HttpEdge(fast, policy=policy, mcp_path=path)  # outermost: in front of every route
+        return edge, HttpFastFront(fast, edge)
 
     async def serve_http(
         self,
@@ -343,9 +345,10 @@ class Frontend:
         it is set too (the calls in flight finish); then open responses get `shutdown_timeout` seconds
         (None: no limit) before they are closed, so a held-open SSE stream cannot block the exit.
         """
-        host = sock.getsockname()[0]
+        app, front = self.http_app(sock.getsockname()[0], policy, path)
         config = uvicorn.Config(
-            self.http_app(host, policy, path),
+            app,
+            http=protocol_class(front) if front is not None else "auto",
             log_level="warning",
             lifespan="on",
             timeout_graceful_shutdown=shutdown_timeout,

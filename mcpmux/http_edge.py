@@ -92,6 +92,18 @@ class HttpEdge:
             if scope["method"] == "DELETE":
                 self.session_owners.pop(session, None)
 
+    def admits(self, scope: Scope, body_size: int) -> bool:
+        """Whether an MCP request whose body the HTTP protocol holds passes every check `__call__` makes
+        (its request counted against the rate limit); if not, `__call__` must see it, to word the refusal."""
+        headers = {key.decode(): value.decode("latin-1") for key, value in scope["headers"] if key in _READ}
+        client = self.policy.client_of(headers.get("authorization")) if self.policy.tokens else None
+        if self._check_headers(scope, headers, client) is not None or body_size > self.policy.max_body_bytes:
+            return False
+        session = headers.get(_SESSION.decode())
+        if client is not None and session is not None and self.session_owners.get(session) != client:
+            return False
+        return self._check_rate(_client_key(scope, client)) is None
+
     def _check_headers(self, scope: Scope, headers: dict[str, str], client: int | None) -> _Refusal | None:
         """Host/Origin (403), token (401) and declared size (413): the checks that need no body."""
         if not self.policy.host_allowed(headers.get("host")):

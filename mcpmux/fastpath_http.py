@@ -85,12 +85,15 @@ class FastPathMiddleware:
             await send({"type": "http.response.body", "body": b""})
             return
         call = self.route(scope, body) if complete else None
+        session = session_of(scope)
+        if call is not None and session is not None and (session, id_key(call.request_id)) in self.running:
+            call = None  # a duplicate id in flight: the SDK path answers that as it always has
         if call is None:
             if b'"initialize"' in body:
                 send = self._learning(body, send)
             await self.app(scope, _replaying(body, complete, receive), send)
             return
-        response = await self._answer_unless_gone(call, session_of(scope), receive)
+        response = await self._answer_unless_gone(call, session, receive)
         if response is None:
             return  # the client went away: the call was cancelled, nobody is left to answer
         # A 2026 error's status comes from the SDK's table; a 2025 session's errors ride a 200, as on its SSE.

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 import anyio
+import mcp_types as types
 from mcp.shared.inbound import ERROR_CODE_HTTP_STATUS
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.types import Scope
@@ -85,7 +86,8 @@ class HttpFastFront:
             return False
         length = next((value for key, value in scope["headers"] if key == b"content-length"), b"")
         elsewhere = any(key in _NOT_HELD for key, _ in scope["headers"])
-        return length.isdigit() and int(length) <= MAX_HELD and not elsewhere
+        # What the edge refuses on its headers, it refuses at once, without waiting for the body.
+        return length.isdigit() and int(length) <= MAX_HELD and not elsewhere and not self.edge.refuses_at_once(scope)
 
     def take(self, protocol: FastHttpProtocol, cycle: RequestResponseCycle) -> bool:
         """Serve the request here (True), or leave it to the ASGI app (False, nothing done)."""
@@ -103,7 +105,12 @@ class HttpFastFront:
         if key is not None:
             self.middleware.running[key] = running
         protocol.running = running
-        self._start(running, key)
+        try:
+            self._start(running, key)
+        except Exception:  # nothing went out (`launch` leaves nothing behind): the ASGI app serves it
+            logger.exception("launching fast-path call %r failed; the SDK path serves it", call.tool)
+            self._forget(running, key)
+            return False
         return True
 
     def _start(self, running: _Running, key: tuple[str, str] | None) -> None:
@@ -131,15 +138,22 @@ class HttpFastFront:
         async def deliver(response: dict[str, Any]) -> None:
             running.respond(response)
 
+        error: dict[str, Any] | None = None
         try:
             with running.scope:
                 await self.fast.answer(running.call, deliver=deliver, flight=running.flight)
+        except Exception:  # the request still gets its answer, as uvicorn's 500 on the ASGI path
+            logger.exception("fast-path call %r failed", running.call.tool)
+            error = {"code": types.INTERNAL_ERROR, "message": "Internal error"}
         finally:
             self._forget(running, key)
-        if running.scope.cancelled_caught and not running.gone:  # a 2025 session's notifications/cancelled
-            cancelled = {"code": REQUEST_CANCELLED, "message": "Request cancelled"}
-            response = {"jsonrpc": "2.0", "id": running.call.request_id, "error": cancelled}
-            running.protocol.respond(running.cycle, response, False)
+        # Cancelled (a 2025 session's notifications/cancelled), even if the call ended before it could
+        # notice: the result was withheld, so the request gets the SDK's -32800 (respond writes once).
+        if running.scope.cancel_called and not running.gone:
+            error = {"code": REQUEST_CANCELLED, "message": "Request cancelled"}
+        if error is not None:
+            response = {"jsonrpc": "2.0", "id": running.call.request_id, "error": error}
+            running.protocol.respond(running.cycle, response, running.call.version in MODERN_PROTOCOL_VERSIONS)
 
     def _forget(self, running: _Running, key: tuple[str, str] | None) -> None:
         if running.timer is not None:

@@ -104,8 +104,17 @@ class HttpEdge:
             return False
         return self._check_rate(_client_key(scope, client)) is None
 
+    def refuses_at_once(self, scope: Scope) -> bool:
+        """Whether `__call__` refuses the request on its headers alone (the rate limit aside, and not counted)."""
+        headers = {key.decode(): value.decode("latin-1") for key, value in scope["headers"] if key in _READ}
+        client = self.policy.client_of(headers.get("authorization")) if self.policy.tokens else None
+        return self._check_headers(scope, headers, client) is not None
+
     def _check_headers(self, scope: Scope, headers: dict[str, str], client: int | None) -> _Refusal | None:
-        """Host/Origin (403), token (401) and declared size (413): the checks that need no body."""
+        """Host/Origin (403), token (401), declared size (413), one session id (400): the checks that need no body."""
+        if sum(key == _SESSION for key, _ in scope["headers"]) > 1:
+            # Which one would count? The SDK reads the first, session binding the last: neither may be trusted.
+            return 400, "more than one Mcp-Session-Id header", []
         if not self.policy.host_allowed(headers.get("host")):
             return 403, "Host header not allowed (DNS-rebinding protection): add it to [http] allowed_hosts", []
         if not self.policy.origin_allowed(headers.get("origin")):

@@ -131,3 +131,22 @@ def test_an_error_keeps_its_status_and_the_connection(url: str) -> None:
         assert refused[2]["id"] == 9
         assert "error" in refused[2] or refused[2]["result"]["isError"]
         assert echoed(after) == (200, 10, "after")
+
+
+def test_what_the_edge_refuses_on_headers_is_refused_before_the_body(url: str) -> None:
+    """A request from a foreign Host is refused at once, not held until a body that never comes."""
+    with connect(url) as sock:
+        head, _, _body = request(url, 11, "x").partition(b"\r\n\r\n")
+        host = f"Host: {urlsplit(url).netloc}".encode()
+        sock.sendall(head.replace(host, b"Host: evil.example") + b"\r\n\r\n")
+        (response,) = read_responses(sock, 1)
+        assert response[0] == 403
+
+
+def test_two_session_ids_are_refused(url: str) -> None:
+    """The SDK reads the first `Mcp-Session-Id`, session binding read the last: such a request is refused."""
+    with connect(url) as sock:
+        sock.sendall(request(url, 12, "x", "Mcp-Session-Id: a", "Mcp-Session-Id: b"))
+        (response,) = read_responses(sock, 1)
+        assert response[0] == 400
+        assert "more than one Mcp-Session-Id header" in response[2]["error"]["message"]

@@ -19,7 +19,6 @@ its SSE response stream. Every other request goes to the app behind, its body re
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any, Protocol
 
@@ -36,6 +35,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mcpmux.fastpath import FastCall, FastPath, decode, sampling_declared
+from mcpmux.json_wire import dumps
 from mcpmux.jsonrpc_batch import id_key
 
 logger = logging.getLogger(__name__)
@@ -99,7 +99,7 @@ class FastPathMiddleware:
         # A 2026 error's status comes from the SDK's table; a 2025 session's errors ride a 200, as on its SSE.
         modern = call.version in MODERN_PROTOCOL_VERSIONS
         status = ERROR_CODE_HTTP_STATUS.get(response["error"]["code"], 200) if modern and "error" in response else 200
-        payload = json.dumps(response, separators=(",", ":")).encode()
+        payload = dumps(response)
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": payload})
@@ -108,7 +108,8 @@ class FastPathMiddleware:
         """The `FastCall` a POST of `body` is, or None when the SDK must serve it."""
         if b'"tools/call"' not in body:
             return None
-        headers = {key.decode("latin-1").lower(): value.decode("latin-1") for key, value in scope["headers"]}
+        raw_headers = _raw_headers(scope)
+        headers = dict(reversed(raw_headers))  # the first of a repeated header wins, as in Starlette's `Headers`
         content_type = headers.get("content-type", "").lower()
         if not content_type.startswith("application/json") or not _accepts_json_and_sse(headers.get("accept", "")):
             return None
@@ -118,7 +119,7 @@ class FastPathMiddleware:
         if session is None:
             if version not in MODERN_PROTOCOL_VERSIONS or not isinstance(message, dict):
                 return None
-            if find_duplicated_routing_header(_raw_headers(scope)) is not None:
+            if find_duplicated_routing_header(raw_headers) is not None:
                 return None
             if isinstance(classify_inbound_request(message, headers=headers), InboundLadderRejection):
                 return None

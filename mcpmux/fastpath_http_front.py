@@ -21,10 +21,9 @@ pipelined requests, and any request the checks or the routing turn down.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, cast
 
 import anyio
@@ -37,6 +36,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from mcpmux.fastpath import FastCall, FastPath, Flight
 from mcpmux.fastpath_http import REQUEST_CANCELLED, FastPathMiddleware, session_of
 from mcpmux.http_edge import HttpEdge
+from mcpmux.json_wire import dumps
 from mcpmux.jsonrpc_batch import id_key
 
 logger = logging.getLogger(__name__)
@@ -55,19 +55,23 @@ class _Running:
     call: FastCall
     protocol: FastHttpProtocol
     cycle: RequestResponseCycle
-    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    scope: anyio.CancelScope | None = None
+    """The scope of its task, once it has one."""
+    cancelled: bool = False
     flight: Flight | None = None
     timer: asyncio.TimerHandle | None = None
     gone: bool = False
     """The client closed the connection."""
 
     def cancel(self) -> None:
-        self.scope.cancel()
+        self.cancelled = True
+        if self.scope is not None:
+            self.scope.cancel()
         if self.flight is not None:
             self.flight.wake()  # a launched call with no task yet gets one, to tell the upstream
 
     def respond(self, response: dict[str, Any]) -> bool:
-        if self.scope.cancel_called:
+        if self.cancelled:
             return False  # cancelled: the task answers (or, the client gone, nobody)
         return self.protocol.respond(self.cycle, response, self.call.version in MODERN_PROTOCOL_VERSIONS)
 
@@ -139,6 +143,9 @@ class HttpFastFront:
             running.respond(response)
 
         error: dict[str, Any] | None = None
+        running.scope = anyio.CancelScope()
+        if running.cancelled:
+            running.scope.cancel()
         try:
             with running.scope:
                 await self.fast.answer(running.call, deliver=deliver, flight=running.flight)
@@ -149,7 +156,7 @@ class HttpFastFront:
             self._forget(running, key)
         # Cancelled (a 2025 session's notifications/cancelled), even if the call ended before it could
         # notice: the result was withheld, so the request gets the SDK's -32800 (respond writes once).
-        if running.scope.cancel_called and not running.gone:
+        if running.cancelled and not running.gone:
             error = {"code": REQUEST_CANCELLED, "message": "Request cancelled"}
         if error is not None:
             response = {"jsonrpc": "2.0", "id": running.call.request_id, "error": error}
@@ -210,7 +217,7 @@ class FastHttpProtocol(HttpToolsProtocol):
             return False
         # A 2026 error's status comes from the SDK's table; a 2025 session's errors ride a 200, as on its SSE.
         status = ERROR_CODE_HTTP_STATUS.get(response["error"]["code"], 200) if modern and "error" in response else 200
-        payload = json.dumps(response, separators=(",", ":")).encode()
+        payload = dumps(response)
         content = [STATUS_LINE[status]]
         for name, value in self.server_state.default_headers:
             content += [name, b": ", value, b"\r\n"]

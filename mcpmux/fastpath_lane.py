@@ -71,7 +71,8 @@ class _Outcomes:
 
     def __init__(self, answered: Answered | None = None, on_put: Callable[[], None] | None = None, others: int = 0):
         self._items: deque[_Outcome] = deque()
-        self._arrived = anyio.Event()
+        self._arrived: anyio.Event | None = None
+        """Set for `get` to wake up, while it waits."""
         self.answered = answered
         self.on_put = on_put
         """Told of everything queued: a launched call's task may not exist yet."""
@@ -93,14 +94,18 @@ class _Outcomes:
 
     def put(self, outcome: _Outcome) -> None:
         self._items.append(outcome)
-        self._arrived.set()
+        if self._arrived is not None:
+            self._arrived.set()
         if self.on_put is not None:
             self.on_put()
 
     async def get(self) -> _Outcome:
         while not self._items:
-            await self._arrived.wait()
             self._arrived = anyio.Event()
+            try:
+                await self._arrived.wait()
+            finally:
+                self._arrived = None
         return self._items.popleft()
 
 

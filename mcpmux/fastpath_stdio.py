@@ -11,7 +11,6 @@ SDK path). Every other line goes on to the SDK.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import weakref
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from mcpmux.batch_stdio import StdioBatchEdge
 from mcpmux.fastpath import FastCall, FastPath, Flight, decode, sampling_declared
+from mcpmux.json_wire import dumps
 from mcpmux.jsonrpc_batch import id_key
 from mcpmux.upstream import ProgressFn
 
@@ -192,7 +192,7 @@ class StdioFastFront:
         """Write one line at once, from synchronous code, when no line is queued and the wire takes it now."""
         if self._writing:
             return False
-        return self._edge.write_line_now(json.dumps(message, separators=(",", ":")) + "\n")
+        return self._edge.write_line_now(dumps(message).decode() + "\n")
 
     async def _write(self, message: dict[str, Any]) -> None:
         """Queue one line; the first writer writes every line queued meanwhile in one go.
@@ -200,7 +200,7 @@ class StdioFastFront:
         Calls answered together share one write (one system call, or one thread hop where the wire
         cannot be polled).
         """
-        self._outbox.append(json.dumps(message, separators=(",", ":")) + "\n")
+        self._outbox.append(dumps(message).decode() + "\n")
         if self._writing:
             return
         self._writing = True

@@ -26,7 +26,6 @@ its URL. Not done: resuming a broken event stream with `Last-Event-ID` (such a c
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import ssl
 import time
@@ -45,6 +44,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from mcpmux.fastpath_lane import Send, UpstreamLane, is_lane_id
 from mcpmux.http_connection import Connection
+from mcpmux.json_wire import dumps
 
 logger = logging.getLogger(__name__)
 
@@ -197,7 +197,7 @@ class HttpLane:
             waiter.cancel()
 
     def _encode(self, message: dict[str, Any], stamped: dict[str, str]) -> bytes:
-        body = json.dumps(message, separators=(",", ":")).encode()
+        body = dumps(message)
         headers = dict(self._headers)
         if self.session_id is not None:
             headers["mcp-session-id"] = self.session_id

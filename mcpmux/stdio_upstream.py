@@ -15,7 +15,6 @@ SIGKILL whatever is left; unlike the SDK's, it also ends what the child left run
 
 from __future__ import annotations
 
-import json
 import logging
 import subprocess
 from collections.abc import AsyncIterator
@@ -31,6 +30,7 @@ from mcp.shared.message import SessionMessage
 from pydantic_core import from_json
 
 from mcpmux.fastpath_lane import LANE_ID_MARK, UpstreamLane
+from mcpmux.json_wire import dumps
 from mcpmux.stdio_wire import LineWriter, read_lines
 
 logger = logging.getLogger(__name__)
@@ -69,12 +69,12 @@ async def stdio_transport(
 
     async def send(message: dict[str, Any], headers: dict[str, str] | None) -> None:
         try:
-            await stdin.write(json.dumps(message, separators=(",", ":")) + "\n")
+            await stdin.write(dumps(message).decode() + "\n")
         except OSError:
             raise anyio.BrokenResourceError from None
 
     def send_now(message: dict[str, Any], headers: dict[str, str] | None) -> bool:
-        return stdin.write_now(json.dumps(message, separators=(",", ":")) + "\n")
+        return stdin.write_now(dumps(message).decode() + "\n")
 
     lane.attach(send, send_now)
 

@@ -88,7 +88,11 @@ class AdmissionGate:
 
     def try_acquire(self, now: float | None = None) -> bool:
         """Admit one at once when nobody is queued and the limits allow it; False (and nothing counted) otherwise."""
-        return len(self._queue) == 0 and self._admit_one(anyio.current_time() if now is None else now)
+        if len(self._queue) != 0:
+            return False
+        if now is None:  # only the rate limit reads the clock
+            now = anyio.current_time() if self.policy.rate is not None else 0.0
+        return self._admit_one(now)
 
     def refund(self) -> None:
         """Give back an admission that was never used (see `try_acquire`): its slot, its rate token and its count."""
@@ -143,6 +147,8 @@ class AdmissionGate:
         return True
 
     def _admit_waiters(self, caller: _Waiter | None) -> None:
+        if len(self._queue) == 0:
+            return  # nobody to admit, nobody to nudge
         now = anyio.current_time()
         # Same `now` for peek and pop, so the entry admitted is the one peeked.
         while self._queue.peek(now) is not None and self._admit_one(now):

@@ -91,6 +91,9 @@ def configs(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
         yield fast, slow
 
 
+WIDE = "héllo ✓ 🚀 \u2028 \x00 \\"
+"""Text beyond ASCII (and characters JSON must escape), through both wires both ways."""
+
 CALLS = [
     ("probe__whoami", {"text": "hi"}),
     ("old__whoami", {"text": "hi"}),
@@ -122,6 +125,8 @@ async def assert_same_answers(fast: Client, slow: Client) -> None:
     for upstream in ("web", "oldweb"):
         assert sent_by_mcpmux_http_client(await fast.call_tool(f"{upstream}__whoami", {}))
         assert not sent_by_mcpmux_http_client(await slow.call_tool(f"{upstream}__whoami", {}))
+    for upstream in ("probe", "old", "web", "oldweb"):  # the arguments arrive as sent
+        assert json.loads(text_of(await fast.call_tool(f"{upstream}__whoami", {"text": WIDE})))["text"] == WIDE
     for name, arguments in CALLS:
         fast_outcome, slow_outcome = (
             dump(await outcome_of(fast, name, arguments)),
@@ -427,7 +432,7 @@ def _serve_probe() -> None:
             )
         if params.name == "shapes":
             return types.CallToolResult(
-                content=[types.TextContent(type="text", text="a"), types.TextContent(type="text", text="b")],
+                content=[types.TextContent(type="text", text="a"), types.TextContent(type="text", text=WIDE)],
                 structured_content={"answer": 42, "nested": {"list": [1, None, "x"]}},
                 _meta={"probe/extra": True},
             )

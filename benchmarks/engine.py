@@ -55,6 +55,7 @@ from mcpmux.inference.builtin import ensure_converted, gguf_path, lookup
 from mcpmux.inference.config import EngineConfig, SamplingParams
 from mcpmux.inference.engine import Engine
 from mcpmux.inference.loader import LoadedModel, load_model
+from mcpmux.inference.models.linear import linear
 
 T = TypeVar("T")
 WORDS = "the quick brown fox jumps over a lazy dog while paged attention stores keys and values".split()  # noqa: SIM905
@@ -137,18 +138,19 @@ def _head_params(loaded: LoadedModel) -> int:
 
 
 def matmul_gflops(loaded: LoadedModel, rows: int, repeats: int = 5) -> float:
-    """Best-of-`repeats` GFLOP/s of the model's largest matmul (gate/up) at `rows` tokens, this process's threads."""
+    """Best-of-`repeats` GFLOP/s of the model's largest matmul (gate/up) at `rows` tokens, this process's threads,
+    as mcpmux runs it (`linear`: oneDNN or BLAS, whichever this CPU runs faster)."""
     model: Any = loaded.model
     weight = next(p for n, p in model.named_parameters() if n.endswith("gate_up_weight"))
     x = torch.randn(rows, weight.shape[1], dtype=weight.dtype, device=weight.device)
     flop = 2 * rows * weight.numel()
     best = math.inf
     with torch.inference_mode():
-        torch.nn.functional.linear(x, weight)
+        linear(x, weight)
         for _ in range(repeats):
             _sync(weight.device)
             t = time.perf_counter()
-            torch.nn.functional.linear(x, weight)
+            linear(x, weight)
             _sync(weight.device)
             best = min(best, time.perf_counter() - t)
     return flop / best / 1e9

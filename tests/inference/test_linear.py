@@ -3,10 +3,22 @@ reorder the sums (few rows), bit for bit where they only slice them (the sliced 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+
+import pytest
 import torch
 from torch.nn import functional as F
 
-from mcpmux.inference.models.linear import SKINNY_HEAD_ROWS, SKINNY_ROWS, VOCAB_SLICE, linear, vocab_linear
+from mcpmux.inference.models.linear import (
+    MATMUL_ENV,
+    SKINNY_HEAD_ROWS,
+    SKINNY_ROWS,
+    VOCAB_SLICE,
+    _onednn_wins,
+    linear,
+    prepare,
+    vocab_linear,
+)
 
 
 def _close(got: torch.Tensor, want: torch.Tensor) -> bool:
@@ -43,3 +55,44 @@ def test_output_head_matches_f_linear_and_is_contiguous() -> None:
         got = vocab_linear(x, weight)
         assert got.is_contiguous()
         assert torch.equal(got, F.linear(x, weight))
+
+
+@pytest.fixture
+def matmul_library(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], None]]:
+    """Forces `MCPMUX_CPU_MATMUL` for `prepare` (its choice is made once per process, so it is reset)."""
+
+    def force(choice: str) -> None:
+        monkeypatch.setenv(MATMUL_ENV, choice)
+        _onednn_wins.cache_clear()
+
+    yield force
+    _onednn_wins.cache_clear()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prepared_weights_give_f_linear_results_with_either_library(
+    matmul_library: Callable[[str], None], dtype: torch.dtype
+) -> None:
+    gen = torch.Generator().manual_seed(2)
+    weight, bias = torch.randn(160, 96, generator=gen).to(dtype), torch.randn(160, generator=gen).to(dtype)
+    head = torch.randn(VOCAB_SLICE + 7, 96, generator=gen).to(dtype)
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    for choice in ("blas", "onednn"):
+        matmul_library(choice)
+        prepared, prepared_head = prepare(weight), prepare(head)
+        if choice == "blas":
+            assert prepared is weight
+        for rows in (1, 16, SKINNY_ROWS + 1):
+            x = torch.randn(rows, 96, generator=gen).to(dtype)
+            torch.testing.assert_close(
+                linear(x, prepared, bias), F.linear(x, weight, bias), rtol=tolerance, atol=tolerance
+            )
+            got = vocab_linear(x, prepared_head)
+            assert got.is_contiguous()
+            torch.testing.assert_close(got, F.linear(x, head), rtol=tolerance, atol=tolerance)
+
+
+def test_an_unknown_library_is_named_in_the_error(matmul_library: Callable[[str], None]) -> None:
+    matmul_library("openblas")
+    with pytest.raises(ValueError, match="MCPMUX_CPU_MATMUL='openblas': expected onednn, blas or auto"):
+        prepare(torch.ones(2, 2))

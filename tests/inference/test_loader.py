@@ -187,4 +187,7 @@ def test_gguf_file_loads_directly_and_equals_the_converted_folder(smollm2_dir: P
     assert isinstance(direct.model, LlamaCausalLM)
     assert isinstance(cached.model, LlamaCausalLM)
     for ours, theirs in zip(direct.model.state_dict().values(), cached.model.state_dict().values(), strict=True):
-        assert torch.equal(ours, theirs)
+        # Weights multiplied through oneDNN (`linear.prepare`) are compared in plain form.
+        assert torch.equal(
+            ours.to_dense() if ours.is_mkldnn else ours, theirs.to_dense() if theirs.is_mkldnn else theirs
+        )

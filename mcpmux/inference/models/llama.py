@@ -3,7 +3,7 @@
 The three architectures share one block: pre-RMSNorm, rotary attention with grouped KV heads, a
 SwiGLU MLP. They differ only in data: Qwen2 carries q/k/v biases, Mistral a sliding window, and any
 of them may tie the output head to the embeddings. The weights are the checkpoint's own tensors,
-taken from the transformers model that loaded them (see :meth:`LlamaCausalLM.from_hf`); q/k/v and
+taken from the transformers model that loaded them (see `registry.build_causal_lm`); q/k/v and
 gate/up are concatenated so each layer runs two matmuls where HF runs five, and the originals are
 released as each layer is built, so only one copy ever stays in memory.
 """
@@ -19,7 +19,7 @@ from transformers.activations import ACT2FN
 
 from mcpmux import kernels
 from mcpmux.inference.forward_batch import ForwardBatch
-from mcpmux.inference.models.linear import linear, vocab_linear
+from mcpmux.inference.models.linear import linear, prepare, vocab_linear
 from mcpmux.inference.models.rope import build_cos_sin_cache, head_dim_of
 
 
@@ -29,6 +29,11 @@ def _frozen(tensor: Tensor) -> nn.Parameter:
 
 def _optional(tensor: Tensor | None) -> nn.Parameter | None:
     return None if tensor is None else _frozen(tensor)
+
+
+def _matmul(tensor: Tensor) -> nn.Parameter:
+    """A weight only `linear` multiplies by, in the form it multiplies fastest (see `linear.prepare`)."""
+    return _frozen(prepare(tensor))
 
 
 class DecoderLayer(nn.Module):
@@ -48,18 +53,18 @@ class DecoderLayer(nn.Module):
 
         attn = [take(f"self_attn.{p}_proj.weight") for p in "qkv"]
         attn_bias = [take(f"self_attn.{p}_proj.bias") for p in "qkv"]
-        self.qkv_weight = _frozen(torch.cat([w for w in attn if w is not None]))
+        self.qkv_weight = _matmul(torch.cat([w for w in attn if w is not None]))
         biases = [b for b in attn_bias if b is not None]
         self.qkv_bias = _optional(torch.cat(biases) if biases else None)
-        self.o_weight = _frozen(_required(take("self_attn.o_proj.weight"), prefix + "self_attn.o_proj"))
+        self.o_weight = _matmul(_required(take("self_attn.o_proj.weight"), prefix + "self_attn.o_proj"))
         self.o_bias = _optional(take("self_attn.o_proj.bias"))
 
         gate, up = take("mlp.gate_proj.weight"), take("mlp.up_proj.weight")
         gate_b, up_b = take("mlp.gate_proj.bias"), take("mlp.up_proj.bias")
         gate = _required(gate, prefix + "mlp.gate_proj")
-        self.gate_up_weight = _frozen(torch.cat([gate, _required(up, prefix + "mlp.up_proj")]))
+        self.gate_up_weight = _matmul(torch.cat([gate, _required(up, prefix + "mlp.up_proj")]))
         self.gate_up_bias = _optional(None if gate_b is None or up_b is None else torch.cat([gate_b, up_b]))
-        self.down_weight = _frozen(_required(take("mlp.down_proj.weight"), prefix + "mlp.down_proj"))
+        self.down_weight = _matmul(_required(take("mlp.down_proj.weight"), prefix + "mlp.down_proj"))
         self.down_bias = _optional(take("mlp.down_proj.bias"))
 
         self.input_norm = _frozen(_required(take("input_layernorm.weight"), prefix + "input_layernorm"))
@@ -141,9 +146,12 @@ class LlamaCausalLM(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(weights, f"model.layers.{i}.", config) for i in range(self.num_layers))
         self.norm = _frozen(_required(weights.pop("model.norm.weight", None), "model.norm"))
         head = weights.pop("lm_head.weight", None)
-        # A tied head is the embedding itself (HF may list it under both names): share it, never copy.
+        # A tied head is the embedding itself (HF may list it under both names): one parameter. The
+        # embedding is read by rows, so where the head multiplies fastest as a oneDNN tensor
+        # (`linear.prepare`), that tensor is a copy: the one weight mcpmux holds twice.
         tied = bool(getattr(config, "tie_word_embeddings", False))
-        self.lm_head = self.embed if tied else _frozen(_required(head, "lm_head"))
+        self.lm_head = self.embed if tied else _matmul(_required(head, "lm_head"))
+        self._head = prepare(self.lm_head.detach()) if tied else self.lm_head.detach()
         self.register_buffer("cos_sin_cache", build_cos_sin_cache(config, max_position, embed.device), persistent=False)
 
     @property
@@ -173,4 +181,4 @@ class LlamaCausalLM(nn.Module):
         rows = batch.logits_indices
         normed = kernels.rms_norm(hidden[rows], self.norm, self.eps, residual[rows])
         assert isinstance(normed, tuple)
-        return vocab_linear(normed[0], self.lm_head).float()
+        return vocab_linear(normed[0], self._head).float()

@@ -9,12 +9,13 @@ import pytest
 import torch
 from torch.nn import functional as F
 
+from mcpmux.inference.config import InvalidSettingError
 from mcpmux.inference.models.linear import (
     MATMUL_ENV,
     SKINNY_HEAD_ROWS,
     SKINNY_ROWS,
     VOCAB_SLICE,
-    _onednn_wins,
+    _decided,
     linear,
     prepare,
     vocab_linear,
@@ -63,10 +64,10 @@ def matmul_library(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], 
 
     def force(choice: str) -> None:
         monkeypatch.setenv(MATMUL_ENV, choice)
-        _onednn_wins.cache_clear()
+        _decided.clear()
 
     yield force
-    _onednn_wins.cache_clear()
+    _decided.clear()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -82,11 +83,15 @@ def test_prepared_weights_give_f_linear_results_with_either_library(
         prepared, prepared_head = prepare(weight), prepare(head)
         if choice == "blas":
             assert prepared is weight
-        for rows in (1, 16, SKINNY_ROWS + 1):
+        elif dtype == torch.float32:  # oneDNN has fp32 products on every CPU torch builds it for
+            assert prepared.is_mkldnn
+            assert prepared_head.is_mkldnn
+        for rows in (0, 1, 16, SKINNY_ROWS + 1):
             x = torch.randn(rows, 96, generator=gen).to(dtype)
-            torch.testing.assert_close(
-                linear(x, prepared, bias), F.linear(x, weight, bias), rtol=tolerance, atol=tolerance
-            )
+            want = F.linear(x, weight, bias)
+            torch.testing.assert_close(linear(x, prepared, bias), want, rtol=tolerance, atol=tolerance)
+            x_t = x.t().contiguous().t()  # a transposed input gives the same
+            torch.testing.assert_close(linear(x_t, prepared, bias), want, rtol=tolerance, atol=tolerance)
             got = vocab_linear(x, prepared_head)
             assert got.is_contiguous()
             torch.testing.assert_close(got, F.linear(x, head), rtol=tolerance, atol=tolerance)
@@ -94,5 +99,5 @@ def test_prepared_weights_give_f_linear_results_with_either_library(
 
 def test_an_unknown_library_is_named_in_the_error(matmul_library: Callable[[str], None]) -> None:
     matmul_library("openblas")
-    with pytest.raises(ValueError, match="MCPMUX_CPU_MATMUL='openblas': expected onednn, blas or auto"):
+    with pytest.raises(InvalidSettingError, match="MCPMUX_CPU_MATMUL='openblas': expected onednn, blas or auto"):
         prepare(torch.ones(2, 2))

@@ -5,7 +5,7 @@ Two libraries can multiply on CPU, and which is faster depends on the CPU:
 - **oneDNN** (`prepare` turns a weight into its tensor once, at load): on CPUs where MKL takes its
   AVX2 code path though the CPU has AVX-512 (AMD EPYC, for one), oneDNN uses AVX-512 and runs
   SmolLM2's layer products 2x faster at 16-256 rows, its output head 2.3x (a 64-sequence decode
-  step 134 -> 81 ms). `prepare` times both libraries once per process and dtype on a layer-sized
+  step 159 -> 82 ms). `prepare` times both libraries once per process and dtype on a layer-sized
   product and keeps the plain weight unless oneDNN wins by 10%; `MCPMUX_CPU_MATMUL=onednn|blas`
   forces the choice.
 - **MKL (BLAS)**, through torch's `mm`. `F.linear(x, W)` asks for ``x @ W.T``, with the weight as
@@ -22,15 +22,17 @@ summed in another order: results match `F.linear` to rounding, not bit for bit.
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable
 
 import torch
 from torch import Tensor
 from torch.nn import functional as F
+
+from mcpmux.inference.config import InvalidSettingError
 
 logger = logging.getLogger(__name__)
 
@@ -88,12 +90,24 @@ def _transposed(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     return product.t().contiguous()
 
 
-@functools.cache
 def _onednn_wins(dtype: torch.dtype) -> bool:
-    """Whether oneDNN multiplies `dtype` matrices at least 10% faster than MKL on this CPU (once per process)."""
+    """Whether oneDNN multiplies `dtype` matrices at least 10% faster than MKL on this CPU (decided once per
+    process and dtype; concurrent loads wait for the first to decide)."""
+    with _deciding:
+        known = _decided.get(dtype)
+        if known is None:
+            known = _decided[dtype] = _decide(dtype)
+        return known
+
+
+_deciding = threading.Lock()
+_decided: dict[torch.dtype, bool] = {}
+
+
+def _decide(dtype: torch.dtype) -> bool:
     forced = os.environ.get(MATMUL_ENV, "auto").strip().lower()
     if forced not in ("auto", "onednn", "blas"):
-        raise ValueError(f"{MATMUL_ENV}={forced!r}: expected onednn, blas or auto")
+        raise InvalidSettingError(f"{MATMUL_ENV}={forced!r}: expected onednn, blas or auto")
     if forced == "blas" or not torch.backends.mkldnn.is_available():
         return False
     generator = torch.Generator().manual_seed(0)
@@ -102,20 +116,29 @@ def _onednn_wins(dtype: torch.dtype) -> bool:
     try:
         packed = weight.to_mkldnn()
         linear(rows, packed)
-    except RuntimeError:  # no oneDNN kernel for this dtype on this CPU (float16 without AVX-512 FP16)
+    except Exception as err:  # no oneDNN kernel for this dtype on this CPU (float16 without AVX-512 FP16)
+        log = logger.warning if forced == "onednn" else logger.info
+        log("CPU matmul, %s: oneDNN cannot run it here (%s); BLAS multiplies", dtype, err)
         return False
     if forced == "onednn":
         return True
-    onednn, blas = _best_time(lambda: linear(rows, packed)), _best_time(lambda: linear(rows, weight))
-    logger.info("CPU matmul, %s: oneDNN %.0f us, BLAS %.0f us per product", dtype, onednn * 1e6, blas * 1e6)
-    return onednn < 0.9 * blas
+    # Interleaved, so that both see the same load; the fastest of each, as other work only adds time.
+    onednn = blas = float("inf")
+    for _ in range(_PROBE_ROUNDS):
+        onednn = min(onednn, _timed(lambda: linear(rows, packed)))
+        blas = min(blas, _timed(lambda: linear(rows, weight)))
+    wins = onednn < 0.9 * blas
+    logger.info(
+        "CPU matmul, %s: oneDNN %.0f us, BLAS %.0f us per product: %s (%s=onednn|blas to choose)",
+        dtype, onednn * 1e6, blas * 1e6, "oneDNN" if wins else "BLAS", MATMUL_ENV,
+    )  # fmt: skip
+    return wins
 
 
-def _best_time(product: Callable[[], object], repeats: int = 7) -> float:
+_PROBE_ROUNDS = 9
+
+
+def _timed(product: Callable[[], object]) -> float:
+    start = time.perf_counter()
     product()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        product()
-        best = min(best, time.perf_counter() - start)
-    return best
+    return time.perf_counter() - start

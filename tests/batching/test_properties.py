@@ -4,7 +4,9 @@ gets exactly one answer, its own, in time; and aging bounds how long a low-prior
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+import threading
+import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import anyio
@@ -14,8 +16,34 @@ from hypothesis import strategies as st
 
 from mcpmux.batching import BatchPolicy, DeadlineExceededError, DynamicBatcher, QueuePolicy
 
-# Shared 2-core CI machines: how late an answer may come after its deadline.
+# Shared 2-core CI machines: how late an answer may come after its deadline, beyond the pauses
+# `machine_pauses` sees.
 SLACK = 0.1
+
+
+@contextlib.contextmanager
+def machine_pauses() -> Iterator[list[float]]:
+    """The longest pause the whole process suffered while the block ran (one item, read after it).
+
+    A thread of its own sleeps 2 ms at a time and records how late it woke: the machine running other
+    work, or the interpreter stopped. Such a pause delays every answer alike and is no batcher's doing;
+    a batcher that blocked the event loop would not show here, as the thread still gets the GIL.
+    """
+    worst, done = [0.0], threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            start = time.perf_counter()
+            time.sleep(0.002)
+            worst[0] = max(worst[0], time.perf_counter() - start - 0.002)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        yield worst
+    finally:
+        done.set()
+        watcher.join()
 
 
 @dataclass(frozen=True)
@@ -85,14 +113,15 @@ def test_every_caller_gets_exactly_its_own_answer_in_time(
             for i in range(len(scenario)):
                 tg.start_soon(caller, batcher, i)
 
-    anyio.run(main)
+    with machine_pauses() as paused:
+        anyio.run(main)
 
     assert sorted(outcomes) == list(range(len(scenario)))  # everyone answered (or left)
     assert len(sent) == len(set(sent))  # nothing sent twice
     for i, (kind, value, took) in outcomes.items():
         call = scenario[i]
         if call.deadline is not None:
-            assert took < call.deadline + SLACK
+            assert took < call.deadline + SLACK + paused[0]
         if kind == "ok":
             assert not call.fails
             assert value == i * 10  # its own result, nobody else's

@@ -25,6 +25,7 @@ is not `client*`, or the client declared no sampling). `[mux] fast_path = false`
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -32,7 +33,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import anyio
 import mcp_types as types
 from mcp import Client
 from mcp.shared.exceptions import MCPError
@@ -114,6 +114,8 @@ class Flight:
     escalate: Escalate
     escalated: bool = False
     """Whether a task finishes it (else it ended at once, or is still out)."""
+    timer: asyncio.TimerHandle | None = None
+    """Wakes it at `deadline`, for its task to word the timeout; cancelled once it ends or has a task."""
     response: dict[str, Any] | None = None
     """The response, once it reached the client the moment the result was read; then `outcome` is its outcome."""
     outcome: str = "ok"
@@ -127,7 +129,12 @@ class Flight:
         """Have a task finish the call (something arrived for it, it was cancelled, it timed out); once."""
         if not self.escalated:
             self.escalated = True
+            self.stop_timer()
             self.escalate()
+
+    def stop_timer(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
 
 
 @dataclass(slots=True)
@@ -233,7 +240,7 @@ class FastPath:
     def launch(self, call: FastCall, deliver_now: DeliverNow, escalate: Escalate) -> Flight | None:
         """Admit `call` and write its request to the upstream right now, from synchronous code; None
         (nothing done) where anything would have to wait or refuse: the gate, a busy wire, an upstream
-        reconnecting, shutdown.
+        reconnecting, shutdown; or off asyncio (the timeout's timer is asyncio's).
 
         The result, the moment it is read, goes to the client through `deliver_now` if it can, and
         the call ends there, its books kept: no task, no trip through the event loop either way.
@@ -242,6 +249,10 @@ class FastPath:
         runs `answer(call, ..., flight=)`; so must the caller's own reasons (`Flight.wake`: the
         client cancelled, the caller shuts down).
         """
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return None
         upstream, lane, client = call.upstream, call.upstream.lane, call.upstream.client
         calls = self.mux.calls
         if lane is None or not lane.can_launch or client is None or calls.refusal(upstream.name) is not None:
@@ -274,10 +285,11 @@ class FastPath:
         if sent is None:  # the wire could not take it at once
             gate.refund()
             return None
-        deadline = anyio.current_time() + upstream.timeout
+        deadline = loop.time() + upstream.timeout  # `anyio.current_time()`, on asyncio
         flight = Flight(calls.track(upstream.name), gate, sent, time.perf_counter(), deadline, escalate)
         flight.tracked.on_cancel = flight.wake
         flight.tracked.admit()  # cannot refuse: nothing yielded since the refusal was checked
+        flight.timer = loop.call_at(deadline, flight.wake)
         return flight
 
     def abandon(self, call: FastCall, flight: Flight) -> None:
@@ -288,6 +300,7 @@ class FastPath:
 
     def _ended_at_once(self, call: FastCall, flight: Flight) -> None:
         """The books of a call answered the moment its result was read, as `answer` keeps them."""
+        flight.stop_timer()
         flight.gate.release()
         flight.tracked.release()
         elapsed = time.perf_counter() - flight.started

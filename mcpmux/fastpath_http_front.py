@@ -20,7 +20,6 @@ pipelined requests, and any request the checks or the routing turn down.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Coroutine
 from dataclasses import dataclass
@@ -59,7 +58,6 @@ class _Running:
     """The scope of its task, once it has one."""
     cancelled: bool = False
     flight: Flight | None = None
-    timer: asyncio.TimerHandle | None = None
     gone: bool = False
     """The client closed the connection."""
 
@@ -127,8 +125,6 @@ class HttpFastFront:
             return True
 
         def escalate() -> None:
-            if running.timer is not None:
-                running.timer.cancel()
             protocol.start_task(self._serve(running, key))
 
         flight = self.fast.launch(call, deliver_now, escalate)
@@ -136,7 +132,6 @@ class HttpFastFront:
             protocol.start_task(self._serve(running, key))
             return
         running.flight = flight
-        running.timer = asyncio.get_running_loop().call_at(flight.deadline, flight.wake)  # its task words it
 
     async def _serve(self, running: _Running, key: tuple[str, str] | None) -> None:
         async def deliver(response: dict[str, Any]) -> None:
@@ -163,8 +158,6 @@ class HttpFastFront:
             running.protocol.respond(running.cycle, response, running.call.version in MODERN_PROTOCOL_VERSIONS)
 
     def _forget(self, running: _Running, key: tuple[str, str] | None) -> None:
-        if running.timer is not None:
-            running.timer.cancel()
         if key is not None and self.middleware.running.get(key) is running:
             del self.middleware.running[key]
         if running.protocol.running is running:

@@ -10,7 +10,6 @@ SDK path). Every other line goes on to the SDK.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import weakref
 from dataclasses import dataclass
@@ -61,7 +60,6 @@ class StdioFastFront:
         self._declares_sampling = False
         self._outbox: list[str] = []
         self._writing = False
-        self._loop = _asyncio_loop()
 
     async def take(self, line: str) -> bool:
         """True when the fast path took `line` (the SDK must not see it); it takes only well-formed messages."""
@@ -103,19 +101,14 @@ class StdioFastFront:
         """Launch the call right here when it can be (`FastPath.launch`), else start its task."""
         running = self._running[key] = _Running(anyio.CancelScope())
         self._hold_relay(call)
-        timer: asyncio.TimerHandle | None = None
 
         def deliver_now(response: dict[str, Any]) -> bool:
             if running.scope.cancel_called or not self._write_now(response):
                 return False  # a cancelled request gets no response at all
             self._forget(call, key, running)  # answered: a cancellation for this id is too late
-            if timer is not None:
-                timer.cancel()
             return True
 
         def escalate() -> None:
-            if timer is not None:
-                timer.cancel()
             try:
                 self._tasks.start_soon(self._serve, call, key, running)
             except RuntimeError:  # the task group is gone (its front ended abnormally): nobody to answer
@@ -124,7 +117,7 @@ class StdioFastFront:
                 self._forget(call, key, running)
 
         try:
-            flight = self.fast.launch(call, deliver_now, escalate) if self._loop is not None else None
+            flight = self.fast.launch(call, deliver_now, escalate)
         except BaseException:
             self._forget(call, key, running)
             raise
@@ -132,8 +125,6 @@ class StdioFastFront:
             self._tasks.start_soon(self._serve, call, key, running)
             return
         running.flight = flight
-        assert self._loop is not None
-        timer = self._loop.call_at(flight.deadline, flight.wake)  # its task words the timeout
 
     async def _serve(self, call: FastCall, key: str, running: _Running) -> None:
         progress = self._progress_relay(call.progress_token) if call.progress_token is not None else None
@@ -211,14 +202,6 @@ class StdioFastFront:
                     await self._edge.write_line("".join(lines))
         finally:
             self._writing = False
-
-
-def _asyncio_loop() -> asyncio.AbstractEventLoop | None:
-    """The asyncio loop this runs on; None on another anyio backend (a launched call's timer is asyncio's)."""
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None
 
 
 class _LogRelay:

@@ -66,9 +66,7 @@ class HttpEdge:
         if scope["type"] != "http":  # lifespan; the app serves no websocket routes
             await self.app(scope, receive, send)
             return
-        # ASGI servers give header names in lower case; only the few the checks read are decoded.
-        headers = {key.decode(): value.decode("latin-1") for key, value in scope["headers"] if key in _READ}
-        client = self.policy.client_of(headers.get("authorization")) if self.policy.tokens else None
+        headers, client = self._read(scope)
         refusal = self._check_headers(scope, headers, client) or self._check_rate(_client_key(scope, client))
         if refusal is not None:
             await self._refuse(scope, send, *refusal)
@@ -93,11 +91,11 @@ class HttpEdge:
                 self.session_owners.pop(session, None)
 
     def admits(self, scope: Scope, body_size: int) -> bool:
-        """Whether an MCP request whose body the HTTP protocol holds passes every check `__call__` makes
+        """Whether an MCP request whose body the HTTP protocol held, its headers passed already
+        (`refuses_at_once`, before the body, as `__call__` checks them), passes the checks that remain
         (its request counted against the rate limit); if not, `__call__` must see it, to word the refusal."""
-        headers = {key.decode(): value.decode("latin-1") for key, value in scope["headers"] if key in _READ}
-        client = self.policy.client_of(headers.get("authorization")) if self.policy.tokens else None
-        if self._check_headers(scope, headers, client) is not None or body_size > self.policy.max_body_bytes:
+        headers, client = self._read(scope)
+        if body_size > self.policy.max_body_bytes:
             return False
         session = headers.get(_SESSION.decode())
         if client is not None and session is not None and self.session_owners.get(session) != client:
@@ -106,9 +104,14 @@ class HttpEdge:
 
     def refuses_at_once(self, scope: Scope) -> bool:
         """Whether `__call__` refuses the request on its headers alone (the rate limit aside, and not counted)."""
-        headers = {key.decode(): value.decode("latin-1") for key, value in scope["headers"] if key in _READ}
-        client = self.policy.client_of(headers.get("authorization")) if self.policy.tokens else None
+        headers, client = self._read(scope)
         return self._check_headers(scope, headers, client) is not None
+
+    def _read(self, scope: Scope) -> tuple[dict[str, str], int | None]:
+        """The headers the checks read, and which configured token the request carries (None: none, or none set)."""
+        # ASGI servers give header names in lower case; only the few the checks read are decoded.
+        headers = {key.decode(): value.decode("latin-1") for key, value in scope["headers"] if key in _READ}
+        return headers, self.policy.client_of(headers.get("authorization")) if self.policy.tokens else None
 
     def _check_headers(self, scope: Scope, headers: dict[str, str], client: int | None) -> _Refusal | None:
         """Host/Origin (403), token (401), declared size (413), one session id (400): the checks that need no body."""

@@ -351,7 +351,10 @@ async def http_routes(args: argparse.Namespace, workdir: Path) -> AsyncIterator[
     """Connected clients: the echo upstream on HTTP, and mcpmux on HTTP in front of a second one."""
     direct_port, upstream_port, mux_port = _free_port(), _free_port(), _free_port()
     config = workdir / "http.json"
-    config.write_text(json.dumps({"mcpServers": {"echo": {"url": f"http://127.0.0.1:{upstream_port}/mcp"}}}))
+    settings: dict[str, Any] = {"mcpServers": {"echo": {"url": f"http://127.0.0.1:{upstream_port}/mcp"}}}
+    if args.idle_per_client is not None:
+        settings["http"] = {"idle_connections_per_client": args.idle_per_client}
+    config.write_text(json.dumps(settings))
     mux_serve = [*_mcpmux_command(), "serve", "--config", str(config), "--transport", "http", "--port", str(mux_port)]
 
     def echo(port: int) -> list[str]:
@@ -492,6 +495,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--sdk-path", action="store_true", help="also time mcpmux with its fast path turned off")
     parser.add_argument("--era", choices=["auto", "legacy"], default="auto", help="the benchmark client's handshake")
     parser.add_argument("--upstream-tools", type=int, default=0, help="inert tools each echo upstream lists too")
+    parser.add_argument(
+        "--idle-per-client",
+        type=int,
+        help="mcpmux's [http] idle_connections_per_client (default: mcpmux's own; 0: no limit)",
+    )
     parser.add_argument("--out", type=Path, default=HERE / "results" / "mux_overhead.json")
     return parser.parse_args(argv)
 

@@ -149,6 +149,9 @@ class HttpSettings(_Model):
     """Requests a client may send at once before `rate_limit` paces it."""
     metrics_auth: bool = True
     """Whether `/metrics` needs a bearer token like everything else (false: scrapers need none)."""
+    idle_connections_per_client: int = Field(default=8, ge=0)
+    """Idle keep-alive connections one client address may hold; past it, a fast-path response
+    closes its connection (`Connection: close`, see mcpmux.http_keepalive). 0: no limit."""
 
     @field_validator("auth_token_env")
     @classmethod

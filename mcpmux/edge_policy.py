@@ -58,6 +58,7 @@ class EdgePolicy:
     rate_limit: float
     rate_burst: int
     metrics_auth: bool
+    idle_per_client: int
 
     @classmethod
     def load(cls, config: Config, bind_host: str, environ: Mapping[str, str] | None = None) -> EdgePolicy:
@@ -82,6 +83,7 @@ class EdgePolicy:
             rate_limit=http.rate_limit,
             rate_burst=http.rate_burst,
             metrics_auth=http.metrics_auth,
+            idle_per_client=http.idle_connections_per_client,
         )
 
     def host_allowed(self, host: str | None) -> bool:

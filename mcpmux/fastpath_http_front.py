@@ -35,6 +35,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from mcpmux.fastpath import FastCall, FastPath, Flight
 from mcpmux.fastpath_http import REQUEST_CANCELLED, FastPathMiddleware, session_of
 from mcpmux.http_edge import HttpEdge
+from mcpmux.http_keepalive import IdleConnections
 from mcpmux.json_wire import dumps
 from mcpmux.jsonrpc_batch import id_key
 
@@ -81,6 +82,7 @@ class HttpFastFront:
         self.middleware = middleware
         self.edge = edge
         self.fast: FastPath = middleware.fast
+        self.idle = IdleConnections(edge.policy.idle_per_client)
 
     def holds(self, scope: Any) -> bool:
         """Whether a request is held until its body is in, for `take` to see."""
@@ -173,6 +175,22 @@ class FastHttpProtocol(HttpToolsProtocol):
     front: HttpFastFront
     running: _Running | None = None
     _held: tuple[RequestResponseCycle, Any] | None = None
+    _address = ""
+    """The client's IP address, for `HttpFastFront.idle`."""
+
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)
+        if self.client:
+            self._address = self.client[0]
+
+    def data_received(self, data: bytes) -> None:
+        self.front.idle.busy(self._address, self)
+        super().data_received(data)
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self.timeout_keep_alive_task is not None:  # armed: the connection waits for its next request
+            self.front.idle.resting(self._address, self)
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
         if app is self.app and cycle is self.cycle and not self.pipeline and self.front.holds(cycle.scope):
@@ -192,6 +210,7 @@ class FastHttpProtocol(HttpToolsProtocol):
                 super()._start_asgi_task(cycle, app)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.front.idle.busy(self._address, self)
         running = self.running
         if running is not None:
             running.gone = True
@@ -210,6 +229,8 @@ class FastHttpProtocol(HttpToolsProtocol):
             return False
         # A 2026 error's status comes from the SDK's table; a 2025 session's errors ride a 200, as on its SSE.
         status = ERROR_CODE_HTTP_STATUS.get(response["error"]["code"], 200) if modern and "error" in response else 200
+        if cycle.keep_alive and cycle.scope is self.scope and self.front.idle.crowded(self._address):
+            cycle.keep_alive = False  # nothing after this request on the connection: retire it (`HttpFastFront.idle`)
         payload = dumps(response)
         content = [STATUS_LINE[status]]
         for name, value in self.server_state.default_headers:

@@ -20,6 +20,13 @@ def test_defaults_are_open_on_loopback_and_never_throttle() -> None:
     policy = EdgePolicy.load(config_from_dict({}), "127.0.0.1", environ={})
     assert policy.tokens == ()
     assert policy.rate_limit == 0  # off: the batching benchmark sends thousands of calls/s from one client
+    assert policy.idle_per_client == 8
+
+
+def test_a_negative_idle_connection_limit_names_the_key() -> None:
+    key = r"\n  http.idle_connections_per_client: Input should be greater than or equal to 0"
+    with pytest.raises(ConfigError, match=r"c.toml: invalid configuration" + key):
+        config_from_dict({"http": {"idle_connections_per_client": -1}}, source="c.toml")
 
 
 def test_token_file_is_read_relative_to_the_config_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

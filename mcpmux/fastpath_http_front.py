@@ -10,7 +10,9 @@ the upstream connection's callback, in one write, with no task at all, as on std
 cannot be launched, or that something comes to need a task for (progress, a timeout, a
 cancellation), runs in a task uvicorn's shutdown waits for. The client closing the connection
 cancels the call; a 2025 session's `notifications/cancelled` for it (which goes through ASGI)
-cancels it and the request gets the SDK's -32800, as in the middleware.
+cancels it and the request gets the SDK's -32800, as in the middleware. An answer written here
+retires its connection (`Connection: close`) when the client's address holds more idle keep-alive
+connections than `[http] idle_connections_per_client` (mcpmux.http_keepalive).
 
 Everything else goes to the ASGI app as before, which words every refusal: other paths and
 methods, a body over `MAX_HELD` bytes or announced with `Expect: 100-continue`, headers a proxy

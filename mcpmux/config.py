@@ -150,8 +150,8 @@ class HttpSettings(_Model):
     metrics_auth: bool = True
     """Whether `/metrics` needs a bearer token like everything else (false: scrapers need none)."""
     idle_connections_per_client: int = Field(default=8, ge=0)
-    """Idle keep-alive connections one client address may hold; past it, a fast-path response
-    closes its connection (`Connection: close`, see mcpmux.http_keepalive). 0: no limit."""
+    """Idle keep-alive connections one client address may hold; past it (the longest idle for 0.25 s),
+    a fast-path response closes its connection (`Connection: close`, mcpmux.http_keepalive). 0: no limit."""
 
     @field_validator("auth_token_env")
     @classmethod

@@ -8,21 +8,24 @@ from __future__ import annotations
 import json
 import socket
 import sys
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import anyio
 import pytest
 from mcp import Client
 
+from mcpmux.http_keepalive import STALE_AFTER
 from tests.e2e.conftest import mux_over_http, text_of
 from tests.e2e.test_fastpath import PROBE
 from tests.e2e.test_http_front import connect, echoed, read_responses, request
 
 
-@pytest.fixture(scope="module", params=[2, 0], ids=["limit-2", "no-limit"])
-def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]]:
+@pytest.fixture(params=[2, 0], ids=["limit-2", "no-limit"])
+def served(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, int]]:
     limit: int = request.param
-    config = tmp_path_factory.mktemp("keepalive") / "mux.json"
+    config = tmp_path / "mux.json"
     probe = {"command": sys.executable, "args": [str(PROBE)]}
     config.write_text(json.dumps({"mcpServers": {"probe": probe}, "http": {"idle_connections_per_client": limit}}))
     with mux_over_http(config) as url:
@@ -40,28 +43,51 @@ def still_open(sock: socket.socket) -> bool:
         sock.setblocking(True)
 
 
+def answer(url: str, sock: socket.socket, n: int) -> str | None:
+    """Call on `sock`, check the answer, and return its Connection header."""
+    sock.sendall(request(url, n, f"call {n}"))
+    (response,) = read_responses(sock, 1)
+    assert echoed(response) == (200, n, f"call {n}")
+    return response[1].get("connection")
+
+
 def test_a_connection_past_the_limit_is_retired_after_its_answer(served: tuple[str, int]) -> None:
     url, limit = served
-    sockets = [connect(url) for _ in range(4)]
+    sockets = [connect(url) for _ in range(5)]
     try:
-        answers = []
-        for n, sock in enumerate(sockets, start=1):  # each answered in turn: the earlier ones then sit idle
-            sock.sendall(request(url, n, f"call {n}"))
-            (response,) = read_responses(sock, 1)
-            answers.append((echoed(response), response[1].get("connection")))
-        assert [answer for answer, _ in answers] == [(200, n, f"call {n}") for n in range(1, 5)]
+        went_idle = time.monotonic()
+        closes = [answer(url, sockets[0], 1), answer(url, sockets[1], 2), answer(url, sockets[2], 3)]
+        if time.monotonic() - went_idle < STALE_AFTER:  # as good as always: a surplus idle only briefly stays
+            assert closes[2] is None
+        time.sleep(STALE_AFTER + 0.05)
+        closes += [answer(url, sockets[3], 4), answer(url, sockets[4], 5)]
         if limit == 0:
-            assert [close for _, close in answers] == [None] * 4
+            assert closes == [None] * 5
             assert all(still_open(sock) for sock in sockets)
             return
-        # Two idle besides it when the third answered: it and the fourth are retired, not the first two.
-        assert [close for _, close in answers] == [None, None, "close", "close"]
-        assert [sockets[2].recv(1), sockets[3].recv(1)] == [b"", b""]  # and they end
-        sockets[0].sendall(request(url, 5, "again"))  # a kept one serves on
-        assert echoed(read_responses(sockets[0], 1)[0]) == (200, 5, "again")
+        # Three idle (two of them for long enough) when the fourth and fifth answered: both retired.
+        assert closes[:2] == [None, None]
+        assert closes[3:] == ["close", "close"]
+        assert [sockets[3].recv(1), sockets[4].recv(1)] == [b"", b""]  # and they end
+        # A connection busy again no longer counts: two others idle (retired), then one (kept).
+        assert answer(url, sockets[0], 6) == "close"
+        assert answer(url, sockets[1], 7) is None  # now only one other is idle
     finally:
         for sock in sockets:
             sock.close()
+
+
+def test_closed_connections_no_longer_count(served: tuple[str, int]) -> None:
+    url, _ = served
+    gone = [connect(url) for _ in range(3)]
+    for n, sock in enumerate(gone, start=10):
+        answer(url, sock, n)
+    time.sleep(STALE_AFTER + 0.05)
+    for sock in gone:
+        sock.close()
+    time.sleep(0.5)  # for mcpmux to read each connection's end
+    with connect(url) as sock:
+        assert answer(url, sock, 13) is None
 
 
 def test_a_request_pipelined_behind_is_answered_before_the_connection_is_retired(served: tuple[str, int]) -> None:
@@ -69,8 +95,8 @@ def test_a_request_pipelined_behind_is_answered_before_the_connection_is_retired
     idle = [connect(url) for _ in range(3)]
     try:
         for n, sock in enumerate(idle, start=10):
-            sock.sendall(request(url, n, "idle"))
-            read_responses(sock, 1)
+            answer(url, sock, n)
+        time.sleep(STALE_AFTER + 0.05)
         with connect(url) as sock:
             sock.sendall(b"".join(request(url, n, f"piped {n}") for n in (20, 21, 22)))
             responses = read_responses(sock, 3)
@@ -85,6 +111,7 @@ def test_a_request_pipelined_behind_is_answered_before_the_connection_is_retired
 
 @pytest.mark.anyio
 async def test_clients_calling_concurrently_lose_nothing_to_retired_connections(served: tuple[str, int]) -> None:
+    """Every call answered once, with its own answer, while connections are retired under the clients."""
     url, _ = served
     results: dict[int, str] = {}
     async with Client(url) as first, Client(url) as second:

@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/mux_overhead.py --quick    # fewer calls, for a smoke run
     .venv/bin/python benchmarks/mux_overhead.py --floor    # also a do-nothing relay in the middle, for reference
     .venv/bin/python benchmarks/mux_overhead.py --sdk-path # also mcpmux with `[mux] fast_path = false`
+    .venv/bin/python benchmarks/mux_overhead.py --idle-per-client 0  # mcpmux retiring no idle connection
 
 For each transport the benchmark keeps real `mcp.Client` connections open, one straight to the echo
 upstream (`benchmarks/echo_upstream.py`) and one to mcpmux in front of the same kind of upstream,

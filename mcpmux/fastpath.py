@@ -57,6 +57,7 @@ from mcpmux.fastpath_lane import LaneFlight
 from mcpmux.metrics import outcome_of
 from mcpmux.mux import Mux
 from mcpmux.output_schema import OutputCheck, result_error
+from mcpmux.plain_result import SERVER_INFO, is_plain
 from mcpmux.upstream import ProgressFn, Upstream, UpstreamState
 
 if TYPE_CHECKING:
@@ -65,7 +66,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _PARAM_KEYS = frozenset({"name", "arguments", "_meta"})
-_SERVER_INFO = "io.modelcontextprotocol/serverInfo"
 _PROTOCOL_VERSION = "io.modelcontextprotocol/protocolVersion"
 _CLIENT_CAPABILITIES = "io.modelcontextprotocol/clientCapabilities"
 _LOG_LEVEL = "io.modelcontextprotocol/logLevel"
@@ -426,19 +426,24 @@ class FastPath:
 
         Raises `ValidationError` for a result that is no `CallToolResult`, as the SDK's client does.
         """
+        as_it_came = version in MODERN_PROTOCOL_VERSIONS  # 2026 to 2026: a plain result goes on unread
         if upstream_version is not None and upstream_version not in MODERN_PROTOCOL_VERSIONS:
             raw = methods.serialize_server_result("tools/call", upstream_version, raw)
             raw.setdefault("resultType", "complete")  # the SDK model's default, which its path sends on
+            as_it_came = False
         if isinstance(raw, dict):
             raw.setdefault("isError", False)  # likewise
-        result = methods.serialize_server_result("tools/call", version, raw)
+        if as_it_came and is_plain(raw):
+            result: dict[str, Any] = raw  # what the model would write back (mcpmux.plain_result)
+        else:
+            result = methods.serialize_server_result("tools/call", version, raw)
         if version in MODERN_PROTOCOL_VERSIONS:
             result.setdefault("resultType", "complete")
             meta = result.get("_meta")
             if meta is None:
-                result["_meta"] = {_SERVER_INFO: self.server_info}
-            elif isinstance(meta, dict) and meta.get(_SERVER_INFO) is None:
-                result["_meta"] = {**meta, _SERVER_INFO: self.server_info}
+                result["_meta"] = {SERVER_INFO: self.server_info}
+            elif isinstance(meta, dict) and meta.get(SERVER_INFO) is None:
+                result["_meta"] = {**meta, SERVER_INFO: self.server_info}
         return result
 
 

@@ -40,10 +40,7 @@ class _Model(BaseModel):
 
 
 class LimitSettings(_Model):
-    max_concurrency: int | None = Field(default=100, ge=1)
-    """Calls in flight on the upstream at once. The default is as many as mcpmux keeps connections
-    to an HTTP upstream, and as an SDK client's own pool: a client's concurrency passes through as
-    if it were connected directly, while a runaway fan-out still queues."""
+    max_concurrency: int | None = Field(default=32, ge=1)
     rate: float = Field(default=0.0, ge=0)
     burst: int = Field(default=1, ge=1)
     max_queue: int = Field(default=1024, ge=1)

@@ -242,17 +242,6 @@ async def test_the_upstreams_concurrency_limit_holds_on_the_fast_path(tmp_path: 
         assert json.loads(text_of(await client.call_tool("probe__peak", {}))) == 2
 
 
-@pytest.mark.anyio
-async def test_by_default_a_clients_concurrency_reaches_the_upstream_as_if_direct(tmp_path: Path) -> None:
-    """64 slow calls at once are all in flight at the upstream at once (the default cap is 100)."""
-    config = write_config(tmp_path / "mux.json", {"probe": probe()})
-    async with mux_over_stdio(config) as client:
-        async with anyio.create_task_group() as tasks:
-            for _ in range(64):
-                tasks.start_soon(client.call_tool, "probe__slow", {"seconds": 0.5})
-        assert json.loads(text_of(await client.call_tool("probe__peak", {}))) == 64
-
-
 @pytest.mark.slow
 @pytest.mark.anyio
 async def test_http_clients_of_both_eras_cancel_fast_path_calls(tmp_path: Path) -> None:

@@ -161,15 +161,15 @@ class StdioBatchEdge:
     async def _write(self, payload: object) -> None:
         await self._write_text(json.dumps(payload, separators=(",", ":")) + "\n")
 
-    async def write_line(self, text: str) -> None:
+    async def write_line(self, text: str | bytes) -> None:
         """Write one line (ending in a newline) to the client, between the SDK's own lines."""
         await self._write_text(text)
 
-    def write_line_now(self, text: str) -> bool:
+    def write_line_now(self, text: str | bytes) -> bool:
         """`write_line` from synchronous code, when the wire takes the line at once; False when nothing was written."""
         return self._out.write_now(text)
 
-    async def _write_text(self, text: str) -> None:
+    async def _write_text(self, text: str | bytes) -> None:
         await self._out.write(text)
 
 

@@ -21,7 +21,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from mcpmux.batch_stdio import StdioBatchEdge
 from mcpmux.fastpath import FastCall, FastPath, Flight, decode, sampling_declared
-from mcpmux.json_wire import dumps
+from mcpmux.json_wire import line
 from mcpmux.jsonrpc_batch import id_key
 from mcpmux.upstream import ProgressFn
 
@@ -58,7 +58,7 @@ class StdioFastFront:
         self._relays: dict[str, _LogRelay] = {}
         """Per upstream with calls of this client in flight: where its logs reach the client."""
         self._declares_sampling = False
-        self._outbox: list[str] = []
+        self._outbox: list[bytes] = []
         self._writing = False
 
     async def take(self, line: str) -> bool:
@@ -183,7 +183,7 @@ class StdioFastFront:
         """Write one line at once, from synchronous code, when no line is queued and the wire takes it now."""
         if self._writing:
             return False
-        return self._edge.write_line_now(dumps(message).decode() + "\n")
+        return self._edge.write_line_now(line(message))
 
     async def _write(self, message: dict[str, Any]) -> None:
         """Queue one line; the first writer writes every line queued meanwhile in one go.
@@ -191,7 +191,7 @@ class StdioFastFront:
         Calls answered together share one write (one system call, or one thread hop where the wire
         cannot be polled).
         """
-        self._outbox.append(dumps(message).decode() + "\n")
+        self._outbox.append(line(message))
         if self._writing:
             return
         self._writing = True
@@ -199,7 +199,7 @@ class StdioFastFront:
             with anyio.CancelScope(shield=True):  # the lines queued are other calls' too
                 while self._outbox:
                     lines, self._outbox = self._outbox, []
-                    await self._edge.write_line("".join(lines))
+                    await self._edge.write_line(b"".join(lines))
         finally:
             self._writing = False
 

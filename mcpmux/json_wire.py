@@ -18,3 +18,8 @@ def dumps(message: Any) -> bytes:
         return to_json(message)
     except PydanticSerializationError:
         return json.dumps(message, separators=(",", ":")).encode()
+
+
+def line(message: Any) -> bytes:
+    """`message` as one newline-ended line: stdio's framing."""
+    return dumps(message) + b"\n"

@@ -30,7 +30,7 @@ from mcp.shared.message import SessionMessage
 from pydantic_core import from_json
 
 from mcpmux.fastpath_lane import LANE_ID_MARK, UpstreamLane
-from mcpmux.json_wire import dumps
+from mcpmux.json_wire import line
 from mcpmux.stdio_wire import LineWriter, read_lines
 
 logger = logging.getLogger(__name__)
@@ -69,12 +69,12 @@ async def stdio_transport(
 
     async def send(message: dict[str, Any], headers: dict[str, str] | None) -> None:
         try:
-            await stdin.write(dumps(message).decode() + "\n")
+            await stdin.write(line(message))
         except OSError:
             raise anyio.BrokenResourceError from None
 
     def send_now(message: dict[str, Any], headers: dict[str, str] | None) -> bool:
-        return stdin.write_now(dumps(message).decode() + "\n")
+        return stdin.write_now(line(message))
 
     lane.attach(send, send_now)
 

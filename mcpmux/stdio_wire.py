@@ -100,13 +100,13 @@ class LineWriter:
         self._lock = anyio.Lock()
         self._closed = False
 
-    async def write(self, text: str) -> None:
+    async def write(self, text: str | bytes) -> None:
         """Raises `OSError` when the reader is gone, `anyio.ClosedResourceError` once `close()` ran.
 
         A line the pipe takes at once is written without yielding to the event loop: that is
         nearly every line, and a checkpoint costs a whole loop iteration.
         """
-        data = memoryview(text.encode("utf-8"))
+        data = memoryview(text.encode("utf-8") if isinstance(text, str) else text)
         if not self._on_loop:
             async with self._lock:
                 await anyio.to_thread.run_sync(self._write_blocking, data)
@@ -127,13 +127,13 @@ class LineWriter:
             finally:
                 self._lock.release()
 
-    def write_now(self, text: str) -> bool:
+    def write_now(self, text: str | bytes) -> bool:
         """Write a line right now, from synchronous code, when that needs no waiting; False when nothing was written.
 
         Only a short line on a pipe, with no other line part-way out, and a pipe with room for all
         of it: any other write would have to wait, so `write` must do it.
         """
-        data = text.encode("utf-8")
+        data = text.encode("utf-8") if isinstance(text, str) else text
         if len(data) > self._atomic or self._lock.locked() or self._closed:
             return False
         try:

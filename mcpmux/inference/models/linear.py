@@ -50,9 +50,10 @@ MATMUL_ENV = "MCPMUX_CPU_MATMUL"
 def prepare(weight: Tensor) -> Tensor:
     """`weight` as `linear` multiplies it fastest here: a oneDNN tensor on CPUs where oneDNN wins, else itself.
 
-    A oneDNN tensor has no storage `F.linear` can read: only `linear` and `vocab_linear` take it.
+    A oneDNN tensor has no storage `F.linear` can read: only `linear` and `vocab_linear` take it. A
+    weight `prepare` made already is returned as it is.
     """
-    if weight.device.type != "cpu" or not _onednn_wins(weight.dtype):
+    if weight.is_mkldnn or weight.device.type != "cpu" or not _onednn_wins(weight.dtype):
         return weight
     return weight.detach().to_mkldnn()
 

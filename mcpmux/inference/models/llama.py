@@ -151,7 +151,7 @@ class LlamaCausalLM(nn.Module):
         # (`linear.prepare`), that tensor is a copy: the one weight mcpmux holds twice.
         tied = bool(getattr(config, "tie_word_embeddings", False))
         self.lm_head = self.embed if tied else _matmul(_required(head, "lm_head"))
-        self._head = prepare(self.lm_head.detach()) if tied else self.lm_head.detach()
+        self._head = prepare(self.lm_head.detach())
         self.register_buffer("cos_sin_cache", build_cos_sin_cache(config, max_position, embed.device), persistent=False)
 
     @property

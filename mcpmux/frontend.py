@@ -55,6 +55,12 @@ from mcpmux.mux import Mux
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
+KEEP_ALIVE_TIMEOUT = 75
+"""Seconds an idle HTTP connection stays open (nginx's default). Longer than the clients' own idle
+expiry (httpx, under the SDK's client: 5 s), so that they close first: a server that closes an idle
+connection as a client reuses it fails that request. Surplus idle connections are retired sooner, on
+an answer (`mcpmux.http_keepalive`)."""
+
 
 class _MuxServer(Server[Any]):
     """Advertises listChanged for tools, prompts and resources on every transport."""
@@ -352,6 +358,7 @@ class Frontend:
             log_level="warning",
             lifespan="on",
             timeout_graceful_shutdown=shutdown_timeout,
+            timeout_keep_alive=KEEP_ALIVE_TIMEOUT,
         )
         server = _UvicornServer(config)
         async with anyio.create_task_group() as tasks:

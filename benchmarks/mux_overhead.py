@@ -5,6 +5,7 @@
     .venv/bin/python benchmarks/mux_overhead.py --floor    # also a do-nothing relay in the middle, for reference
     .venv/bin/python benchmarks/mux_overhead.py --sdk-path # also mcpmux with `[mux] fast_path = false`
     .venv/bin/python benchmarks/mux_overhead.py --idle-per-client 0  # mcpmux retiring no idle connection
+    .venv/bin/python benchmarks/mux_overhead.py --base ../base  # also mcpmux from another tree (A/B in one run)
 
 For each transport the benchmark keeps real `mcp.Client` connections open, one straight to the echo
 upstream (`benchmarks/echo_upstream.py`) and one to mcpmux in front of the same kind of upstream,
@@ -18,6 +19,8 @@ and for N = 1, 16, 64 concurrent callers times a fixed number of `echo` calls: o
 - `--floor`: a relay that copies lines (stdio) or bytes (HTTP: one upstream connection per client
   connection) both ways without parsing them, i.e. what any process between client and upstream
   costs on this machine; mcpmux cannot do better than that.
+- `--base DIR`: a second mcpmux (route `base`) run from the source tree DIR, say a `git worktree`
+  of the commit before a change, so that a change is judged against its parent in the same minutes.
 
 Beside latency and throughput it reads each process's CPU time from /proc: CPU ms per call of the
 middle process (mcpmux or relay), the upstream and the client. On a small or busy machine latency
@@ -65,7 +68,9 @@ CALL_TIMEOUT = 30.0  # a hung call must fail the run, not hang it
 CONCURRENCY = (1, 16, 64)
 FULL_CALLS = {1: 500, 16: 1000, 64: 2000}
 QUICK_CALLS = {1: 100, 16: 300, 64: 300}
-Routes = dict[str, tuple[Client, str]]  # "direct" | "mcpmux" | "relay" -> (connected client, tool name)
+Routes = dict[str, tuple[Client, str]]  # "direct" | "mcpmux" | "base" | "relay" | "sdk" -> (client, tool name)
+MIDDLES = ("mcpmux", "base", "sdk")
+"""Routes through an mcpmux, whose tools carry the upstream's prefix."""
 
 
 @dataclass(slots=True)
@@ -210,15 +215,17 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 
 
 @contextlib.contextmanager
-def http_server(command: list[str], port: int, route: str, log: Path) -> Iterator[str]:
-    """Start an HTTP MCP server, wait until its port accepts connections, and stop it on exit."""
+def http_server(
+    command: list[str], port: int, route: str, log: Path, env: dict[str, str] | None = None
+) -> Iterator[str]:
+    """Start an HTTP MCP server (`env` added to ours), wait until its port accepts connections, and stop it on exit."""
     with log.open("wb") as log_file:
         process = subprocess.Popen(
             command,
             stdin=subprocess.DEVNULL,
             stdout=log_file,
             stderr=subprocess.STDOUT,
-            env={**os.environ, **_tag(route)},
+            env={**os.environ, **(env or {}), **_tag(route)},
             start_new_session=True,  # Ctrl-C in the terminal reaches only us; we stop it ourselves
         )
         try:
@@ -246,6 +253,13 @@ def _free_port() -> int:
 def _mcpmux_command() -> list[str]:
     script = Path(sys.executable).with_name("mcpmux")
     return [str(script)] if script.exists() else [sys.executable, "-m", "mcpmux"]
+
+
+def _base_env(tree: Path) -> dict[str, str]:
+    """What runs `mcpmux` from the source tree `tree` (`--base`) instead of the installed one."""
+    if not (tree / "mcpmux" / "__init__.py").is_file():
+        raise SystemExit(f"--base {tree}: no mcpmux/ package there (give a checkout of this repository)")
+    return {"PYTHONPATH": str(tree.resolve())}
 
 
 async def relay(command: list[str]) -> None:
@@ -328,6 +342,12 @@ async def stdio_routes(args: argparse.Namespace, workdir: Path) -> AsyncIterator
             env={**path, **_tag("stdio-mcpmux")},
         ),
     }
+    if args.base is not None:
+        servers["base"] = StdioServerParameters(
+            command=mcpmux[0],
+            args=[*mcpmux[1:], "serve", "--config", str(config)],
+            env={**path, **_base_env(args.base), **_tag("stdio-base")},
+        )
     if args.sdk_path:
         servers["sdk"] = StdioServerParameters(
             command=mcpmux[0],
@@ -343,7 +363,7 @@ async def stdio_routes(args: argparse.Namespace, workdir: Path) -> AsyncIterator
         routes: Routes = {}
         for name, server in servers.items():
             client = await stack.enter_async_context(Client(server, mode=args.era))
-            routes[name] = (client, "echo__echo" if name in ("mcpmux", "sdk") else "echo")
+            routes[name] = (client, "echo__echo" if name in MIDDLES else "echo")
         yield routes
 
 
@@ -379,6 +399,19 @@ async def http_routes(args: argparse.Namespace, workdir: Path) -> AsyncIterator[
                 stack.enter_context(http_server(relay_echo, relay_upstream_port, "http-relay", echo_log))
                 relay_url = stack.enter_context(http_server(relay, relay_port, "http-relay", workdir / "relay.log"))
                 routes["relay"] = (await stack.enter_async_context(Client(relay_url, mode=args.era)), "echo")
+            if args.base is not None:
+                base_upstream_port, base_port = _free_port(), _free_port()
+                base_config = workdir / "http-base.json"
+                base_servers = {"echo": {"url": f"http://127.0.0.1:{base_upstream_port}/mcp"}}
+                base_config.write_text(json.dumps({**settings, "mcpServers": base_servers}))
+                base_serve = [*mux_serve[: mux_serve.index("--config") + 1], str(base_config), "--transport", "http"]
+                base_serve += ["--port", str(base_port)]
+                base_echo, base_log = echo(base_upstream_port), workdir / "echo-base.log"
+                stack.enter_context(http_server(base_echo, base_upstream_port, "http-base", base_log))
+                base_url = stack.enter_context(
+                    http_server(base_serve, base_port, "http-base", workdir / "mcpmux-base.log", _base_env(args.base))
+                )
+                routes["base"] = (await stack.enter_async_context(Client(base_url, mode=args.era)), "echo__echo")
             if not args.sdk_path:
                 yield routes
                 return
@@ -456,10 +489,13 @@ def _meta(args: argparse.Namespace) -> dict[str, Any]:
     def git(*command: str) -> str:
         return subprocess.run(["git", *command], capture_output=True, text=True, cwd=HERE).stdout.strip()
 
+    base = None if args.base is None else args.base.resolve()
     return {
         "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "git_commit": git("rev-parse", "--short", "HEAD"),
         "mcpmux_uncommitted_changes": bool(git("status", "--porcelain", "--", str(HERE.parent / "mcpmux"))),
+        "base_tree": None if base is None else str(base),
+        "base_commit": None if base is None else git("-C", str(base), "rev-parse", "--short", "HEAD"),
         "python": platform.python_version(),
         "mcp": version("mcp"),
         "cpus": os.cpu_count(),
@@ -494,6 +530,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--concurrency", nargs="+", type=int, choices=CONCURRENCY, default=list(CONCURRENCY))
     parser.add_argument("--floor", action="store_true", help="also time a do-nothing relay in the middle")
     parser.add_argument("--sdk-path", action="store_true", help="also time mcpmux with its fast path turned off")
+    parser.add_argument("--base", type=Path, help="also time mcpmux run from this source tree (route `base`)")
     parser.add_argument("--era", choices=["auto", "legacy"], default="auto", help="the benchmark client's handshake")
     parser.add_argument("--upstream-tools", type=int, default=0, help="inert tools each echo upstream lists too")
     parser.add_argument(

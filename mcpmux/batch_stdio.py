@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, BinaryIO, cast
 
@@ -65,8 +65,9 @@ class StdioBatchEdge:
         """The revision the server negotiated with this client (None before initialize)."""
         self._initialize_ids: set[str] = set()
         self._pending: dict[str, BatchPlan] = {}
-        self.take: Callable[[str], Awaitable[bool]] | None = None
-        """A hook that may answer a client line itself (the fast path); True keeps it from the SDK."""
+        self.take: Callable[[str], bool] | None = None
+        """A hook that may answer a client line itself (the fast path), called as the line is read;
+        True keeps it from the SDK."""
 
     @property
     def stdin(self) -> anyio.AsyncFile[str]:
@@ -80,15 +81,17 @@ class StdioBatchEdge:
         # stdio_server only calls write() and flush() on its stdout.
         return cast("anyio.AsyncFile[str]", _Writer(self))
 
+    def _offer(self, line: str) -> bool:
+        """The fast path's chance at a line (not an array), the moment it is read."""
+        return self.take is not None and not line.lstrip().startswith("[") and self.take(line)
+
     async def _lines(self) -> AsyncIterator[str]:
-        async for line in read_lines(self._in):
+        # The fast path takes only well-formed messages, so its lines skip the SDK's parse below.
+        async for line in read_lines(self._in, offer=self._offer):
             if line.lstrip().startswith("["):
                 for message in await self._split(line):
                     yield json.dumps(message) + "\n"
                 continue
-            # The fast path takes only well-formed messages, so its lines skip the SDK's parse below.
-            if self.take is not None and await self.take(line):
-                continue  # answered by the fast path (mcpmux.fastpath_stdio)
             refusal = line_refusal(line)
             if refusal is not None:
                 await self._write(refusal)  # the SDK would drop the line and leave its sender waiting

@@ -61,8 +61,11 @@ class StdioFastFront:
         self._outbox: list[bytes] = []
         self._writing = False
 
-    async def take(self, line: str) -> bool:
-        """True when the fast path took `line` (the SDK must not see it); it takes only well-formed messages."""
+    def take(self, line: str) -> bool:
+        """True when the fast path took `line` (the SDK must not see it); it takes only well-formed messages.
+
+        Called from the read callback of the client's wire (`mcpmux.stdio_wire.read_lines`), so it never waits.
+        """
         if '"tools/call"' in line:
             message = decode(line)
             call = self.fast.route(message, self._edge.protocol_version, self._declares_sampling)

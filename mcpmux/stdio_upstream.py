@@ -78,12 +78,14 @@ async def stdio_transport(
 
     lane.attach(send, send_now)
 
+    def lanes(line: str) -> bool:
+        return LANE_ID_MARK in line and lane.take(_raw(line))
+
     async def read() -> None:
         async with to_session:
             delivering = True
-            async for line in read_lines(stdout):
-                if LANE_ID_MARK in line and lane.take(_raw(line)):
-                    continue
+            # The lane's lines are taken in the read callback itself; the rest come here, in order.
+            async for line in read_lines(stdout, offer=lanes):
                 if not delivering or not line.strip():
                     continue  # once the session is gone, the rest is drained so the child can flush and exit
                 lane.passed_on()

@@ -2,26 +2,28 @@
 
 An MCP client talks to a stdio server over pipes (or a socket pair). Those are read and written
 non-blocking right on the event loop: a line costs one `os.read`/`os.write`, with no hop to a
-worker thread and back, which was a third of mcpmux's CPU per relayed call. Anything else (a
-regular file, a terminal) cannot be polled, so a thread does the blocking I/O for it.
+worker thread and back, which was a third of mcpmux's CPU per relayed call. The reader stays
+registered with the loop's poller and hands each line to its taker from the read callback itself
+(`read_lines(wire, offer)`). Anything else (a regular file, a terminal) cannot be polled, so a
+thread does the blocking I/O for it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import select
 import stat
 import threading
-from collections.abc import AsyncIterator
+from collections import deque
+from collections.abc import AsyncIterator, Callable
 from contextlib import suppress
-from typing import IO
+from typing import IO, cast
 
 import anyio
 import anyio.from_thread
 import anyio.lowlevel
 import anyio.to_thread
-
-_CHUNK = 1 << 16
 
 FINISH_LINE_TIMEOUT = 5.0
 """Seconds a cancelled writer keeps writing the rest of its line before it gives the wire up."""
@@ -33,36 +35,126 @@ def pollable(fd: int) -> bool:
     return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
 
 
-async def read_lines(wire: IO[bytes]) -> AsyncIterator[str]:
-    """The wire's lines (newline kept; invalid UTF-8 replaced), until end of file."""
-    fd = wire.fileno()
-    lines = _loop_lines(fd) if pollable(fd) else _thread_lines(wire)
-    async for line in lines:
-        yield line
+Offer = Callable[[str], bool]
+"""Sees a line the moment it is read; True when it took the line (then `read_lines` does not yield it)."""
+
+_HELD_LINES = 256
+"""Lines `read_lines` holds for its consumer before it stops reading the wire until they are taken."""
 
 
-async def _loop_lines(fd: int) -> AsyncIterator[str]:
-    os.set_blocking(fd, False)
-    pending = bytearray()
-    while True:
+async def read_lines(wire: IO[bytes], offer: Offer | None = None) -> AsyncIterator[str]:
+    """The wire's lines (newline kept; invalid UTF-8 replaced), until end of file.
+
+    With `offer`, each line goes to it first, in order, and only those it declines are yielded. On
+    a pollable wire it is offered straight from the event loop's read callback while no earlier
+    line waits for the consumer: a line `offer` takes costs no task switch, no future and no
+    registration with the poller (the reader stays registered while lines flow). An exception
+    `offer` raises comes out of the iteration, where the line was. Off asyncio (another anyio
+    backend), or on a wire that cannot be polled, a thread reads and `offer` sees each line as it
+    comes out of the thread.
+    """
+    loop = _asyncio_loop()
+    if loop is not None and pollable(wire.fileno()):
+        lines = _LineProtocol(offer)
+        transport, _ = await loop.connect_read_pipe(lambda: lines, wire)
         try:
-            chunk = os.read(fd, _CHUNK)
-        except BlockingIOError:
-            await anyio.wait_readable(fd)
-            continue
-        if not chunk:
-            break
-        pending += chunk
+            async for line in lines.declined(transport):
+                yield line
+        finally:
+            transport.close()
+        return
+    async for line in _thread_lines(wire):
+        if offer is None or not offer(line):
+            yield line
+
+
+def _asyncio_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+class _LineProtocol(asyncio.Protocol):
+    """Splits what the pipe transport reads into lines; offers them at once, or queues them in order."""
+
+    def __init__(self, offer: Offer | None) -> None:
+        self._offer = offer
+        self._pending = bytearray()
+        self._queue: deque[tuple[str | Exception, bool]] = deque()
+        """Lines for `declined`, in order, each with whether it was offered already (or what the offer raised)."""
+        self._waiting: asyncio.Future[None] | None = None
+        self._ended = False
+        self._transport: asyncio.ReadTransport | None = None
+        self._paused = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.ReadTransport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        pending = self._pending
+        pending += data
         start = 0
         while (end := pending.find(b"\n", start)) >= 0:
             # Split before decoding: a multi-byte character never straddles a line end.
-            yield pending[start : end + 1].decode("utf-8", errors="replace")
+            self._line(pending[start : end + 1].decode("utf-8", errors="replace"))
             start = end + 1
         del pending[:start]
-        if len(chunk) < _CHUNK:
-            await anyio.wait_readable(fd)  # the pipe is empty: don't pay a failed read to learn it
-    if pending:
-        yield pending.decode("utf-8", errors="replace")
+        if len(self._queue) >= _HELD_LINES and not self._paused and self._transport is not None:
+            self._paused = True
+            self._transport.pause_reading()  # the consumer is behind: let the writer wait
+        self._wake()
+
+    def eof_received(self) -> bool | None:
+        if self._pending:
+            self._line(self._pending.decode("utf-8", errors="replace"))
+            self._pending.clear()
+        self._ended = True
+        self._wake()
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if exc is not None:
+            self._queue.append((exc, True))
+        self._ended = True
+        self._wake()
+
+    def _line(self, line: str) -> None:
+        if self._offer is None:
+            self._queue.append((line, True))
+        elif self._queue:
+            self._queue.append((line, False))  # offered in turn, after the lines before it
+        else:
+            try:
+                if not self._offer(line):
+                    self._queue.append((line, True))
+            except Exception as exc:  # raised to the consumer, in the line's place
+                self._queue.append((exc, True))
+
+    def _wake(self) -> None:
+        waiting = self._waiting
+        if waiting is not None and not waiting.done() and (self._queue or self._ended):
+            waiting.set_result(None)
+
+    async def declined(self, transport: asyncio.ReadTransport) -> AsyncIterator[str]:
+        queue = self._queue
+        while True:
+            while queue:
+                item, offered = queue.popleft()
+                if isinstance(item, Exception):
+                    raise item
+                if self._paused and len(queue) < _HELD_LINES // 2:
+                    self._paused = False
+                    transport.resume_reading()
+                if offered or self._offer is None or not self._offer(item):
+                    yield item
+            if self._ended:
+                return
+            self._waiting = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiting
+            finally:
+                self._waiting = None
 
 
 async def _thread_lines(wire: IO[bytes]) -> AsyncIterator[str]:

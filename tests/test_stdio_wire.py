@@ -6,6 +6,7 @@ import os
 import select
 import threading
 import time
+from pathlib import Path
 
 import anyio
 import anyio.lowlevel
@@ -129,3 +130,102 @@ async def test_write_now_refuses_a_full_pipe_and_a_closed_wire() -> None:
     assert not writer.write_now("after the reader left\n")
     writer.close()
     assert not writer.write_now("after close\n")
+
+
+async def test_offer_sees_every_line_in_order_and_takes_lines_only_after_those_before_them() -> None:
+    """A line read while a declined one still waits for the consumer is offered only once that one is taken."""
+    read_fd, write_fd = os.pipe()
+    events: list[str] = []
+
+    def offer(line: str) -> bool:
+        events.append(f"offer {line.strip()}")
+        return line.startswith("take")
+
+    os.write(write_fd, b"keep 1\ntake 1\nkeep 2\ntake 2\ntake 3\n")
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb", buffering=0) as wire:
+        async for line in read_lines(wire, offer=offer):
+            events.append(f"got {line.strip()}")
+            await anyio.sleep(0.01)  # a slow consumer: the later lines are read meanwhile
+    assert events == [
+        *("offer keep 1", "got keep 1"),
+        *("offer take 1", "offer keep 2", "got keep 2"),  # take 1 and keep 2 waited for keep 1's consumer
+        *("offer take 2", "offer take 3"),
+    ]
+
+
+async def test_offer_takes_lines_from_the_read_callback_without_the_consumer() -> None:
+    """While no declined line waits, a line is taken as it is read, even with the consumer busy elsewhere."""
+    read_fd, write_fd = os.pipe()
+    taken: list[str] = []
+    async with anyio.create_task_group() as tasks:
+
+        async def consume() -> None:
+            with os.fdopen(read_fd, "rb", buffering=0) as wire:
+                assert [line async for line in read_lines(wire, offer=lambda line: taken.append(line) is None)] == []
+
+        tasks.start_soon(consume)
+        for index in range(3):
+            os.write(write_fd, f"line {index}\n".encode())
+            with anyio.fail_after(5):
+                while len(taken) <= index:
+                    await anyio.sleep(0.005)
+        os.close(write_fd)
+    assert taken == ["line 0\n", "line 1\n", "line 2\n"]
+
+
+async def test_an_exception_in_offer_comes_out_where_its_line_was() -> None:
+    read_fd, write_fd = os.pipe()
+
+    def offer(line: str) -> bool:
+        if line.startswith("boom"):
+            raise ValueError("offer failed")
+        return False
+
+    os.write(write_fd, b"first\nboom\nlast\n")
+    os.close(write_fd)
+    got: list[str] = []
+
+    async def consume() -> None:
+        with os.fdopen(read_fd, "rb", buffering=0) as wire:
+            async for line in read_lines(wire, offer=offer):
+                got.append(line)
+
+    with pytest.raises(ValueError, match="offer failed"):
+        await consume()
+    assert got == ["first\n"]
+
+
+async def test_a_consumer_that_falls_behind_stops_the_reading_until_it_catches_up() -> None:
+    """Declined lines are held for the consumer only up to a bound: past it the writer waits, and nothing is lost."""
+    read_fd, write_fd = os.pipe()
+    lines = [f"{index:06d} {'x' * 90}\n".encode() for index in range(5000)]  # 500 kB: far more than a pipe holds
+    written = 0
+
+    def writer() -> None:
+        nonlocal written
+        with os.fdopen(write_fd, "wb", buffering=0) as wire:
+            for data in lines:
+                wire.write(data)
+                written += 1
+
+    thread = threading.Thread(target=writer)
+    got: list[str] = []
+    with os.fdopen(read_fd, "rb", buffering=0) as wire:
+        reading = read_lines(wire, offer=lambda line: False)
+        thread.start()
+        got.append(await anext(reading))
+        await anyio.sleep(0.5)  # the consumer does not ask; the reader reads on until its bound
+        assert 0 < written < len(lines)  # the writer is blocked on a full pipe: lines are not held without end
+        got += [line async for line in reading]
+    await anyio.to_thread.run_sync(thread.join)
+    assert got == [data.decode() for data in lines]
+
+
+async def test_offer_on_a_wire_that_cannot_be_polled(tmp_path: Path) -> None:
+    """A regular file is read by a thread; `offer` sees its lines all the same."""
+    path = tmp_path / "lines"
+    path.write_bytes(b"keep\ntake\nkeep too")
+    with path.open("rb") as wire:
+        got = [line async for line in read_lines(wire, offer=lambda line: line.startswith("take"))]
+    assert got == ["keep\n", "keep too"]

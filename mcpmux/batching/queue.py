@@ -130,6 +130,7 @@ class AgingQueue(Generic[T]):
         entry.state = EntryState.TAKEN
         self._live -= 1
         self._room.fire()
+        self._forget_arrivals()
         return entry
 
     def take(self, n: int, now: float | None = None) -> list[QueueEntry[T]]:
@@ -142,8 +143,7 @@ class AgingQueue(Generic[T]):
 
     def oldest_enqueued_at(self) -> float | None:
         """Arrival time of the longest-waiting queued entry (what a batching delay is measured from)."""
-        while self._arrivals and self._arrivals[0].state is not EntryState.QUEUED:
-            self._arrivals.popleft()
+        self._forget_arrivals()
         return self._arrivals[0].enqueued_at if self._arrivals else None
 
     async def wait_changed(self, until: float | None = None) -> None:
@@ -168,11 +168,19 @@ class AgingQueue(Generic[T]):
         self._live -= 1
         self._room.fire()
 
+    def _forget_arrivals(self) -> None:
+        """Let go of the entries handed out or dropped at the front of the arrivals, and of the rest
+        of them once they outnumber the live ones (handed out of arrival order, by priority)."""
+        arrivals = self._arrivals
+        while arrivals and arrivals[0].state is not EntryState.QUEUED:
+            arrivals.popleft()
+        if len(arrivals) > 2 * self._live + 64:
+            self._arrivals = deque(e for e in arrivals if e.state is EntryState.QUEUED)
+
     def _compact(self) -> None:
         # Removed entries stay in the heap and arrival deque until they surface; rebuild when they
         # outnumber live ones so cancelled items cannot grow memory without bound.
         if len(self._heap) > 2 * self._live + 64:
             self._heap = [pair for pair in self._heap if pair[1].state is EntryState.QUEUED]
             heapq.heapify(self._heap)
-        if len(self._arrivals) > 2 * self._live + 64:
-            self._arrivals = deque(e for e in self._arrivals if e.state is EntryState.QUEUED)
+        self._forget_arrivals()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
 from typing import TypeVar
 
 import anyio
@@ -102,6 +104,33 @@ async def test_many_cancellations_do_not_grow_memory() -> None:
     assert len(queue) == 1
     assert len(queue._heap) < 200
     assert queue.pop() is keeper
+
+
+class _Item:
+    pass
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("priorities", [False, True])
+async def test_items_handed_out_are_not_kept(priorities: bool) -> None:
+    """A queue that only ever has a few waiting (a gate's line) holds on to nothing it handed out.
+
+    Found in session 10: every entry a gate had queued stayed alive in its list of arrivals,
+    and the collector's full passes over them came to most of mcpmux's CPU under load.
+    """
+    queue: AgingQueue[_Item] = AgingQueue(QueuePolicy(max_queue=10_000))
+    handed_out: list[weakref.ref[_Item]] = []
+    for i in range(3_000):
+        item = _Item()
+        handed_out.append(weakref.ref(item))
+        queue.put_nowait(item, priority=i % 3 if priorities else 0)
+        if i % 4 == 3:  # a few wait at a time, and are handed out in the queue's order
+            for entry in queue.take(4):
+                assert entry.value is not None
+    del item, entry
+    assert len(queue) == 0
+    gc.collect()
+    assert sum(ref() is not None for ref in handed_out) == 0
 
 
 @pytest.mark.anyio

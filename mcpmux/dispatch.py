@@ -157,7 +157,7 @@ class UpstreamDispatcher:
             item = (canonical_json(others), others, arguments[form.argument])
             # The batch call itself runs in the batcher's task, outside this request's log context.
             logger.debug("call joins a %s batch", form.batch_tool)
-            return await batcher.submit(item, priority=priority, deadline=self._queue_deadline())
+            return await batcher.submit(item, priority=priority, deadline=self.queue_deadline())
         return await self._gated(tool, arguments, progress, priority)
 
     async def _gated(
@@ -173,16 +173,17 @@ class UpstreamDispatcher:
 
     def slot(self, priority: int) -> AbstractAsyncContextManager[None]:
         """One admission through this upstream's gate (limits, queue) for the body of the `async with`."""
-        return self.gate.slot(priority=priority, deadline=self._queue_deadline())
+        return self.gate.slot(priority=priority, deadline=self.queue_deadline())
 
     async def admit(self, priority: int) -> None:
         """Wait for one admission through this upstream's gate, as `slot` does; `gate.release()` gives it back."""
-        await self.gate.acquire(priority=priority, deadline=self._queue_deadline())
+        await self.gate.acquire(priority=priority, deadline=self.queue_deadline())
 
     def _priority(self, tool: str) -> int:
         return priority_for(self.upstream.config.priorities, tool)
 
-    def _queue_deadline(self) -> float:
+    def queue_deadline(self) -> float:
+        """When a call asking for admission now stops waiting: `queue_timeout`, else the call timeout, from now."""
         limit = self.upstream.config.limits.queue_timeout
         return deadline_in(limit if limit is not None else self.upstream.timeout)
 

@@ -149,6 +149,10 @@ class LaneFlight:
         """Nobody will wait for the call: whatever arrives for it is dropped."""
         self.lane._pending.pop(self.request_id, None)
 
+    def unlink(self) -> None:
+        """The call is over: let go of its callbacks (which refer back to the call's owner)."""
+        self.outcomes.answered = self.outcomes.on_put = None
+
 
 def session_sender(write_stream: Any) -> Send:
     """The `Send` for an SDK transport's write stream (of `SessionMessage`s)."""

@@ -20,7 +20,7 @@ from mcpmux.batching.errors import (
     RejectedError,
 )
 from mcpmux.batching.flush import CostModel, FlushDecision, RecentArrivals, decide_adaptive, decide_fixed
-from mcpmux.batching.gate import AdmissionGate, GateStats
+from mcpmux.batching.gate import AdmissionGate, GateStats, Held
 from mcpmux.batching.keys import call_key, canonical_json
 from mcpmux.batching.policy import BatchPolicy, GatePolicy, QueuePolicy, deadline_in
 from mcpmux.batching.queue import AgingQueue, EntryState, QueueEntry
@@ -44,6 +44,7 @@ __all__ = [
     "FlushDecision",
     "GatePolicy",
     "GateStats",
+    "Held",
     "QueueEntry",
     "QueueFullError",
     "QueuePolicy",

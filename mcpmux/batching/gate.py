@@ -7,12 +7,16 @@ Callers that cannot enter at once wait in an `AgingQueue` (priority, aging, boun
 are admitted in its order. The gate runs no task of its own: whoever releases a slot or arrives
 admits waiters, and the waiter at the head of the line sleeps until the next token is due when
 the rate limit is what holds it back.
+
+A caller with no task to wait in can take its place in the same line with `hold(on_admit)`: when
+its turn comes, whoever released the slot calls `on_admit()` then and there. Should it need a task
+after all, `wait_held` waits for that same place in line.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -28,6 +32,12 @@ from mcpmux.batching.signal import Signal
 class _Waiter:
     wake: Signal = field(default_factory=Signal)
     granted: bool = False
+    on_admit: Callable[[], None] | None = None
+    """Called instead of waking a task, for a waiter put in line by `hold`."""
+
+
+Held = QueueEntry[_Waiter]
+"""A place in the gate's line taken by `hold`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,20 +85,39 @@ class AdmissionGate:
         except RejectedError as exc:
             self._rejections[exc.reason] += 1
             raise
-        waiter = entry.value
-        try:
-            await self._wait_admitted(entry, deadline, asked_at)
-        except BaseException:
-            if waiter.granted:
-                self.release()
-            else:
-                self._queue.remove(entry)
-                self._admit_waiters(caller=waiter)
-            raise
+        await self._wait(entry, deadline, asked_at)
+
+    def hold(self, on_admit: Callable[[], None], *, priority: int = 0, deadline: float | None = None) -> Held | None:
+        """Take a place in line without a task: once it is admitted, `on_admit()` runs, called by whoever
+        released the slot, and the caller then holds one admission (to `release` as after `acquire`).
+
+        `on_admit` must not raise. None, with nothing queued, where only a task can wait: a rate limit
+        (its next token needs a timer) or a full queue (whose refusal or delay `acquire` words). The
+        deadline is not watched here: a place past it is skipped, never admitted, so the caller must
+        act by then (`wait_held` raises the deadline's error) or `withdraw` it.
+        """
+        if self.policy.rate is not None or self._queue.closed or len(self._queue) >= self.policy.queue.max_queue:
+            return None
+        asked_at = anyio.current_time()
+        deadline = self.policy.queue.resolve_deadline(deadline, asked_at)
+        return self._queue.put_nowait(_Waiter(on_admit=on_admit), priority=priority, deadline=deadline)
+
+    async def wait_held(self, held: Held) -> None:
+        """Wait in a task for the admission of a place `hold` took, where it stands in line; raises as
+        `acquire` does (its deadline measured from `hold`). Returns at once if it was admitted already."""
+        waiter = held.value
+        waiter.on_admit = None
+        if waiter.granted:
+            return
+        await self._wait(held, held.deadline, held.enqueued_at)
+
+    def withdraw(self, held: Held) -> None:
+        """Give up a place `hold` took, not yet admitted (a no-op once it was skipped past its deadline)."""
+        self._queue.remove(held)
 
     def try_acquire(self, now: float | None = None) -> bool:
         """Admit one at once when nobody is queued and the limits allow it; False (and nothing counted) otherwise."""
-        if len(self._queue) != 0:
+        if len(self._queue) != 0 and self._queue.peek() is not None:  # peek drops places past their deadline
             return False
         if now is None:  # only the rate limit reads the clock
             now = anyio.current_time() if self.policy.rate is not None else 0.0
@@ -120,6 +149,18 @@ class AdmissionGate:
             rejections=dict(self._rejections),
         )
 
+    async def _wait(self, entry: QueueEntry[_Waiter], deadline: float | None, asked_at: float) -> None:
+        waiter = entry.value
+        try:
+            await self._wait_admitted(entry, deadline, asked_at)
+        except BaseException:
+            if waiter.granted:
+                self.release()
+            else:
+                self._queue.remove(entry)
+                self._admit_waiters(caller=waiter)
+            raise
+
     async def _wait_admitted(self, entry: QueueEntry[_Waiter], deadline: float | None, asked_at: float) -> None:
         waiter = entry.value
         while True:
@@ -150,16 +191,22 @@ class AdmissionGate:
         if len(self._queue) == 0:
             return  # nobody to admit, nobody to nudge
         now = anyio.current_time()
+        admitted: list[Callable[[], None]] = []
         # Same `now` for peek and pop, so the entry admitted is the one peeked.
         while self._queue.peek(now) is not None and self._admit_one(now):
             entry = self._queue.pop(now)
             if entry is not None:
                 entry.value.granted = True
-                entry.value.wake.fire()
+                if entry.value.on_admit is None:
+                    entry.value.wake.fire()
+                else:
+                    admitted.append(entry.value.on_admit)
         # Nudge the new head so it re-arms the token timer (it may have slept untimed until now).
         head = self._queue.peek(now)
         if head is not None and head.value is not caller:
             head.value.wake.fire()
+        for on_admit in admitted:  # once the line is in order: they may release or queue in turn
+            on_admit()
 
     def _refill(self, now: float) -> None:
         if self.policy.rate is None:

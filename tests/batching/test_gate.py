@@ -169,3 +169,103 @@ async def test_a_refunded_admission_costs_no_token_and_counts_for_nothing() -> N
     async with gate.slot():  # the token is still there for the call that goes on to wait its turn
         pass
     assert not gate.try_acquire()
+
+
+@pytest.mark.anyio
+async def test_held_places_are_admitted_in_line_order_by_whoever_releases() -> None:
+    """`hold` takes a place beside the tasks' places; its turn is a call back from `release`, no task."""
+    gate = AdmissionGate(GatePolicy(max_concurrency=1, queue=QueuePolicy(aging_interval=60.0)))
+    order: list[str] = []
+    assert gate.try_acquire()
+
+    def held(name: str) -> None:
+        order.append(name)
+        gate.release()  # done at once: the next in line goes on
+
+    async def waiter(name: str, priority: int) -> None:
+        async with gate.slot(priority=priority):
+            order.append(name)
+
+    async with anyio.create_task_group() as tg:
+        assert gate.hold(lambda: held("held low"), priority=0) is not None
+        tg.start_soon(waiter, "task high", 5)
+        await anyio.sleep(0.01)
+        assert gate.hold(lambda: held("held high"), priority=5) is not None
+        tg.start_soon(waiter, "task low", 0)
+        await anyio.sleep(0.01)
+        assert gate.stats().waiting == 4
+        gate.release()
+    assert order == ["task high", "held high", "held low", "task low"]
+    stats = gate.stats()
+    assert (stats.active, stats.waiting, stats.admitted) == (0, 0, 5)
+
+
+@pytest.mark.anyio
+async def test_a_held_place_moves_to_a_task_keeping_its_turn_and_its_deadline() -> None:
+    gate = AdmissionGate(GatePolicy(max_concurrency=1))
+    assert gate.try_acquire()
+    admitted: list[str] = []
+    first = gate.hold(lambda: admitted.append("callback"))
+    assert first is not None
+
+    async def waiter() -> None:
+        async with gate.slot():
+            admitted.append("later task")
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(waiter)
+        await anyio.sleep(0.01)
+
+        async def held_task() -> None:
+            await gate.wait_held(first)  # now a task waits for that same place
+            admitted.append("held, now a task")
+            gate.release()
+
+        tg.start_soon(held_task)
+        await anyio.sleep(0.01)
+        gate.release()
+    assert admitted == ["held, now a task", "later task"]
+
+    # Past its deadline, a held place is never admitted; `wait_held` raises the deadline's error, counted,
+    # measured from when the place was taken.
+    assert gate.try_acquire()
+    late = gate.hold(lambda: admitted.append("too late"), deadline=anyio.current_time() + 0.05)
+    assert late is not None
+    await anyio.sleep(0.1)
+    gate.release()
+    with pytest.raises(DeadlineExceededError, match=r"timeout=0\.05"):
+        await gate.wait_held(late)
+    assert "too late" not in admitted
+    assert gate.stats().rejections == {"deadline": 1}
+    assert gate.try_acquire()  # the expired place holds up nobody
+    gate.release()
+
+
+@pytest.mark.anyio
+async def test_a_withdrawn_held_place_is_never_admitted_and_admitted_ones_are_not_waited_for() -> None:
+    gate = AdmissionGate(GatePolicy(max_concurrency=1))
+    assert gate.try_acquire()
+    admitted: list[str] = []
+    gone = gate.hold(lambda: admitted.append("withdrawn"))
+    kept = gate.hold(lambda: admitted.append("kept"))
+    assert gone is not None
+    assert kept is not None
+    gate.withdraw(gone)
+    gate.release()
+    assert admitted == ["kept"]
+    await gate.wait_held(kept)  # admitted already: returns at once, the admission still held
+    assert gate.stats().active == 1
+    gate.release()
+
+
+@pytest.mark.anyio
+async def test_hold_declines_where_only_a_task_can_wait() -> None:
+    """A rate limit needs a timer for its next token, a full line needs `acquire`'s refusal or delay."""
+    limited = AdmissionGate(GatePolicy(max_concurrency=1, rate=10.0, burst=1))
+    assert limited.try_acquire()
+    assert limited.hold(lambda: None) is None
+    full = AdmissionGate(GatePolicy(max_concurrency=1, queue=QueuePolicy(max_queue=1)))
+    assert full.try_acquire()
+    assert full.hold(lambda: None) is not None
+    assert full.hold(lambda: None) is None
+    assert full.stats().waiting == 1

@@ -9,6 +9,7 @@ Run as a script, this file is that probe upstream: `python test_fastpath.py [htt
 
 from __future__ import annotations
 
+import gc
 import json
 import subprocess
 import sys
@@ -24,6 +25,8 @@ from mcp import Client
 from mcp.shared.exceptions import MCPError
 
 if __name__ != "__main__":
+    from mcpmux import Mux
+    from mcpmux.fastpath import FastCall, FastPath, Flight
     from tests.e2e.conftest import free_port, mux_over_http, mux_over_stdio, stop, text_of, wait_for_port, write_config
     from tests.reliability.conftest import HttpFront
 
@@ -242,6 +245,102 @@ async def test_the_upstreams_concurrency_limit_holds_on_the_fast_path(tmp_path: 
         assert json.loads(text_of(await client.call_tool("probe__peak", {}))) == 2
 
 
+@pytest.mark.anyio
+async def test_calls_waiting_their_turn_on_the_fast_path_time_out_overflow_and_cancel_as_on_the_sdk_path(
+    tmp_path: Path,
+) -> None:
+    """Calls past `max_concurrency` wait in the gate's line without a task; its limits read as on the SDK path."""
+    limits = {"max_concurrency": 1, "max_queue": 2, "queue_timeout": 0.5}
+    servers = {"probe": probe(limits=limits)}
+    fast_config = write_config(tmp_path / "fast.json", servers)
+    slow_config = write_config(tmp_path / "slow.json", servers, fast_path=False)
+
+    async def crowd(client: Client) -> list[Any]:
+        """A 1 s call, then three that queue behind it: two wait too long, one finds the line full."""
+        results: list[Any] = []
+
+        async def call(seconds: float) -> None:
+            results.append(await client.call_tool("probe__slow", {"seconds": seconds}))
+
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(call, 1.0)
+            await anyio.sleep(0.2)
+            for _ in range(3):
+                tasks.start_soon(call, 0.01)
+                await anyio.sleep(0.02)
+        return results
+
+    async with mux_over_stdio(fast_config) as fast, mux_over_stdio(slow_config) as slow:
+        fast_results, slow_results = await crowd(fast), await crowd(slow)
+        for results in (fast_results, slow_results):
+            refusals = sorted(text_of(result) for result in results if result.is_error)
+            assert len(refusals) == 3, refusals
+            assert "is full (max_queue=2)" in refusals[-1]
+            assert all("timeout=0.500s" in text and "waiting for admission" in text for text in refusals[:2])
+        (answered,) = [result for result in fast_results if not result.is_error]  # the 1 s call
+        assert str(seen_id(answered)).startswith("mux.")
+
+        # A call cancelled while it waits its turn never reaches the upstream; the line goes on.
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(fast.call_tool, "probe__slow", {"seconds": 0.5})
+            await anyio.sleep(0.1)
+            with anyio.move_on_after(0.2):
+                await fast.call_tool("probe__whoami", {"tag": "cancelled while waiting"})
+            after = await fast.call_tool("probe__whoami", {"tag": "after"})
+        assert json.loads(text_of(after))["tag"] == "after"
+        assert json.loads(text_of(await fast.call_tool("probe__tags", {}))) == ["after"]
+        assert json.loads(text_of(await fast.call_tool("probe__peak", {}))) == 1
+
+
+@pytest.mark.anyio
+async def test_fast_path_calls_leave_nothing_for_the_cycle_collector(tmp_path: Path) -> None:
+    """A fast-path call's objects are freed when it ends, also for calls that waited their turn.
+
+    mcpmux's own process is not ours to inspect, so the fast path runs here, in the test, over a
+    real upstream process, with the collector saving whatever it would have had to free.
+    """
+    config = write_config(tmp_path / "mux.json", {"probe": probe(limits={"max_concurrency": 2})})
+    async with Mux.from_config(config) as mux:
+        fast = FastPath(mux, {"name": "mcpmux", "version": "test"})
+        answers: dict[int, Any] = {}
+        done = anyio.Event()
+
+        def send(request_id: int, tasks: Any) -> None:
+            message = {"jsonrpc": "2.0", "id": request_id, "method": "tools/call"}
+            message["params"] = {"name": "probe__whoami", "arguments": {"tag": request_id}}
+            call = fast.route(message, "2025-11-25")
+            assert call is not None
+
+            def deliver_now(response: dict[str, Any]) -> bool:
+                answers[request_id] = response
+                if len(answers) == 20:
+                    done.set()
+                return True
+
+            async def finish() -> None:
+                response = await fast.answer(call, flight=flight)
+                deliver_now(response)
+
+            flight = fast.launch(call, deliver_now, lambda: tasks.start_soon(finish))
+            assert flight is not None  # sent at once, or waiting in the gate's line
+
+        gc.collect()
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        try:
+            async with anyio.create_task_group() as tasks:
+                for request_id in range(20):
+                    send(request_id, tasks)
+                with anyio.fail_after(20):
+                    await done.wait()
+            gc.collect()
+            left = [type(thing).__name__ for thing in gc.garbage if isinstance(thing, Flight | FastCall)]
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+    assert sorted(json.loads(answers[i]["result"]["content"][0]["text"])["tag"] for i in answers) == list(range(20))
+    assert left == []
+
+
 @pytest.mark.slow
 @pytest.mark.anyio
 async def test_http_clients_of_both_eras_cancel_fast_path_calls(tmp_path: Path) -> None:
@@ -400,8 +499,9 @@ def _serve_probe() -> None:
     asked: list[Any] = []
     running = [0, 0]  # `slow` calls running now, and the most at once
     schema = {"type": "object"}
+    tags: list[Any] = []  # the `tag` of each `whoami` call that reached the probe
     names = ["whoami", "shapes", "fail", "reject", "slow", "peak", "cancelled", "ask", "asked", "crash"]
-    names += ["cached", "one", "many"]
+    names += ["cached", "one", "many", "tags"]
     tools = [types.Tool(name=name, input_schema=schema) for name in names]
     typed = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
     tools.append(types.Tool(name="typed", input_schema=schema, output_schema=typed))
@@ -419,7 +519,11 @@ def _serve_probe() -> None:
 
     async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
         arguments = params.arguments or {}
+        if params.name == "tags":
+            return text(tags)
         if params.name in ("whoami", "cached"):
+            if "tag" in arguments:
+                tags.append(arguments["tag"])
             return text({"id": ctx.request_id, **arguments, **http_marks(ctx)})
         if params.name == "one":
             return text({"id": ctx.request_id, "item": arguments["item"]})

@@ -372,14 +372,26 @@ async def http_routes(args: argparse.Namespace, workdir: Path) -> AsyncIterator[
     """Connected clients: the echo upstream on HTTP, and mcpmux on HTTP in front of a second one."""
     direct_port, upstream_port, mux_port = _free_port(), _free_port(), _free_port()
     config = workdir / "http.json"
-    settings: dict[str, Any] = {"mcpServers": {"echo": {"url": f"http://127.0.0.1:{upstream_port}/mcp"}}}
+    edge: dict[str, Any] = {}  # mcpmux's settings besides its upstream
     if args.idle_per_client is not None:
-        settings["http"] = {"idle_connections_per_client": args.idle_per_client}
-    config.write_text(json.dumps(settings))
+        edge["http"] = {"idle_connections_per_client": args.idle_per_client}
+    config.write_text(json.dumps({**edge, "mcpServers": {"echo": {"url": f"http://127.0.0.1:{upstream_port}/mcp"}}}))
     mux_serve = [*_mcpmux_command(), "serve", "--config", str(config), "--transport", "http", "--port", str(mux_port)]
 
     def echo(port: int) -> list[str]:
         return [sys.executable, ECHO, "http", str(port), "--tools", str(args.upstream_tools)]
+
+    async def another_mux(
+        stack: contextlib.AsyncExitStack, route: str, settings: dict[str, Any], env: dict[str, str] | None = None
+    ) -> tuple[Client, str]:
+        """One more mcpmux over HTTP (`settings`, `env`) in front of an echo upstream of its own, kept on `stack`."""
+        upstream, port = _free_port(), _free_port()
+        path = workdir / f"http-{route}.json"
+        path.write_text(json.dumps({**settings, "mcpServers": {"echo": {"url": f"http://127.0.0.1:{upstream}/mcp"}}}))
+        serve = [*_mcpmux_command(), "serve", "--config", str(path), "--transport", "http", "--port", str(port)]
+        stack.enter_context(http_server(echo(upstream), upstream, f"http-{route}", workdir / f"echo-{route}.log"))
+        url = stack.enter_context(http_server(serve, port, f"http-{route}", workdir / f"mcpmux-{route}.log", env))
+        return await stack.enter_async_context(Client(url, mode=args.era)), "echo__echo"
 
     with (
         http_server(echo(direct_port), direct_port, "http-direct", workdir / "echo-direct.log") as direct_url,
@@ -400,33 +412,10 @@ async def http_routes(args: argparse.Namespace, workdir: Path) -> AsyncIterator[
                 relay_url = stack.enter_context(http_server(relay, relay_port, "http-relay", workdir / "relay.log"))
                 routes["relay"] = (await stack.enter_async_context(Client(relay_url, mode=args.era)), "echo")
             if args.base is not None:
-                base_upstream_port, base_port = _free_port(), _free_port()
-                base_config = workdir / "http-base.json"
-                base_servers = {"echo": {"url": f"http://127.0.0.1:{base_upstream_port}/mcp"}}
-                base_config.write_text(json.dumps({**settings, "mcpServers": base_servers}))
-                base_serve = [*mux_serve[: mux_serve.index("--config") + 1], str(base_config), "--transport", "http"]
-                base_serve += ["--port", str(base_port)]
-                base_echo, base_log = echo(base_upstream_port), workdir / "echo-base.log"
-                stack.enter_context(http_server(base_echo, base_upstream_port, "http-base", base_log))
-                base_url = stack.enter_context(
-                    http_server(base_serve, base_port, "http-base", workdir / "mcpmux-base.log", _base_env(args.base))
-                )
-                routes["base"] = (await stack.enter_async_context(Client(base_url, mode=args.era)), "echo__echo")
-            if not args.sdk_path:
-                yield routes
-                return
-            sdk_upstream_port, sdk_port = _free_port(), _free_port()
-            sdk_config = workdir / "http-sdk.json"
-            sdk_servers = {"echo": {"url": f"http://127.0.0.1:{sdk_upstream_port}/mcp"}}
-            sdk_config.write_text(json.dumps({"mcpServers": sdk_servers, "mux": {"fast_path": False}}))
-            sdk_serve = [*_mcpmux_command(), "serve", "--config", str(sdk_config), "--transport", "http"]
-            sdk_serve += ["--port", str(sdk_port)]
-            with (
-                http_server(echo(sdk_upstream_port), sdk_upstream_port, "http-sdk", workdir / "echo-sdk.log"),
-                http_server(sdk_serve, sdk_port, "http-sdk", workdir / "mcpmux-sdk.log") as sdk_url,
-            ):
-                async with Client(sdk_url, mode=args.era) as sdk:
-                    yield {**routes, "sdk": (sdk, "echo__echo")}
+                routes["base"] = await another_mux(stack, "base", edge, _base_env(args.base))
+            if args.sdk_path:
+                routes["sdk"] = await another_mux(stack, "sdk", {"mux": {"fast_path": False}})
+            yield routes
 
 
 async def measure(transport: str, routes: Routes, calls: dict[int, int], repeats: int) -> list[Row]:

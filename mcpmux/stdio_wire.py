@@ -58,7 +58,7 @@ async def read_lines(wire: IO[bytes], offer: Offer | None = None) -> AsyncIterat
         lines = _LineProtocol(offer)
         transport, _ = await loop.connect_read_pipe(lambda: lines, wire)
         try:
-            async for line in lines.declined(transport):
+            async for line in lines.declined():
                 yield line
         finally:
             transport.close()
@@ -136,16 +136,16 @@ class _LineProtocol(asyncio.Protocol):
         if waiting is not None and not waiting.done() and (self._queue or self._ended):
             waiting.set_result(None)
 
-    async def declined(self, transport: asyncio.ReadTransport) -> AsyncIterator[str]:
+    async def declined(self) -> AsyncIterator[str]:
         queue = self._queue
         while True:
             while queue:
                 item, offered = queue.popleft()
                 if isinstance(item, Exception):
                     raise item
-                if self._paused and len(queue) < _HELD_LINES // 2:
+                if self._paused and len(queue) < _HELD_LINES // 2 and self._transport is not None:
                     self._paused = False
-                    transport.resume_reading()
+                    self._transport.resume_reading()
                 if offered or self._offer is None or not self._offer(item):
                     yield item
             if self._ended:

@@ -8,6 +8,12 @@ import pytest
 from mcpmux.batching import AdmissionGate, DeadlineExceededError, GatePolicy, QueueFullError, QueuePolicy
 
 
+async def _in_turn(gate: AdmissionGate, admitted: list[str], name: str, priority: int = 0) -> None:
+    """A task that waits for its turn at `gate` and notes `name` once admitted."""
+    async with gate.slot(priority=priority):
+        admitted.append(name)
+
+
 @pytest.mark.anyio
 async def test_never_more_holders_than_max_concurrency() -> None:
     gate = AdmissionGate(GatePolicy(max_concurrency=3))
@@ -140,13 +146,8 @@ async def test_try_acquire_admits_at_once_or_not_at_all_and_never_jumps_the_line
     assert gate.try_acquire()
     assert not gate.try_acquire()  # at the limit: refused, and nothing counted against anyone
     admitted: list[str] = []
-
-    async def waiter() -> None:
-        async with gate.slot():
-            admitted.append("waiter")
-
     async with anyio.create_task_group() as tg:
-        tg.start_soon(waiter)
+        tg.start_soon(_in_turn, gate, admitted, "waiter")
         await anyio.sleep(0.05)
         gate.release()  # the slot goes to the waiter in line ...
         assert not gate.try_acquire()  # ... not to a newcomer that asks at once
@@ -182,16 +183,12 @@ async def test_held_places_are_admitted_in_line_order_by_whoever_releases() -> N
         order.append(name)
         gate.release()  # done at once: the next in line goes on
 
-    async def waiter(name: str, priority: int) -> None:
-        async with gate.slot(priority=priority):
-            order.append(name)
-
     async with anyio.create_task_group() as tg:
         assert gate.hold(lambda: held("held low"), priority=0) is not None
-        tg.start_soon(waiter, "task high", 5)
+        tg.start_soon(_in_turn, gate, order, "task high", 5)
         await anyio.sleep(0.01)
         assert gate.hold(lambda: held("held high"), priority=5) is not None
-        tg.start_soon(waiter, "task low", 0)
+        tg.start_soon(_in_turn, gate, order, "task low")
         await anyio.sleep(0.01)
         assert gate.stats().waiting == 4
         gate.release()
@@ -207,13 +204,8 @@ async def test_a_held_place_moves_to_a_task_keeping_its_turn_and_its_deadline() 
     admitted: list[str] = []
     first = gate.hold(lambda: admitted.append("callback"))
     assert first is not None
-
-    async def waiter() -> None:
-        async with gate.slot():
-            admitted.append("later task")
-
     async with anyio.create_task_group() as tg:
-        tg.start_soon(waiter)
+        tg.start_soon(_in_turn, gate, admitted, "later task")
         await anyio.sleep(0.01)
 
         async def held_task() -> None:

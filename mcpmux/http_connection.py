@@ -71,6 +71,8 @@ class Connection(asyncio.Protocol):
         self.idle_since = 0.0
         self.dropped = False
         self._linger: asyncio.TimerHandle | None = None
+        self._arrived: list[dict[str, Any]] | None = None
+        """While a read is parsed: the messages it carried, handed to the pool once it is (`data_received`)."""
 
     def start(self, request_id: str | None, data: bytes, *, resend: bool = False) -> Exchange:
         assert self.transport is not None
@@ -105,14 +107,23 @@ class Connection(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)  # uvloop's are not asyncio.Transport subclasses
 
     def data_received(self, data: bytes) -> None:
+        """Parse what was read; the messages it carried go to the pool after that, once the
+        connection has rested if their response ended: an answer that frees a slot at the gate lets
+        the next call go out on this very connection, with no task to open another."""
         exchange = self.exchange
         if exchange is not None and not exchange.unread.done():
             exchange.unread.set_result(False)
+        arrived: list[dict[str, Any]] = []
+        self._arrived = arrived
         try:
             self.reader.feed(data)
         except HttpWireError as err:
             self._fail(f"the upstream's response was not valid HTTP: {err}")
             self.drop()
+        finally:
+            self._arrived = None
+            for message in arrived:
+                self.pool.deliver(message)
 
     def eof_received(self) -> bool:
         with contextlib.suppress(HttpWireError):  # connection_lost, right after this, fails what was unfinished
@@ -181,7 +192,7 @@ class Connection(asyncio.Protocol):
                 message = self._parsed(bytes(exchange.body), "JSON response")
                 if message is not None:
                     exchange.answered = True
-                    self.pool.deliver(message)
+                    self._deliver(message)
             else:
                 self._fail("SSE stream ended without a response")
         self._finish(exchange)
@@ -202,7 +213,7 @@ class Connection(asyncio.Protocol):
             message["id"] = exchange.request_id  # as the SDK's transport: the answer is the request's
             exchange.answered = True
             self._linger = asyncio.get_running_loop().call_later(LINGER, self._overstayed)
-        self.pool.deliver(message)
+        self._deliver(message)
 
     def _parsed(self, data: str | bytes, what: str) -> dict[str, Any] | None:
         """A JSON-RPC message as raw JSON; None (and the request failed, as the SDK words it) if it is none."""
@@ -240,9 +251,14 @@ class Connection(asyncio.Protocol):
         if exchange is None or exchange.answered:
             return
         exchange.answered = True
-        self.pool.deliver(
-            {"jsonrpc": "2.0", "id": exchange.request_id, "error": error or {"code": code, "message": message}}
-        )
+        error = error or {"code": code, "message": message}
+        self._deliver({"jsonrpc": "2.0", "id": exchange.request_id, "error": error})
+
+    def _deliver(self, message: dict[str, Any]) -> None:
+        if self._arrived is not None:
+            self._arrived.append(message)  # `data_received` hands it on
+        else:
+            self.pool.deliver(message)
 
     def _finish(self, exchange: Exchange) -> None:
         self.exchange = None

@@ -19,7 +19,6 @@ its SSE response stream. Every other request goes to the app behind, its body re
 
 from __future__ import annotations
 
-import functools
 import logging
 from typing import Any, Protocol
 
@@ -230,17 +229,13 @@ def _replaying(body: bytes, complete: bool, receive: Receive) -> Receive:
 
 def session_of(scope: Scope) -> str | None:
     """The request's `mcp-session-id` (a 2025 session), if any."""
-    for key, value in scope["headers"]:
-        if key.lower() == b"mcp-session-id":
-            return str(value.decode("latin-1"))
-    return None
+    return next((value.decode("latin-1") for key, value in scope["headers"] if key.lower() == b"mcp-session-id"), None)
 
 
 def _raw_headers(scope: Scope) -> list[tuple[str, str]]:
     return [(key.decode("latin-1").lower(), value.decode("latin-1")) for key, value in scope["headers"]]
 
 
-@functools.lru_cache(maxsize=64)  # clients send the same few values, request after request
 def _accepts_json_and_sse(accept: str) -> bool:
     """Whether `Accept` names both JSON and SSE (wildcards count), which the SDK requires of a POST."""
     types = {part.split(";")[0].strip().lower() for part in accept.split(",")}

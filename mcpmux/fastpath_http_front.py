@@ -90,9 +90,8 @@ class HttpFastFront:
         """Whether a request is held until its body is in, for `take` to see."""
         if scope["method"] != "POST" or (scope["path"].rstrip("/") or "/") != self.middleware.path:
             return False
-        headers = dict(reversed(scope["headers"]))  # the first of a repeated header wins
-        length = headers.get(b"content-length", b"")
-        elsewhere = not _NOT_HELD.isdisjoint(headers)
+        length = next((value for key, value in scope["headers"] if key == b"content-length"), b"")
+        elsewhere = any(key in _NOT_HELD for key, _ in scope["headers"])
         # What the edge refuses on its headers, it refuses at once, without waiting for the body.
         return length.isdigit() and int(length) <= MAX_HELD and not elsewhere and not self.edge.refuses_at_once(scope)
 

@@ -115,7 +115,7 @@ class HttpEdge:
 
     def _check_headers(self, scope: Scope, headers: dict[str, str], client: int | None) -> _Refusal | None:
         """Host/Origin (403), token (401), declared size (413), one session id (400): the checks that need no body."""
-        if [key for key, _ in scope["headers"]].count(_SESSION) > 1:
+        if sum(key == _SESSION for key, _ in scope["headers"]) > 1:
             # Which one would count? The SDK reads the first, session binding the last: neither may be trusted.
             return 400, "more than one Mcp-Session-Id header", []
         if not self.policy.host_allowed(headers.get("host")):

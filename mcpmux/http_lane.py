@@ -57,11 +57,6 @@ MAX_IDLE = 64
 PassOn = Callable[[dict[str, Any]], None]
 
 
-def _breaks_lines(text: str) -> bool:
-    """Whether `text` holds a character that would end a header line early (or is not allowed in one)."""
-    return "\r" in text or "\n" in text or "\0" in text
-
-
 def raw_lane_allowed(url: str) -> bool:
     """Whether `HttpLane` can reach `url`: http(s), and no proxy from the environment applies (httpx would use it)."""
     parts = urlsplit(url)
@@ -104,8 +99,6 @@ class HttpLane:
         self._waiting: deque[asyncio.Future[None]] = deque()
         self._resending: dict[str, asyncio.Task[None]] = {}
         self._tls: ssl.SSLContext | None = None
-        self._head_for: tuple[tuple[str, str | None] | None, bytes] = (None, b"")
-        """`_head()`'s bytes, and the (target, session id) they were built for."""
         self.closed = False
 
     @property
@@ -204,35 +197,16 @@ class HttpLane:
             waiter.cancel()
 
     def _encode(self, message: dict[str, Any], stamped: dict[str, str]) -> bytes:
-        """The request as it goes on the wire: the request line and the lane's own headers (built
-        once per target and session), the call's stamped headers, its length, its body."""
         body = dumps(message)
-        lowered = {key.lower(): value for key, value in stamped.items()}
-        if not lowered.keys().isdisjoint(self._headers) or "mcp-session-id" in lowered:
-            # A stamped header takes a fixed one's place.
-            return (self._header_block({**lowered, "content-length": str(len(body))}) + "\r\n").encode() + body
-        if _breaks_lines("".join(lowered) + "".join(lowered.values())):
-            raise anyio.BrokenResourceError("a header value holds a line break")
-        stamp = "".join([f"{key}: {value}\r\n" for key, value in lowered.items()]).encode()
-        return b"%s%scontent-length: %d\r\n\r\n%s" % (self._head(), stamp, len(body), body)
-
-    def _head(self) -> bytes:
-        """The request line and the headers every request on the lane carries."""
-        key = (self._target, self.session_id)
-        if self._head_for[0] != key:
-            self._head_for = (key, self._header_block({}).encode())
-        return self._head_for[1]
-
-    def _header_block(self, extra: dict[str, str]) -> str:
-        """The request line and the headers, the lane's own with `extra` over them, each line ended."""
         headers = dict(self._headers)
         if self.session_id is not None:
             headers["mcp-session-id"] = self.session_id
-        headers.update(extra)
+        headers.update((key.lower(), value) for key, value in stamped.items())
+        headers["content-length"] = str(len(body))
         lines = [f"POST {self._target} HTTP/1.1", *(f"{key}: {value}" for key, value in headers.items())]
-        if any(_breaks_lines(line) for line in lines):
+        if any(ch in line for line in lines for ch in "\r\n\0"):
             raise anyio.BrokenResourceError("a header value holds a line break")
-        return "".join(line + "\r\n" for line in lines)
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8") + body
 
     def _reusable(self) -> Connection | None:
         """The most recently rested idle connection still fit to carry a request; stale ones are closed."""

@@ -41,7 +41,8 @@ class TrackedCall:
     def __init__(self, tracker: CallTracker, upstream: str | None) -> None:
         self._tracker = tracker
         self.upstream = upstream
-        self._scope = anyio.CancelScope()
+        self._scope: anyio.CancelScope | None = None
+        """Made when the call is entered or cancelled: a fast-path call, with no task, needs none."""
         self._reason: str | None = None
         self._admitted = False
         self.on_cancel: Callable[[], None] | None = None
@@ -63,17 +64,22 @@ class TrackedCall:
     def cancel(self, reason: str) -> None:
         """Cancel the call; its caller gets `CallCancelledError(reason)`."""
         self._reason = reason
+        if self._scope is None:
+            self._scope = anyio.CancelScope()  # cancelled before it is entered: entering it cancels at once
         self._scope.cancel()
         if self.on_cancel is not None:
             self.on_cancel()
 
     def __enter__(self) -> None:
         self.admit()
+        if self._scope is None:
+            self._scope = anyio.CancelScope()
         self._scope.__enter__()
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        assert self._scope is not None
         try:
             swallowed = self._scope.__exit__(exc_type, exc, tb)
         finally:
@@ -89,8 +95,8 @@ class CallTracker:
 
     def __init__(self) -> None:
         self._calls: set[TrackedCall] = set()
-        self._idle = anyio.Event()
-        self._idle.set()
+        self._idle: anyio.Event | None = None
+        """Set when the last call in flight ends; made only while `drain` waits for that."""
         self._refusing: dict[str | None, str] = {}  # upstream (None: every call) -> why new calls are refused
 
     def track(self, upstream: str | None = None) -> TrackedCall:
@@ -112,10 +118,13 @@ class CallTracker:
         """Refuse new calls, wait up to `grace` seconds (or until `skip` is set) for those in flight, then
         cancel the rest with an error that says so; returns how many were cancelled."""
         self._refusing[None] = "mcpmux is shutting down and accepts no new calls"
-        if self._calls:
+        idle = self._idle = anyio.Event()  # no call is admitted from here on: set once the last one ends
+        if not self._calls:
+            idle.set()
+        else:
             logger.warning("shutting down: waiting up to %g s for %d call(s) in flight", grace, len(self._calls))
             with anyio.move_on_after(grace):
-                await _first_of(self._idle, skip or anyio.Event())
+                await _first_of(idle, skip or anyio.Event())
         late = list(self._calls)
         if skip is not None and skip.is_set():
             why = "mcpmux is shutting down: the call was cancelled (a second signal cut the grace period short)"
@@ -126,7 +135,7 @@ class CallTracker:
         if late:
             logger.warning("shutting down: cancelled %d call(s) still in flight", len(late))
             with anyio.move_on_after(_UNWIND_SECONDS):
-                await self._idle.wait()
+                await idle.wait()
         return len(late)
 
     def refusal(self, upstream: str | None) -> str | None:
@@ -139,13 +148,11 @@ class CallTracker:
         reason = self.refusal(call.upstream)
         if reason is not None:
             raise CallCancelledError(reason)
-        if not self._calls:
-            self._idle = anyio.Event()
         self._calls.add(call)
 
     def _release(self, call: TrackedCall) -> None:
         self._calls.discard(call)
-        if not self._calls:
+        if not self._calls and self._idle is not None:
             self._idle.set()
 
 

@@ -31,7 +31,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -182,11 +182,18 @@ class FastPath:
     async def _forget(self) -> None:
         self._eligible.clear()
 
-    def route(self, message: Any, legacy_version: str | None, declares_sampling: bool = False) -> FastCall | None:
+    def route(
+        self,
+        message: Any,
+        legacy_version: str | None,
+        declares_sampling: bool = False,
+        headers: Mapping[str, str] | None = None,
+    ) -> FastCall | None:
         """The `FastCall` for a parsed JSON-RPC message, or None when the SDK path must serve it.
 
         `legacy_version` is what a 2025 client negotiated on its session (None if unknown); a 2026
         request names its revision in `_meta`. `declares_sampling`: the 2025 client declared sampling.
+        `headers` (lower-case names): an HTTP request's, which a 2026 request's envelope must agree with.
         """
         if not isinstance(message, dict) or message.get("method") != "tools/call" or "id" not in message:
             return None
@@ -202,7 +209,7 @@ class FastPath:
             return None  # the SDK path relays the upstream's logs on this request (2026 logging is per request)
         version = meta.get(_PROTOCOL_VERSION)
         if version in MODERN_PROTOCOL_VERSIONS:
-            if isinstance(classify_inbound_request(message), InboundLadderRejection):
+            if isinstance(classify_inbound_request(message, headers=headers), InboundLadderRejection):
                 return None  # a malformed envelope: the SDK words the refusal
             capabilities = meta.get(_CLIENT_CAPABILITIES)
             declares_sampling = sampling_declared(capabilities)

@@ -25,12 +25,7 @@ from typing import Any, Protocol
 import anyio
 from cachetools import LRUCache
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
-from mcp.shared.inbound import (
-    ERROR_CODE_HTTP_STATUS,
-    InboundLadderRejection,
-    classify_inbound_request,
-    find_duplicated_routing_header,
-)
+from mcp.shared.inbound import ERROR_CODE_HTTP_STATUS, find_duplicated_routing_header
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -121,9 +116,7 @@ class FastPathMiddleware:
                 return None
             if find_duplicated_routing_header(raw_headers) is not None:
                 return None
-            if isinstance(classify_inbound_request(message, headers=headers), InboundLadderRejection):
-                return None
-            call = self.fast.route(message, None)
+            call = self.fast.route(message, None, headers=headers)
         else:
             # The SDK keeps its sessions here; an unknown one must get its 404.
             if version is None or version in MODERN_PROTOCOL_VERSIONS or session not in self.sessions._server_instances:

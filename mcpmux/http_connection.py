@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import time
 from typing import Any, Protocol, cast
 from urllib.parse import urlsplit
@@ -85,17 +84,10 @@ class Connection(asyncio.Protocol):
         return exchange
 
     def reusable(self) -> bool:
-        """Open, and nothing waiting on it: no end of stream the event loop has not read yet."""
+        """Open as far as the event loop knows. A server's close it has not read yet is not seen (asyncio's
+        transports lend no socket that can peek): a request it meets unread is sent again (`RESEND_WINDOW`)."""
         transport = self.transport
-        if self.dropped or transport is None or transport.is_closing():
-            return False
-        sock = transport.get_extra_info("socket")
-        try:
-            return not sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)  # b"": the server closed it
-        except BlockingIOError:
-            return True
-        except (OSError, AttributeError):  # a socket object that cannot peek (uvloop's): trust the transport
-            return not isinstance(sock, socket.socket)
+        return not self.dropped and transport is not None and not transport.is_closing()
 
     def drop(self) -> None:
         """Close it now (a 2026 cancellation, a broken response, shutdown); what it carried is not sent again."""

@@ -9,16 +9,13 @@ still runs.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import Enum, auto
+
+import httptools
 
 MAX_HEAD = 64 * 1024
-"""Bytes a status line and its headers may take."""
-_DECIMAL = re.compile(r"[0-9]+")
-_HEX = re.compile(r"[0-9A-Fa-f]+")
-_HEAD_END = re.compile(rb"\r?\n\r?\n")
+"""Bytes a status line and its headers may take (llhttp sets no bound of its own)."""
 
 
 class HttpWireError(Exception):
@@ -37,21 +34,14 @@ class Head:
         return self.headers.get("content-type", "").partition(";")[0].strip().lower()
 
 
-class _State(Enum):
-    HEAD = auto()
-    FIXED = auto()
-    CHUNK_SIZE = auto()
-    CHUNK_DATA = auto()
-    CHUNK_END = auto()
-    TRAILERS = auto()
-    UNTIL_CLOSE = auto()
-    DONE = auto()
-
-
 class ResponseReader:
-    """Parses one response at a time: `on_head` once, `on_body` per piece of body, `on_end` at its end.
+    """Parses the responses of one connection: `on_head` once each, `on_body` per piece of body, `on_end` at its end.
 
-    `feed` raises `HttpWireError` for malformed input; the connection is then of no further use.
+    llhttp (through httptools, as uvicorn parses requests) does the framing; it is stricter than
+    h11, the SDK's client, in one way only that a server may meet: a `Content-Length` repeated,
+    even with the same value, is refused (as Node's clients and nginx refuse it). Line ends may be
+    bare LFs, as h11 allows. `feed` raises `HttpWireError` for malformed input; the connection is
+    then of no further use.
     """
 
     def __init__(
@@ -60,138 +50,85 @@ class ResponseReader:
         self._on_head = on_head
         self._on_body = on_body
         self._on_end = on_end
-        self._buffer = bytearray()
-        self._state = _State.HEAD
-        self._remaining = 0
+        self._parser = httptools.HttpResponseParser(self)
+        self._parser.set_dangerous_leniencies(lenient_optional_cr_before_lf=True)
+        self._headers: dict[str, str] = {}
+        self._in_head = False
+        self._head_size = 0
+        self._interim = False
+        self._until_close = False
+        self._awaited = True
+        """A request is out whose response has not ended."""
 
         self.started = False
         """Whether any byte of the current response has arrived."""
 
     def expect_next(self) -> None:
         """A new request went out: what arrives next is its response."""
-        self._state = _State.HEAD
-        self._buffer.clear()
+        self._awaited = True
         self.started = False
 
     def feed(self, data: bytes) -> None:
-        if self._state is _State.DONE:
-            raise HttpWireError("the upstream sent bytes after the end of a response")
         self.started = True
-        self._buffer += data
-        while self._step():
-            pass
-        if self._state is _State.DONE and self._buffer:
-            raise HttpWireError("the upstream sent bytes after the end of a response")
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserCallbackError as err:
+            if isinstance(err.__context__, HttpWireError):
+                raise err.__context__ from None
+            raise
+        except httptools.HttpParserError as err:
+            raise HttpWireError(str(err)) from None
+        if self._in_head:
+            self._head_size += len(data)
+            if self._head_size > MAX_HEAD:
+                raise HttpWireError(f"the response's headers exceed {MAX_HEAD} bytes")
 
     def eof(self) -> None:
         """The connection ended: that ends a body read until close; any other unfinished response is broken."""
-        if self._state is _State.UNTIL_CLOSE:
+        if self._until_close:
+            self._until_close = False
             self._finish()
-        elif self._state is not _State.DONE:
+        elif self._awaited:
             raise HttpWireError("the connection ended before the response did")
 
-    def _step(self) -> bool:
-        """Consume what the current state can from the buffer; True if the next state may go on."""
-        state, buffer = self._state, self._buffer
-        if state is _State.HEAD:
-            return self._read_head()
-        if state is _State.FIXED or state is _State.CHUNK_DATA:
-            if not buffer and self._remaining:
-                return False
-            piece = bytes(buffer[: self._remaining])
-            del buffer[: len(piece)]
-            self._remaining -= len(piece)
-            if piece:
-                self._on_body(piece)
-            if self._remaining:
-                return False
-            if state is _State.FIXED:
-                self._finish()
-                return False
-            self._state = _State.CHUNK_END
-            return True
-        if state is _State.UNTIL_CLOSE:
-            if buffer:
-                piece = bytes(buffer)
-                buffer.clear()
-                self._on_body(piece)
-            return False
-        line = self._line()
-        if line is None:
-            return False
-        if state is _State.CHUNK_SIZE:
-            size = line.split(b";", 1)[0].strip().decode("latin-1")
-            if not _HEX.fullmatch(size):
-                raise HttpWireError(f"bad chunk size {bytes(line[:40])!r}")
-            self._remaining = int(size, 16)
-            self._state = _State.CHUNK_DATA if self._remaining else _State.TRAILERS
-        elif state is _State.CHUNK_END:
-            if line:
-                raise HttpWireError("a chunk did not end with CRLF")
-            self._state = _State.CHUNK_SIZE
-        elif not line:  # TRAILERS: an empty line ends them
-            self._finish()
-            return False
-        return True
+    # -- httptools' callbacks ----------------------------------------------------------------------
 
-    def _line(self) -> bytes | None:
-        end = self._buffer.find(b"\n")
-        if end < 0:
-            if len(self._buffer) > MAX_HEAD:
-                raise HttpWireError("a line of the response is too long")
-            return None
-        line = bytes(self._buffer[:end]).rstrip(b"\r")
-        del self._buffer[: end + 1]
-        return line
+    def on_message_begin(self) -> None:
+        if not self._awaited:
+            raise HttpWireError("the upstream sent bytes after the end of a response")
+        self._headers = {}
+        self._in_head = True
+        self._head_size = 0
 
-    def _read_head(self) -> bool:
-        end = _HEAD_END.search(self._buffer)
-        if end is None:
-            if len(self._buffer) > MAX_HEAD:
-                raise HttpWireError(f"the response's headers exceed {MAX_HEAD} bytes")
-            return False
-        lines = [line.rstrip("\r") for line in bytes(self._buffer[: end.start()]).decode("latin-1").split("\n")]
-        del self._buffer[: end.end()]
-        version, _, rest = lines[0].partition(" ")
-        code = rest[:3]
-        if not version.startswith("HTTP/1.") or not code.isdigit():
-            raise HttpWireError(f"not an HTTP/1.x status line: {lines[0][:80]!r}")
-        status = int(code)
-        headers: dict[str, str] = {}
-        for line in lines[1:]:
-            name, colon, value = line.partition(":")
-            if not colon:
-                raise HttpWireError(f"bad header line {line[:80]!r}")
-            name, value = name.strip().lower(), value.strip()
-            headers[name] = f"{headers[name]}, {value}" if name in headers else value
-        if 100 <= status < 200:
-            return True  # an interim response (100 Continue, 103 Early Hints): the real one follows
-        connection = headers.get("connection", "").lower()
-        keep_alive = "close" not in connection and (version == "HTTP/1.1" or "keep-alive" in connection)
-        self._frame(status, headers)
-        self._on_head(Head(status, headers, keep_alive and self._state is not _State.UNTIL_CLOSE))
-        if self._state is _State.DONE:
-            self._on_end()
-            return False
-        return True
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if not self._in_head:
+            return  # a trailer
+        key, text = name.decode("latin-1").lower(), value.decode("latin-1").strip()
+        headers = self._headers
+        headers[key] = f"{headers[key]}, {text}" if key in headers else text
 
-    def _frame(self, status: int, headers: dict[str, str]) -> None:
-        if status in (204, 304):
-            self._state = _State.DONE
-        elif "chunked" in headers.get("transfer-encoding", "").lower():
-            self._state = _State.CHUNK_SIZE
-        elif "content-length" in headers:
-            lengths = {value.strip() for value in headers["content-length"].split(",")}
-            length = lengths.pop()
-            if lengths or not _DECIMAL.fullmatch(length):  # repeated, it must say the same each time
-                raise HttpWireError(f"bad Content-Length {headers['content-length']!r}")
-            self._remaining = int(length)
-            self._state = _State.FIXED if self._remaining else _State.DONE
-        else:
-            self._state = _State.UNTIL_CLOSE
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        status = self._parser.get_status_code()
+        self._interim = 100 <= status < 200  # 100 Continue, 103 Early Hints: the real response follows
+        if self._interim:
+            return
+        headers = self._headers
+        framed = "content-length" in headers or "chunked" in headers.get("transfer-encoding", "").lower()
+        self._until_close = not framed and status not in (204, 304)
+        self._on_head(Head(status, headers, self._parser.should_keep_alive()))
+
+    def on_body(self, piece: bytes) -> None:
+        self._on_body(piece)
+
+    def on_message_complete(self) -> None:
+        if self._interim:
+            self._interim = False
+            return
+        self._finish()
 
     def _finish(self) -> None:
-        self._state = _State.DONE
+        self._awaited = False
         self._on_end()
 
 

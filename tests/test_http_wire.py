@@ -66,14 +66,16 @@ def test_interim_responses_are_skipped_and_bodiless_statuses_end_at_once() -> No
 @pytest.mark.parametrize(
     ("raw", "why"),
     [
-        (b"SSH-2.0-OpenSSH\r\n\r\n", "not an HTTP/1.x status line"),
-        (b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n", "bad header line"),
-        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "bad chunk size"),
+        (b"SSH-2.0-OpenSSH\r\n\r\n", "Expected HTTP/"),
+        (b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n", "Invalid header token"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "Invalid character in chunk size"),
         (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokEXTRA", "after the end of a response"),
-        (b"HTTP/1.1 200 OK\r\nContent-Length: -3\r\n\r\n", "bad Content-Length"),
-        (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nok", "bad Content-Length"),
-        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n-2\r\n", "bad chunk size"),
-        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n+3\r\n", "bad chunk size"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: -3\r\n\r\n", "Invalid character in Content-Length"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nok", "Duplicate Content-Length"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\nok", "Duplicate Content-Length"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n-2\r\n", "Invalid character in chunk size"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n+3\r\n", "Invalid character in chunk size"),
+        (b"HTTP/1.1 200 OK\r\nX-Big: " + b"x" * (70 * 1024), "headers exceed 65536 bytes"),
     ],
 )
 def test_what_is_not_http_is_refused(raw: bytes, why: str) -> None:
@@ -81,10 +83,27 @@ def test_what_is_not_http_is_refused(raw: bytes, why: str) -> None:
         read(raw, bytewise=False)
 
 
-def test_bare_line_feeds_and_a_repeated_identical_length_are_read_as_h11_reads_them() -> None:
-    seen = read(b"HTTP/1.1 200 OK\nContent-Length: 2\nContent-Length: 2\n\nok", bytewise=True)
+def test_bare_line_feeds_are_read_as_h11_reads_them() -> None:
+    seen = read(b"HTTP/1.1 200 OK\nContent-Length: 2\n\nok", bytewise=True)
     assert seen["body"] == b"ok"
     assert seen["ends"] == 1
+
+
+def test_one_reader_parses_each_response_of_a_keep_alive_connection_in_turn() -> None:
+    seen: dict[str, Any] = {"heads": [], "body": b"", "ends": 0}
+    reader = ResponseReader(
+        seen["heads"].append, lambda piece: None, lambda: seen.__setitem__("ends", seen["ends"] + 1)
+    )
+    for n in range(3):
+        reader.expect_next()
+        reader.feed(b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nX-N: %d\r\n\r\n" % n)
+        assert reader.started
+        reader.feed(b"x")
+    assert [head.headers["x-n"] for head in seen["heads"]] == ["0", "1", "2"]
+    assert seen["ends"] == 3
+    reader.eof()  # between responses: nothing is broken
+    with pytest.raises(HttpWireError, match="after the end of a response"):
+        reader.feed(b"HTTP/1.1 200 OK\r\n")  # no request asked for it
 
 
 def test_a_response_cut_short_is_broken() -> None:

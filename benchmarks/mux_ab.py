@@ -84,7 +84,7 @@ async def drive(port: int, concurrency: int, calls: int) -> None:
 
 
 def check_imports(tree: Path, workdir: Path) -> None:
-    """Fail unless the environment `tree`'s mcpmux runs with imports mcpmux from `tree`."""
+    """Fail unless the environment `tree`'s mcpmux is started with imports the `mcpmux` package from `tree`."""
     probe = [sys.executable, "-c", "import mcpmux; print(mcpmux.__file__)"]
     found = subprocess.run(
         probe, cwd=workdir, env={**os.environ, **_base_env(tree)}, capture_output=True, text=True, check=True
@@ -139,11 +139,12 @@ def main(argv: list[str]) -> int:
                     print(f"round {number + 1} {route:4}  {figures}", flush=True)
     finally:
         leaked = sweep_leaks()
-    base, new = (statistics.median(ratios[route]) for route in trees)
+    medians = {route: statistics.median(ratios[route]) for route in trees}
     for route in trees:
-        ratio, cost = statistics.median(ratios[route]), statistics.median(costs[route])
-        print(f"{route:4}: median mcpmux/upstream CPU {ratio:.3f}, mcpmux {cost:.3f} ms/call")
-    print(f"new against base: {(new / base - 1) * 100:+.1f}% mcpmux CPU per call (upstream's CPU as the yardstick)")
+        cost = statistics.median(costs[route])
+        print(f"{route:4}: median mcpmux/upstream CPU {medians[route]:.3f}, mcpmux {cost:.3f} ms/call")
+    change = (medians["new"] / medians["base"] - 1) * 100
+    print(f"new against base: {change:+.1f}% mcpmux CPU per call (upstream's CPU as the yardstick)")
     if leaked:
         print(f"LEAK: {len(leaked)} process(es) outlived the run and were killed: {leaked}")
     return 1 if leaked else 0

@@ -42,7 +42,7 @@ class TrackedCall:
         self._tracker = tracker
         self.upstream = upstream
         self._scope: anyio.CancelScope | None = None
-        """Made when the call is entered or cancelled: a fast-path call, with no task, needs none."""
+        """Made when the call is entered: a fast-path call, with no task, needs none."""
         self._reason: str | None = None
         self._admitted = False
         self.on_cancel: Callable[[], None] | None = None
@@ -64,16 +64,16 @@ class TrackedCall:
     def cancel(self, reason: str) -> None:
         """Cancel the call; its caller gets `CallCancelledError(reason)`."""
         self._reason = reason
-        if self._scope is None:
-            self._scope = anyio.CancelScope()  # cancelled before it is entered: entering it cancels at once
-        self._scope.cancel()
+        if self._scope is not None:
+            self._scope.cancel()
         if self.on_cancel is not None:
             self.on_cancel()
 
     def __enter__(self) -> None:
         self.admit()
-        if self._scope is None:
-            self._scope = anyio.CancelScope()
+        self._scope = anyio.CancelScope()
+        if self._reason is not None:
+            self._scope.cancel()  # cancelled before it was entered
         self._scope.__enter__()
 
     def __exit__(
@@ -119,9 +119,7 @@ class CallTracker:
         cancel the rest with an error that says so; returns how many were cancelled."""
         self._refusing[None] = "mcpmux is shutting down and accepts no new calls"
         idle = self._idle = anyio.Event()  # no call is admitted from here on: set once the last one ends
-        if not self._calls:
-            idle.set()
-        else:
+        if self._calls:
             logger.warning("shutting down: waiting up to %g s for %d call(s) in flight", grace, len(self._calls))
             with anyio.move_on_after(grace):
                 await _first_of(idle, skip or anyio.Event())

@@ -48,7 +48,7 @@ class ResponseReader:
         self, on_head: Callable[[Head], None], on_body: Callable[[bytes], None], on_end: Callable[[], None]
     ) -> None:
         self._on_head = on_head
-        self._on_body = on_body
+        self.on_body = on_body  # httptools calls it for each piece of body, with nothing of ours between
         self._on_end = on_end
         self._parser = httptools.HttpResponseParser(self)
         self._parser.set_dangerous_leniencies(lenient_optional_cr_before_lf=True)
@@ -73,9 +73,7 @@ class ResponseReader:
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserCallbackError as err:
-            if isinstance(err.__context__, HttpWireError):
-                raise err.__context__ from None
-            raise
+            raise (err.__context__ or err) from None  # what a callback raised, as it raised it
         except httptools.HttpParserError as err:
             raise HttpWireError(str(err)) from None
         if self._in_head:
@@ -117,9 +115,6 @@ class ResponseReader:
         framed = "content-length" in headers or "chunked" in headers.get("transfer-encoding", "").lower()
         self._until_close = not framed and status not in (204, 304)
         self._on_head(Head(status, headers, self._parser.should_keep_alive()))
-
-    def on_body(self, piece: bytes) -> None:
-        self._on_body(piece)
 
     def on_message_complete(self) -> None:
         if self._interim:

@@ -90,7 +90,7 @@ def test_bare_line_feeds_are_read_as_h11_reads_them() -> None:
 
 
 def test_one_reader_parses_each_response_of_a_keep_alive_connection_in_turn() -> None:
-    seen: dict[str, Any] = {"heads": [], "body": b"", "ends": 0}
+    seen: dict[str, Any] = {"heads": [], "ends": 0}
     reader = ResponseReader(
         seen["heads"].append, lambda piece: None, lambda: seen.__setitem__("ends", seen["ends"] + 1)
     )

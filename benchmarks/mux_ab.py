@@ -9,9 +9,9 @@ The rounds alternate between the two, and each round's figure is mcpmux's CPU ti
 in that same round. The host's speed drifts by tens of percent within minutes, and dividing by the
 upstream's CPU cancels most of that drift; what is left is about 2% between medians of 8 rounds.
 
-The load comes from a raw keep-alive HTTP/1.1 driver, not from `mcp.Client`. The driver sends
-session-less 2026-07-28 `tools/call` POSTs with the headers the SDK's client sends, and checks every
-answer. `mcp.Client` costs several times what mcpmux does per call, so it would swamp the difference.
+The load comes from the raw keep-alive HTTP/1.1 driver of `drivers.py`, not from `mcp.Client`: it
+sends session-less 2026-07-28 `tools/call` POSTs with the headers the SDK's client sends, and checks
+every answer. `mcp.Client` costs several times what mcpmux does per call, so it would swamp the difference.
 
 Before any timing, each side is checked to import `mcpmux` from its own tree. An earlier A/B ran
 `python -m mcpmux` from this checkout for both sides, so both imported this checkout whatever
@@ -34,53 +34,27 @@ import tempfile
 import time
 from pathlib import Path
 
+from drivers import RawHttpDriver
 from mux_overhead import ECHO, HERE, _base_env, _free_port, _mcpmux_command, http_server, processes_cpu, sweep_leaks
 
 TREE = HERE.parent
-ENVELOPE = {
-    "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-    "io.modelcontextprotocol/clientInfo": {"name": "mux_ab", "version": "0"},
-    "io.modelcontextprotocol/clientCapabilities": {},
-}
-
-
-def request(port: int, number: int) -> tuple[bytes, str]:
-    """One `echo__echo` POST as the SDK's client writes it, and the text its answer must carry."""
-    text = f"ab-{number}"
-    params = {"name": "echo__echo", "arguments": {"text": text}, "_meta": ENVELOPE}
-    body = json.dumps({"jsonrpc": "2.0", "id": number, "method": "tools/call", "params": params}).encode()
-    head = (
-        f"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: keep-alive\r\n"
-        "accept: application/json, text/event-stream\r\ncontent-type: application/json\r\n"
-        "mcp-protocol-version: 2026-07-28\r\nmcp-method: tools/call\r\nmcp-name: echo__echo\r\n"
-        f"content-length: {len(body)}\r\n\r\n"
-    )
-    return head.encode() + body, json.dumps(text)
 
 
 async def drive(port: int, concurrency: int, calls: int) -> None:
     """`calls` calls from `concurrency` keep-alive connections, each answer checked against its request."""
+    driver = RawHttpDriver(f"http://127.0.0.1:{port}/mcp", "echo__echo")
     numbers = iter(range(calls))
 
-    async def connection() -> None:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        try:
-            for number in numbers:
-                data, expected = request(port, number)
-                writer.write(data)
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = next(
-                    int(line.split(b":", 1)[1])
-                    for line in head.split(b"\r\n")
-                    if line.lower().startswith(b"content-length:")
-                )
-                answer = await reader.readexactly(length)
-                if expected.encode() not in answer:
-                    raise RuntimeError(f"call {number} got {answer[:200]!r}")
-        finally:
-            writer.close()
+    async def lane(number: int) -> None:
+        for call in numbers:
+            text = f"ab-{call}"
+            if (answer := await driver.echo(number, text)) != text:
+                raise RuntimeError(f"call {call}: asked to echo {text!r}, got {answer!r}")
 
-    await asyncio.gather(*(connection() for _ in range(concurrency)))
+    try:
+        await asyncio.gather(*(lane(number) for number in range(concurrency)))
+    finally:
+        await driver.aclose()
 
 
 def check_imports(tree: Path, workdir: Path) -> None:

@@ -6,6 +6,7 @@
     .venv/bin/python benchmarks/mux_overhead.py --sdk-path # also mcpmux with `[mux] fast_path = false`
     .venv/bin/python benchmarks/mux_overhead.py --idle-per-client 0  # mcpmux retiring no idle connection
     .venv/bin/python benchmarks/mux_overhead.py --base ../base  # also mcpmux from another tree (A/B in one run)
+    .venv/bin/python benchmarks/mux_overhead.py --driver raw --floor  # HTTP under a raw driver, not mcp.Client
 
 For each transport the benchmark keeps real `mcp.Client` connections open, one straight to the echo
 upstream (`benchmarks/echo_upstream.py`) and one to mcpmux in front of the same kind of upstream,
@@ -21,6 +22,10 @@ and for N = 1, 16, 64 concurrent callers times a fixed number of `echo` calls: o
   costs on this machine; mcpmux cannot do better than that.
 - `--base DIR`: a second mcpmux (route `base`) run from the source tree DIR, say a `git worktree`
   of the commit before a change, so that a change is judged against its parent in the same minutes.
+- `--driver raw`: HTTP only; the calls come from a raw keep-alive HTTP/1.1 driver (`drivers.py`),
+  one connection per caller, instead of `mcp.Client`. It costs a tenth of the client per call, so the
+  servers' side is what is timed: on 2 cores, 64 callers make `mcp.Client` a saturated core, and any
+  process in the middle takes CPU from it (the do-nothing relay misses 90% kept there as well).
 
 Beside latency and throughput it reads each process's CPU time from /proc: CPU ms per call of the
 middle process (mcpmux or relay), the upstream and the client. On a small or busy machine latency
@@ -57,6 +62,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+from drivers import ClientDriver, RawHttpDriver
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
@@ -68,7 +74,8 @@ CALL_TIMEOUT = 30.0  # a hung call must fail the run, not hang it
 CONCURRENCY = (1, 16, 64)
 FULL_CALLS = {1: 500, 16: 1000, 64: 2000}
 QUICK_CALLS = {1: 100, 16: 300, 64: 300}
-Routes = dict[str, tuple[Client, str]]  # "direct" | "mcpmux" | "base" | "relay" | "sdk" -> (client, tool name)
+Driver = ClientDriver | RawHttpDriver
+Routes = dict[str, Driver]  # "direct" | "mcpmux" | "base" | "relay" | "sdk" -> what calls its `echo`
 MIDDLES = ("mcpmux", "base", "sdk")
 """Routes through an mcpmux, whose tools carry the upstream's prefix."""
 
@@ -120,30 +127,29 @@ def _percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[min(rank, len(sorted_values)) - 1]
 
 
-async def timed_pass(client: Client, tool: str, tag: str, concurrency: int, calls: int) -> dict[str, Any]:
+async def timed_pass(driver: Driver, tag: str, concurrency: int, calls: int) -> dict[str, Any]:
     """`calls` echo calls, `concurrency` in flight at a time; each answer is checked against its request.
 
-    `tag` names the server processes behind `client` (see `_tag`), whose CPU time is counted too.
+    `tag` names the server processes behind `driver` (see `_tag`), whose CPU time is counted too.
     """
     latencies: list[float] = []
     remaining = iter(range(calls))
 
-    async def caller() -> None:
+    async def caller(lane: int) -> None:
         for index in remaining:
             text = f"call {index}"
             started = time.perf_counter()
             with anyio.fail_after(CALL_TIMEOUT):
-                result = await client.call_tool(tool, {"text": text})
+                answer = await driver.echo(lane, text)
             latencies.append(time.perf_counter() - started)
-            answer = getattr(result.content[0], "text", None) if result.content else None
-            if result.is_error or answer != text:
-                raise RuntimeError(f"{tool}: asked to echo {text!r}, got {result.model_dump(exclude_none=True)}")
+            if answer != text:
+                raise RuntimeError(f"{driver.tool}: asked to echo {text!r}, got {answer!r}")
 
     cpu_before, client_before = processes_cpu(tag), time.process_time()
     started = time.perf_counter()
     async with anyio.create_task_group() as tasks:
-        for _ in range(concurrency):
-            tasks.start_soon(caller)
+        for lane in range(concurrency):
+            tasks.start_soon(caller, lane)
     wall = time.perf_counter() - started
     cpu = {role: seconds - cpu_before[role] for role, seconds in processes_cpu(tag).items()}
     cpu["client"] = time.process_time() - client_before
@@ -363,7 +369,7 @@ async def stdio_routes(args: argparse.Namespace, workdir: Path) -> AsyncIterator
         routes: Routes = {}
         for name, server in servers.items():
             client = await stack.enter_async_context(Client(server, mode=args.era))
-            routes[name] = (client, "echo__echo" if name in MIDDLES else "echo")
+            routes[name] = ClientDriver(client, "echo__echo" if name in MIDDLES else "echo")
         yield routes
 
 
@@ -381,9 +387,17 @@ async def http_routes(args: argparse.Namespace, workdir: Path) -> AsyncIterator[
     def echo(port: int) -> list[str]:
         return [sys.executable, ECHO, "http", str(port), "--tools", str(args.upstream_tools)]
 
+    async def connect(stack: contextlib.AsyncExitStack, url: str, tool: str) -> Driver:
+        """What calls `tool` at `url` under `--driver`, closed with `stack`."""
+        if args.driver == "raw":
+            driver = RawHttpDriver(url, tool)
+            stack.push_async_callback(driver.aclose)
+            return driver
+        return ClientDriver(await stack.enter_async_context(Client(url, mode=args.era)), tool)
+
     async def another_mux(
         stack: contextlib.AsyncExitStack, route: str, settings: dict[str, Any], env: dict[str, str] | None = None
-    ) -> tuple[Client, str]:
+    ) -> Driver:
         """One more mcpmux over HTTP (`settings`, `env`) in front of an echo upstream of its own, kept on `stack`."""
         upstream, port = _free_port(), _free_port()
         path = workdir / f"http-{route}.json"
@@ -391,26 +405,25 @@ async def http_routes(args: argparse.Namespace, workdir: Path) -> AsyncIterator[
         serve = [*_mcpmux_command(), "serve", "--config", str(path), "--transport", "http", "--port", str(port)]
         stack.enter_context(http_server(echo(upstream), upstream, f"http-{route}", workdir / f"echo-{route}.log"))
         url = stack.enter_context(http_server(serve, port, f"http-{route}", workdir / f"mcpmux-{route}.log", env))
-        return await stack.enter_async_context(Client(url, mode=args.era)), "echo__echo"
+        return await connect(stack, url, "echo__echo")
 
     with (
         http_server(echo(direct_port), direct_port, "http-direct", workdir / "echo-direct.log") as direct_url,
         http_server(echo(upstream_port), upstream_port, "http-mcpmux", workdir / "echo-upstream.log"),
         http_server(mux_serve, mux_port, "http-mcpmux", workdir / "mcpmux-http.log") as mux_url,
     ):
-        async with (
-            Client(direct_url, mode=args.era) as direct,
-            Client(mux_url, mode=args.era) as mux,
-            contextlib.AsyncExitStack() as stack,
-        ):
-            routes: Routes = {"direct": (direct, "echo"), "mcpmux": (mux, "echo__echo")}
+        async with contextlib.AsyncExitStack() as stack:
+            routes: Routes = {
+                "direct": await connect(stack, direct_url, "echo"),
+                "mcpmux": await connect(stack, mux_url, "echo__echo"),
+            }
             if args.floor:
                 relay_upstream_port, relay_port = _free_port(), _free_port()
                 relay = [sys.executable, __file__, "--tcp-relay", str(relay_port), str(relay_upstream_port)]
                 relay_echo, echo_log = echo(relay_upstream_port), workdir / "relay-echo.log"
                 stack.enter_context(http_server(relay_echo, relay_upstream_port, "http-relay", echo_log))
                 relay_url = stack.enter_context(http_server(relay, relay_port, "http-relay", workdir / "relay.log"))
-                routes["relay"] = (await stack.enter_async_context(Client(relay_url, mode=args.era)), "echo")
+                routes["relay"] = await connect(stack, relay_url, "echo")
             if args.base is not None:
                 routes["base"] = await another_mux(stack, "base", edge, _base_env(args.base))
             if args.sdk_path:
@@ -422,14 +435,13 @@ async def measure(transport: str, routes: Routes, calls: dict[int, int], repeats
     names = list(routes)
     rows = []
     for concurrency, count in calls.items():
-        for name, (client, tool) in routes.items():  # warm-up: imports, caches, connection pools
-            await timed_pass(client, tool, f"{transport}-{name}", concurrency, max(concurrency * 2, count // 4))
+        for name, driver in routes.items():  # warm-up: imports, caches, connection pools
+            await timed_pass(driver, f"{transport}-{name}", concurrency, max(concurrency * 2, count // 4))
         passes: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
         for repeat in range(repeats):
             # Rotate which route goes first so that drift in the machine's load hits all of them alike.
             for name in names[repeat % len(names) :] + names[: repeat % len(names)]:
-                client, tool = routes[name]
-                passes[name].append(await timed_pass(client, tool, f"{transport}-{name}", concurrency, count))
+                passes[name].append(await timed_pass(routes[name], f"{transport}-{name}", concurrency, count))
         for via in names[1:]:
             row = Row(transport, via, concurrency, count, Cell.of(passes["direct"]), Cell.of(passes[via]))
             print(_format_row(row), flush=True)
@@ -490,6 +502,7 @@ def _meta(args: argparse.Namespace) -> dict[str, Any]:
         "cpus": os.cpu_count(),
         "loadavg_at_start": os.getloadavg(),
         "client_era": args.era,
+        "driver": args.driver,
         "upstream_extra_tools": args.upstream_tools,
         "repeats": args.repeats,
         "quick": args.quick,
@@ -515,12 +528,18 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer calls per pass (100/300/300)")
     parser.add_argument("--repeats", type=int, default=3, help="timed passes per cell; medians are reported")
-    parser.add_argument("--transport", nargs="+", choices=["stdio", "http"], default=["stdio", "http"])
+    parser.add_argument("--transport", nargs="+", choices=["stdio", "http"], help="default: both (raw driver: http)")
     parser.add_argument("--concurrency", nargs="+", type=int, choices=CONCURRENCY, default=list(CONCURRENCY))
     parser.add_argument("--floor", action="store_true", help="also time a do-nothing relay in the middle")
     parser.add_argument("--sdk-path", action="store_true", help="also time mcpmux with its fast path turned off")
     parser.add_argument("--base", type=Path, help="also time mcpmux run from this source tree (route `base`)")
     parser.add_argument("--era", choices=["auto", "legacy"], default="auto", help="the benchmark client's handshake")
+    parser.add_argument(
+        "--driver",
+        choices=["client", "raw"],
+        default="client",
+        help="what makes the calls: mcp.Client, or a raw HTTP/1.1 driver (HTTP only, 2026-07-28)",
+    )
     parser.add_argument("--upstream-tools", type=int, default=0, help="inert tools each echo upstream lists too")
     parser.add_argument(
         "--idle-per-client",
@@ -528,7 +547,13 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         help="mcpmux's [http] idle_connections_per_client (default: mcpmux's own; 0: no limit)",
     )
     parser.add_argument("--out", type=Path, default=HERE / "results" / "mux_overhead.json")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.driver == "raw" and "stdio" in (args.transport or []):
+        parser.error("--driver raw drives HTTP only: drop --transport or give --transport http")
+    if args.driver == "raw" and args.era != "auto":
+        parser.error("--driver raw speaks 2026-07-28 only: drop --era")
+    args.transport = args.transport or (["http"] if args.driver == "raw" else ["stdio", "http"])
+    return args
 
 
 def _interrupt(signum: int, frame: object) -> None:

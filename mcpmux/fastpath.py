@@ -328,7 +328,10 @@ class FastPath:
             self._ended_at_once(call, flight)
             return True
 
-        flight.sent = lane.launch(client, call.tool, call.arguments, answered, flight.wake, logs=_logs_for(call))
+        wants_progress = call.progress_token is not None
+        flight.sent = lane.launch(
+            client, call.tool, call.arguments, answered, flight.wake, logs=_logs_for(call), progress=wants_progress
+        )
         return flight.sent is not None
 
     def _admitted_held(self, call: FastCall, flight: Flight, deliver_now: DeliverNow) -> None:

@@ -279,14 +279,15 @@ class UpstreamLane:
 
         `logs=False` asks a 2026 upstream for no log messages on this request (the session's stamp
         asks for all of them, for mcpmux to relay): for a caller that would not hear them, an
-        upstream logging at debug level is only work. Raises `MCPError` for a JSON-RPC error
+        upstream logging at debug level is only work. The upstream is asked for progress only when
+        `progress` is given. Raises `MCPError` for a JSON-RPC error
         response and for a lost connection (code -32000), as the SDK's session does. Cancelling the
         caller sends `notifications/cancelled` with the lane id.
         """
         send = self.send
         if self.closed or send is None:
             raise MCPError(code=CONNECTION_CLOSED, message="Connection closed")
-        request_id, message, headers = self._request(client, tool, arguments, logs)
+        request_id, message, headers = self._request(client, tool, arguments, logs, progress is not None)
         outcomes = self._pending[request_id] = _Outcomes()
         return await self._settle(LaneFlight(self, request_id, outcomes, client), progress, send(message, headers))
 
@@ -299,17 +300,18 @@ class UpstreamLane:
         on_put: Callable[[], None],
         *,
         logs: bool = True,
+        progress: bool = False,
     ) -> LaneFlight | None:
         """`call`'s request, sent right now from synchronous code; None (and nothing sent) where that would wait.
 
         `answered` sees the result the moment it is read, and may end the call there. Anything else
         that arrives for the call (progress, an error, a result `answered` left, the connection's
         end) is queued and `on_put` told: then `LaneFlight.wait` must take it, as it ends the call
-        and cancels it upstream when cancelled.
+        and cancels it upstream when cancelled. `progress` asks the upstream for progress notifications.
         """
         if self.send_now is None or self.closed:
             return None
-        request_id, message, headers = self._request(client, tool, arguments, logs)
+        request_id, message, headers = self._request(client, tool, arguments, logs, progress)
         outcomes = self._pending[request_id] = _Outcomes(answered, on_put, self.others)
         sent = False
         try:
@@ -320,7 +322,7 @@ class UpstreamLane:
         return LaneFlight(self, request_id, outcomes, client) if sent else None
 
     def _request(
-        self, client: Client, tool: str, arguments: dict[str, Any], logs: bool
+        self, client: Client, tool: str, arguments: dict[str, Any], logs: bool, progress: bool
     ) -> tuple[str, dict[str, Any], dict[str, str] | None]:
         """A new lane id, and the request with it, stamped as the session stamps its own."""
         request_id = f"{_ID_PREFIX}{next(self._ids)}"
@@ -332,8 +334,11 @@ class UpstreamLane:
         meta = params.setdefault("_meta", {})
         if not logs:
             meta.pop(types.LOG_LEVEL_META_KEY, None)
-        # The SDK path always asks for progress, with its request id as the token; so does the lane.
-        meta["progressToken"] = request_id
+        # Progress is asked for (the lane id as its token, as the SDK's session does) only for a caller who
+        # will hear it: otherwise an upstream that reports progress sends notifications mcpmux must read,
+        # and a launched call takes a task to read them, only to drop them.
+        if progress:
+            meta["progressToken"] = request_id
         message = {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params}
         return request_id, message, opts.get("headers")
 

@@ -128,6 +128,8 @@ async def assert_same_answers(fast: Client, slow: Client) -> None:
     for upstream in ("web", "oldweb"):
         assert sent_by_mcpmux_http_client(await fast.call_tool(f"{upstream}__whoami", {}))
         assert not sent_by_mcpmux_http_client(await slow.call_tool(f"{upstream}__whoami", {}))
+    for upstream in ("probe", "old", "web", "oldweb"):  # a call no one hears progress of asks for none
+        assert not json.loads(text_of(await fast.call_tool(f"{upstream}__whoami", {})))["progress_asked"]
     for upstream in ("probe", "old", "web", "oldweb"):  # the arguments arrive as sent
         assert json.loads(text_of(await fast.call_tool(f"{upstream}__whoami", {"text": WIDE})))["text"] == WIDE
     for name, arguments in CALLS:
@@ -191,6 +193,7 @@ async def test_progress_and_cancellation_on_the_fast_path(tmp_path: Path, kind: 
             result = await client.call_tool("probe__slow", {"seconds": 0.2, "steps": 3}, progress_callback=on_progress)
             assert str(seen_id(result)).startswith("mux.")
             assert steps == [(1, 3, "step 1"), (2, 3, "step 2"), (3, 3, "step 3")]
+            assert not json.loads(text_of(await client.call_tool("probe__whoami", {})))["progress_asked"]
 
             with anyio.move_on_after(0.5):
                 await client.call_tool("probe__slow", {"seconds": 30})
@@ -524,7 +527,8 @@ def _serve_probe() -> None:
         if params.name in ("whoami", "cached"):
             if "tag" in arguments:
                 tags.append(arguments["tag"])
-            return text({"id": ctx.request_id, **arguments, **http_marks(ctx)})
+            asked_progress = "progress_token" in (params.meta or {})
+            return text({"id": ctx.request_id, "progress_asked": asked_progress, **arguments, **http_marks(ctx)})
         if params.name == "one":
             return text({"id": ctx.request_id, "item": arguments["item"]})
         if params.name == "many":

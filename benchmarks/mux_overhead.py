@@ -25,7 +25,7 @@ and for N = 1, 16, 64 concurrent callers times a fixed number of `echo` calls: o
 - `--driver raw`: HTTP only; the calls come from a raw keep-alive HTTP/1.1 driver (`drivers.py`),
   one connection per caller, instead of `mcp.Client`. It costs a tenth of the client per call, so the
   servers' side is what is timed: on 2 cores, 64 callers make `mcp.Client` a saturated core, and any
-  process in the middle takes CPU from it (the do-nothing relay misses 90% kept there as well).
+  process in the middle takes CPU from it (the do-nothing relay kept 73-99% there in session 13).
 
 Beside latency and throughput it reads each process's CPU time from /proc: CPU ms per call of the
 middle process (mcpmux or relay), the upstream and the client. On a small or busy machine latency

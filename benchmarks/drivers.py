@@ -41,9 +41,6 @@ class ClientDriver:
             raise RuntimeError(f"{self.tool}: the call failed: {result.model_dump_json(exclude_none=True)[:300]}")
         return answer
 
-    async def aclose(self) -> None:
-        """The client is closed by whoever opened it."""
-
 
 class RawHttpDriver:
     """Keep-alive connections to a streamable HTTP MCP endpoint, one per lane, opened on first use."""

@@ -45,20 +45,20 @@ async def drive(port: int, concurrency: int, calls: int) -> None:
     driver = RawHttpDriver(f"http://127.0.0.1:{port}/mcp", "echo__echo")
     numbers = iter(range(calls))
 
-    async def lane(number: int) -> None:
-        for call in numbers:
-            text = f"ab-{call}"
-            if (answer := await driver.echo(number, text)) != text:
-                raise RuntimeError(f"call {call}: asked to echo {text!r}, got {answer!r}")
+    async def lane(index: int) -> None:
+        for number in numbers:
+            text = f"ab-{number}"
+            if (answer := await driver.echo(index, text)) != text:
+                raise RuntimeError(f"call {number}: asked to echo {text!r}, got {answer!r}")
 
     try:
-        await asyncio.gather(*(lane(number) for number in range(concurrency)))
+        await asyncio.gather(*(lane(index) for index in range(concurrency)))
     finally:
         await driver.aclose()
 
 
 def check_imports(tree: Path, workdir: Path) -> None:
-    """Fail unless the environment `tree`'s mcpmux is started with imports the `mcpmux` package from `tree`."""
+    """Fail unless a process started with `tree`'s environment imports the `mcpmux` package from `tree`."""
     probe = [sys.executable, "-c", "import mcpmux; print(mcpmux.__file__)"]
     found = subprocess.run(
         probe, cwd=workdir, env={**os.environ, **_base_env(tree)}, capture_output=True, text=True, check=True

@@ -280,9 +280,9 @@ class UpstreamLane:
         `logs=False` asks a 2026 upstream for no log messages on this request (the session's stamp
         asks for all of them, for mcpmux to relay): for a caller that would not hear them, an
         upstream logging at debug level is only work. The upstream is asked for progress only when
-        `progress` is given. Raises `MCPError` for a JSON-RPC error
-        response and for a lost connection (code -32000), as the SDK's session does. Cancelling the
-        caller sends `notifications/cancelled` with the lane id.
+        `progress` is given. Raises `MCPError` for a JSON-RPC error response and for a lost
+        connection (code -32000), as the SDK's session does. Cancelling the caller sends
+        `notifications/cancelled` with the lane id.
         """
         send = self.send
         if self.closed or send is None:

@@ -32,7 +32,7 @@ $(NPM_STAMP):
 
 # The example config answers upstream sampling with SmolLM2: convert it once (~20 s) before serving.
 run: setup
-	$(PY) -c "from mcpmux.inference import builtin; builtin.ensure_converted('smollm2-135m')"
+	$(PY) -c "from mcpmux.inference.models import builtin; builtin.ensure_converted('smollm2-135m')"
 	$(VENV)/bin/mcpmux serve --config examples/mcpmux.toml --transport http --host $(HOST) --port $(PORT)
 
 lint: $(STAMP)

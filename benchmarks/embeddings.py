@@ -26,8 +26,8 @@ from pathlib import Path
 import anyio
 import torch
 
-from mcpmux.inference.embeddings import Embedder, EmbeddingModel
-from mcpmux.inference.settings import EmbeddingSettings
+from mcpmux.inference.serving.embeddings import Embedder, EmbeddingModel
+from mcpmux.inference.serving.settings import EmbeddingSettings
 
 RESULTS = Path(__file__).resolve().parent / "results" / "embeddings.json"
 MODEL = "builtin:all-minilm-l6-v2"

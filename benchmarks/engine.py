@@ -51,11 +51,11 @@ from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mcpmux.inference.builtin import ensure_converted, gguf_path, lookup
-from mcpmux.inference.config import EngineConfig, SamplingParams
-from mcpmux.inference.engine import Engine
-from mcpmux.inference.loader import LoadedModel, load_model
+from mcpmux.inference.engine.async_engine import Engine
+from mcpmux.inference.engine.config import EngineConfig, SamplingParams
+from mcpmux.inference.models.builtin import ensure_converted, gguf_path, lookup
 from mcpmux.inference.models.linear import linear
+from mcpmux.inference.models.loader import LoadedModel, load_model
 
 T = TypeVar("T")
 WORDS = "the quick brown fox jumps over a lazy dog while paged attention stores keys and values".split()  # noqa: SIM905

@@ -27,9 +27,9 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mcpmux.inference import model_runner
-from mcpmux.inference.config import EngineConfig, SamplingParams
-from mcpmux.inference.llm_engine import LLMEngine
+from mcpmux.inference.engine import model_runner
+from mcpmux.inference.engine.config import EngineConfig, SamplingParams
+from mcpmux.inference.engine.llm_engine import LLMEngine
 
 
 def timed(parts: dict[str, float], name: str, fn: Callable[..., Any], device: torch.device) -> Callable[..., Any]:

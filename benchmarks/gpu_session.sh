@@ -20,8 +20,8 @@ nvidia-smi -L | tee "$out/gpu.txt"
 python3 -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__)" | tee -a "$out/gpu.txt"
 
 if [[ $steps == *tests* ]]; then
-    timeout 200 python3 -m pytest tests/kernels tests/inference/test_cuda_graphs.py \
-        tests/inference/test_models.py::test_cuda_forward_equals_hf -q -p no:cacheprovider --timeout 120 >"$out/kernel_tests.log" 2>&1
+    timeout 200 python3 -m pytest tests/inference/kernels tests/inference/engine/test_cuda_graphs.py \
+        tests/inference/models/test_models.py::test_cuda_forward_equals_hf -q -p no:cacheprovider --timeout 120 >"$out/kernel_tests.log" 2>&1
     echo "kernel tests: exit $?" | tee -a "$out/gpu.txt"
     tail -n 30 "$out/kernel_tests.log"
 fi

@@ -166,8 +166,8 @@ def max_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def attention_rows(model: Model, case: str, specs: list[tuple[int, int]], quick: bool) -> list[Row]:
-    from mcpmux.kernels import reference
-    from mcpmux.kernels.triton_attention import paged_attention
+    from mcpmux.inference.kernels import reference
+    from mcpmux.inference.kernels.triton_attention import paged_attention
 
     rows = []
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
@@ -215,10 +215,10 @@ def attention_rows(model: Model, case: str, specs: list[tuple[int, int]], quick:
 
 
 def elementwise_rows(model: Model, quick: bool) -> list[Row]:
-    from mcpmux.kernels import reference
-    from mcpmux.kernels.triton_kv import write_kv
-    from mcpmux.kernels.triton_norm import rms_norm
-    from mcpmux.kernels.triton_rotary import rotary_embedding
+    from mcpmux.inference.kernels import reference
+    from mcpmux.inference.kernels.triton_kv import write_kv
+    from mcpmux.inference.kernels.triton_norm import rms_norm
+    from mcpmux.inference.kernels.triton_rotary import rotary_embedding
 
     dev, dtype, tokens = DEVICE, torch.bfloat16, 4096
     case, dt = f"{tokens} tokens", "bfloat16"

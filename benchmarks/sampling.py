@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script: the repository's packages come first
 
 from mcpmux import Mux  # noqa: E402
-from mcpmux.inference.sampling_bridge import SamplingTiming  # noqa: E402
+from mcpmux.inference.serving.sampling_bridge import SamplingTiming  # noqa: E402
 
 SERVER = ROOT / "examples" / "sampling_server.py"
 RESULTS = ROOT / "benchmarks" / "results" / "sampling.json"

@@ -24,8 +24,8 @@ from mcpmux.errors import (
 from mcpmux.mux import Mux
 
 if TYPE_CHECKING:
-    from mcpmux.inference.config import EngineConfig, SamplingParams
-    from mcpmux.inference.engine import Engine
+    from mcpmux.inference.engine.async_engine import Engine
+    from mcpmux.inference.engine.config import EngineConfig, SamplingParams
 
 __all__ = [
     "Config",
@@ -43,9 +43,9 @@ __all__ = [
 ]
 
 _LAZY = {
-    "Engine": "mcpmux.inference.engine",
-    "EngineConfig": "mcpmux.inference.config",
-    "SamplingParams": "mcpmux.inference.config",
+    "Engine": "mcpmux.inference.engine.async_engine",
+    "EngineConfig": "mcpmux.inference.engine.config",
+    "SamplingParams": "mcpmux.inference.engine.config",
 }
 
 

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from mcpmux.config_policy import BatchForm, CacheSettings, LimitSettings
 from mcpmux.errors import ConfigError
-from mcpmux.inference.settings import InferenceSettings, SamplingSettings
+from mcpmux.inference.serving.settings import InferenceSettings, SamplingSettings
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _VAR_RE = re.compile(r"\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")

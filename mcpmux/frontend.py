@@ -326,7 +326,7 @@ class Frontend:
         app.add_middleware(BatchArrayMiddleware, path=path, max_body=limit)
         inference = self.mux.inference
         if inference is not None and inference.settings.openai_api:
-            from mcpmux.inference.openai_api import openai_mount  # imported here: it pulls in torch
+            from mcpmux.inference.openai.routes import openai_mount  # imported here: it pulls in torch
 
             app.router.routes.append(openai_mount(inference))
         app.router.routes.append(metrics_route(self.mux.metrics.registry))

@@ -17,12 +17,13 @@ import mcp_types as types
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from mcpmux.errors import error_result
-from mcpmux.inference.config import EngineError, SamplingParams
+from mcpmux.inference.engine.config import SamplingParams
+from mcpmux.inference.errors import EngineError
 from mcpmux.mux import Caller, LocalTool
 from mcpmux.upstream import ProgressFn
 
 if TYPE_CHECKING:
-    from mcpmux.inference.service import InferenceService
+    from mcpmux.inference.serving.service import InferenceService
 
 MAX_EMBED_TEXTS = 256
 

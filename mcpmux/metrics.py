@@ -33,7 +33,7 @@ from mcpmux.batching import RejectedError
 from mcpmux.errors import UpstreamTimeoutError, UpstreamUnavailableError
 
 if TYPE_CHECKING:
-    from mcpmux.inference.service import InferenceService
+    from mcpmux.inference.serving.service import InferenceService
     from mcpmux.mux import Mux
 
 # Seconds: a cache hit (tens of µs) up to a five-minute tool call.

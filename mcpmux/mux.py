@@ -36,14 +36,14 @@ from mcpmux.errors import (
     UpstreamUnavailableError,
     error_result,
 )
-from mcpmux.inference.sampling_bridge import SamplingBridge
+from mcpmux.inference.serving.sampling_bridge import SamplingBridge
 from mcpmux.logs import RequestContext, set_upstream
 from mcpmux.metrics import MuxMetrics, outcome_of
 from mcpmux.reload import ReloadReport, UpstreamLifetime, reload_mux
 from mcpmux.upstream import ProgressFn, Upstream, UpstreamEvents, UpstreamStatus
 
 if TYPE_CHECKING:
-    from mcpmux.inference.service import InferenceService
+    from mcpmux.inference.serving.service import InferenceService
 
 logger = logging.getLogger(__name__)
 
@@ -151,7 +151,7 @@ class Mux:
     async def _start_inference(self) -> None:
         if self.config.inference.backend == "off":
             return
-        from mcpmux.inference.service import InferenceService  # torch is imported only when inference is on
+        from mcpmux.inference.serving.service import InferenceService  # torch is imported only when inference is on
 
         self.inference = await InferenceService.start(self.config.inference)
         self.sampling.service = self.inference

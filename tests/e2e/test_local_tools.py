@@ -11,8 +11,8 @@ import pytest
 from mcp import Client
 
 from mcpmux import Mux
-from mcpmux.inference.config import EngineConfig, SamplingParams
-from mcpmux.inference.engine import Engine
+from mcpmux.inference.engine.async_engine import Engine
+from mcpmux.inference.engine.config import EngineConfig, SamplingParams
 from tests.e2e.conftest import mux_over_stdio, text_of
 from tests.inference.tiny_models import build_tiny_model
 

@@ -22,7 +22,7 @@ from mcp.shared.exceptions import MCPError
 
 from mcpmux import Mux
 from mcpmux.errors import UpstreamError
-from mcpmux.inference.config import SamplingParams
+from mcpmux.inference.engine.config import SamplingParams
 from tests.e2e.conftest import PY, ROOT, everything_available, mux_over_http, text_of
 from tests.inference.tiny_models import build_tiny_model
 

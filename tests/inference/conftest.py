@@ -1,4 +1,9 @@
-"""Session-scoped tiny model folders shared by every inference test (built once, ~0.1 s each)."""
+"""Session-scoped tiny model folders shared by every inference test (built once, ~0.1 s each).
+
+The fixtures import the model code when first used, not here: importing transformers' model classes
+imports triton, and `kernels/conftest.py` must set ``TRITON_INTERPRET`` before that happens when
+``tests/inference/kernels`` runs alone.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from mcpmux.inference import builtin
-from tests.inference.tiny_models import TINY_ARCHS, build_tiny_model
-
 
 @pytest.fixture(scope="session")
 def tiny_model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """All three tiny architectures, by arch name: ``{"llama": Path, "qwen2": Path, "mistral": Path}``."""
+    from tests.inference.tiny_models import TINY_ARCHS, build_tiny_model
+
     root = tmp_path_factory.mktemp("tiny_models")
     return {arch: build_tiny_model(arch, root / arch) for arch in TINY_ARCHS}
 
@@ -41,6 +45,8 @@ def smollm2_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     Tests that load ``builtin:smollm2-135m`` set ``MCPMUX_CACHE_DIR`` to this folder.
     """
+    from mcpmux.inference.models import builtin
+
     cache = tmp_path_factory.mktemp("mcpmux_models")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("MCPMUX_CACHE_DIR", str(cache))

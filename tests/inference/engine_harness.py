@@ -8,9 +8,9 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from mcpmux.inference.config import EngineConfig, SamplingParams
-from mcpmux.inference.llm_engine import LLMEngine
-from mcpmux.inference.loader import LoadedModel
+from mcpmux.inference.engine.config import EngineConfig, SamplingParams
+from mcpmux.inference.engine.llm_engine import LLMEngine
+from mcpmux.inference.models.loader import LoadedModel
 
 SHARED = "The quick brown fox jumps over the lazy dog. Paged attention stores keys and values in "
 PROMPTS = [

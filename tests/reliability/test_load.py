@@ -15,8 +15,8 @@ import anyio
 import pytest
 from mcp import Client
 
-from mcpmux.inference.config import EngineConfig, SamplingParams
-from mcpmux.inference.engine import Engine
+from mcpmux.inference.engine.async_engine import Engine
+from mcpmux.inference.engine.config import EngineConfig, SamplingParams
 from tests.e2e.conftest import text_of
 from tests.inference.tiny_models import build_tiny_model
 from tests.reliability.conftest import (

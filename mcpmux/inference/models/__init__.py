@@ -1,7 +1,7 @@
 """Model definitions run by the engine: our own forward, weights from transformers.
 
 Every model the loader returns satisfies :class:`CausalLM`: the engine's model runner calls it under
-``torch.inference_mode()`` with one ragged :class:`~mcpmux.inference.forward_batch.ForwardBatch` and
+``torch.inference_mode()`` with one ragged :class:`~mcpmux.inference.models.forward_batch.ForwardBatch` and
 one ``(k_cache, v_cache)`` pair per layer, each ``[num_blocks, block_size, num_kv_heads, head_dim]``.
 """
 
@@ -12,7 +12,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from mcpmux.inference.forward_batch import ForwardBatch
+from mcpmux.inference.models.forward_batch import ForwardBatch
 from mcpmux.inference.models.llama import LlamaCausalLM
 from mcpmux.inference.models.registry import (
     SUPPORTED_ARCHITECTURES,

@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from mcpmux.inference.config import InvalidSettingError
+from mcpmux.inference.errors import InvalidSettingError
 
 logger = logging.getLogger(__name__)
 

@@ -17,8 +17,8 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 from transformers.activations import ACT2FN
 
-from mcpmux import kernels
-from mcpmux.inference.forward_batch import ForwardBatch
+from mcpmux.inference import kernels
+from mcpmux.inference.models.forward_batch import ForwardBatch
 from mcpmux.inference.models.linear import linear, prepare, vocab_linear
 from mcpmux.inference.models.rope import build_cos_sin_cache, head_dim_of
 

@@ -2,7 +2,7 @@
 
 The inverse frequencies and the attention scaling come from transformers' own RoPE init functions
 (``ROPE_INIT_FUNCTIONS``), so a scaled model rotates exactly as it does under HF. We then precompute
-one cos/sin row per position, laid out as :func:`mcpmux.kernels.rotary_embedding` reads it.
+one cos/sin row per position, laid out as :func:`mcpmux.inference.kernels.rotary_embedding` reads it.
 
 Two scaling types change their frequencies with the length of the batch HF happens to run
 (``dynamic`` NTK grows them past ``max_position_embeddings``; ``longrope`` switches to its long factors

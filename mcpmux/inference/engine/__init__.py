@@ -1,0 +1,1 @@
+"""The continuous-batching engine: scheduler, paged block manager, model runner, sampler, step loop."""

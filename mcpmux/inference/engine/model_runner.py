@@ -1,0 +1,119 @@
+"""Owns the paged KV cache and turns a scheduled step into one ragged forward pass plus sampling."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from mcpmux.inference.engine.cuda_graphs import DecodeGraphs
+from mcpmux.inference.engine.sampler import SampleRequest, TokenLogprob, sample
+from mcpmux.inference.engine.scheduler import ScheduledSeq
+from mcpmux.inference.models.forward_batch import ForwardBatch
+from mcpmux.inference.models.loader import LoadedModel
+
+log = logging.getLogger(__name__)
+
+
+def kv_block_bytes(loaded: LoadedModel, block_size: int) -> int:
+    """Bytes one KV block takes across all layers (K and V)."""
+    elem = torch.empty((), dtype=loaded.dtype).element_size()
+    return 2 * loaded.num_layers * block_size * loaded.num_kv_heads * loaded.head_dim * elem
+
+
+@dataclass(slots=True)
+class StepResult:
+    """Per scheduled sequence, in order: its sampled token (None mid-prefill) and logprobs."""
+
+    token_ids: list[int | None]
+    logprobs: list[TokenLogprob | None]
+
+
+class ModelRunner:
+    """Allocates `num_blocks` KV blocks per layer and runs steps of the model."""
+
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        block_size: int,
+        num_blocks: int,
+        *,
+        cuda_graphs: bool = False,
+        max_num_seqs: int = 64,
+    ) -> None:
+        """`cuda_graphs`: replay decode steps from captured CUDA graphs where the model allows it."""
+        self.loaded = loaded
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        shape = (num_blocks, block_size, loaded.num_kv_heads, loaded.head_dim)
+        self.kv_caches = [
+            (
+                torch.zeros(shape, dtype=loaded.dtype, device=loaded.device),
+                torch.zeros(shape, dtype=loaded.dtype, device=loaded.device),
+            )
+            for _ in range(loaded.num_layers)
+        ]
+        log.info(
+            "KV cache: %d blocks x %d tokens, %.1f MiB on %s",
+            num_blocks,
+            block_size,
+            num_blocks * kv_block_bytes(loaded, block_size) / 2**20,
+            loaded.device,
+        )
+        self.graphs: DecodeGraphs | None = None
+        if cuda_graphs and DecodeGraphs.usable(loaded):
+            try:
+                self.graphs = DecodeGraphs(loaded, self.kv_caches, block_size, max_num_seqs)
+            except RuntimeError as err:  # out of memory too: serving goes on, eagerly
+                log.warning("CUDA graphs could not be captured (%s); decode steps run eagerly", err)
+
+    def prepare(self, scheduled: list[ScheduledSeq]) -> ForwardBatch:
+        """Concatenate every scheduled sequence's new tokens into one padding-free batch."""
+        bs = self.block_size
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        seq_lens: list[int] = []
+        starts = [0]
+        logits_rows: list[int] = []
+        for item in scheduled:
+            seq, start = item.seq, item.seq.num_computed_tokens
+            end = start + item.num_new_tokens
+            input_ids += seq.token_ids[start:end]
+            positions += range(start, end)
+            slots += [seq.block_table[p // bs] * bs + p % bs for p in range(start, end)]
+            seq_lens.append(end)
+            starts.append(starts[-1] + item.num_new_tokens)
+            if item.samples:
+                logits_rows.append(starts[-1] - 1)
+        width = max(len(item.seq.block_table) for item in scheduled)
+        tables = [item.seq.block_table + [0] * (width - len(item.seq.block_table)) for item in scheduled]
+        dev = self.loaded.device
+        return ForwardBatch(
+            input_ids=torch.tensor(input_ids, dtype=torch.int64, device=dev),
+            positions=torch.tensor(positions, dtype=torch.int64, device=dev),
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
+            block_tables=torch.tensor(tables, dtype=torch.int32, device=dev),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
+            query_start_loc=torch.tensor(starts, dtype=torch.int32, device=dev),
+            logits_indices=torch.tensor(logits_rows, dtype=torch.int64, device=dev),
+            max_query_len=max(item.num_new_tokens for item in scheduled),
+            max_seq_len=max(seq_lens),
+        )
+
+    def run(self, scheduled: list[ScheduledSeq], requests: list[SampleRequest]) -> StepResult:
+        """Run one step. `requests` has one entry per scheduled sequence that samples, in order."""
+        batch = self.prepare(scheduled)
+        with torch.inference_mode():
+            logits = self.graphs.forward(batch) if self.graphs is not None else None
+            if logits is None:
+                logits = self.loaded.model(batch, self.kv_caches)
+            sampled = sample(logits, requests)
+        tokens = iter(sampled.token_ids)
+        logprobs = iter(sampled.logprobs)
+        result = StepResult([], [])
+        for item in scheduled:
+            result.token_ids.append(next(tokens) if item.samples else None)
+            result.logprobs.append(next(logprobs) if item.samples else None)
+        return result

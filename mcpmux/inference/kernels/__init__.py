@@ -1,0 +1,97 @@
+"""Attention, KV-write, norm and rotary kernels: Triton on CUDA, torch reference on CPU.
+
+Every public function here dispatches per call (see :mod:`mcpmux.inference.kernels.dispatch`): Triton kernels
+when :func:`backend` says ``"triton"``, the torch reference in :mod:`mcpmux.inference.kernels.reference`
+otherwise. Both follow the same contract, documented on each function. The Triton modules are
+imported on first use, so CPU-only processes never import triton.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from mcpmux.inference.kernels import reference
+from mcpmux.inference.kernels.dispatch import backend, set_backend
+
+__all__ = ["backend", "paged_attention", "rms_norm", "rotary_embedding", "set_backend", "write_kv"]
+
+
+def write_kv(key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor) -> None:
+    """Write this step's K/V into the paged caches, in place.
+
+    ``key``/``value``: [T, num_kv_heads, head_dim]; caches: [num_blocks, block_size, num_kv_heads,
+    head_dim]; ``slot_mapping``: [T] int64, ``block_id * block_size + offset``, negative = skip.
+    """
+    if backend(key) == "triton":
+        from mcpmux.inference.kernels.triton_kv import write_kv as triton_write_kv
+
+        triton_write_kv(key, value, k_cache, v_cache, slot_mapping)
+    else:
+        reference.write_kv(key, value, k_cache, v_cache, slot_mapping)
+
+
+def paged_attention(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    block_tables: Tensor,
+    seq_lens: Tensor,
+    query_start_loc: Tensor,
+    scale: float,
+    max_query_len: int,
+    max_seq_len: int,
+    out: Tensor | None = None,
+) -> Tensor:
+    """Causal attention over a ragged batch of decode and prefill/extend rows, through block tables.
+
+    ``q``: [T, num_heads, head_dim] with num_heads a multiple of num_kv_heads (GQA/MQA).
+    ``block_tables``: [S, max_blocks] int32; ``seq_lens``: [S] int32, context length including this
+    step's tokens; ``query_start_loc``: [S+1] int32 cumulative query lengths. Sequence i's queries are
+    its last ``q_len_i`` positions and attend causally to all of its earlier positions, whose K/V
+    :func:`write_kv` has already stored. ``max_query_len``/``max_seq_len`` are the batch's largest
+    query and context lengths (host ints, so no device sync): the Triton path sizes its grid and its
+    split-KV ranges from them, so they must not be smaller than the true values. Returns
+    [T, num_heads, head_dim] in q's dtype (into ``out`` when given); the softmax runs in fp32.
+    """
+    if backend(q) == "triton":
+        from mcpmux.inference.kernels.triton_attention import paged_attention as triton_attention
+
+        return triton_attention(
+            q,
+            k_cache,
+            v_cache,
+            block_tables,
+            seq_lens,
+            query_start_loc,
+            scale,
+            max_query_len,
+            max_seq_len,
+            out,
+        )
+    return reference.paged_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out)
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
+    """RMSNorm exactly as transformers' LlamaRMSNorm; with ``residual``, fused add first.
+
+    Without residual: ``weight * normalize(x)``. With residual: ``h = x + residual`` and the result is
+    ``(weight * normalize(h), h)``.
+    """
+    if backend(x) == "triton":
+        from mcpmux.inference.kernels.triton_norm import rms_norm as triton_rms_norm
+
+        return triton_rms_norm(x, weight, eps, residual)
+    return reference.rms_norm(x, weight, eps, residual)
+
+
+def rotary_embedding(positions: Tensor, q: Tensor, k: Tensor, cos_sin_cache: Tensor) -> tuple[Tensor, Tensor]:
+    """NeoX/HF-Llama rotary embedding of q [T, H, D] and k [T, Hkv, D] at ``positions`` [T] int64.
+
+    ``cos_sin_cache``: [max_position, rotary_dim] fp32, cos in the first half of the columns, sin in
+    the second. Returns the rotated (q, k); the Triton path rotates q and k in place.
+    """
+    if backend(q) == "triton":
+        from mcpmux.inference.kernels.triton_rotary import rotary_embedding as triton_rotary
+
+        return triton_rotary(positions, q, k, cos_sin_cache)
+    return reference.rotary_embedding(positions, q, k, cos_sin_cache)

@@ -1,0 +1,191 @@
+"""Parse OpenAI request bodies into typed requests; every problem is an `OpenAIBadRequest` naming the field."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from mcpmux.inference.engine.config import SamplingParams
+from mcpmux.inference.errors import InvalidSettingError
+
+# Used when a request gives no max_tokens: long enough for an answer, short enough not to hog the engine.
+DEFAULT_MAX_TOKENS = 256
+MAX_N = 16
+
+
+class OpenAIBadRequest(ValueError):
+    """A request the API refuses with HTTP 400; `param` names the offending field (OpenAI's error shape)."""
+
+    def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+        self.code = code
+
+
+Prompt = str | list[dict[str, str]]
+
+
+@dataclass(slots=True)
+class GenerationRequest:
+    """A chat or text completion request: one prompt per entry, `n` choices each."""
+
+    chat: bool
+    model: str | None
+    prompts: list[Prompt]
+    n: int
+    params: SamplingParams
+    stream: bool
+    include_usage: bool
+    top_logprobs: int | None  # None: no logprobs
+
+    def choices(self) -> list[tuple[int, Prompt, SamplingParams]]:
+        """(index, prompt, params) per choice; choice j > 0 of a seeded request gets seed + j, so the
+        n choices differ yet each is reproducible."""
+        out = []
+        for p, prompt in enumerate(self.prompts):
+            for j in range(self.n):
+                params = self.params
+                if j and params.seed is not None:
+                    params = _replace_seed(params, params.seed + j)
+                out.append((p * self.n + j, prompt, params))
+        return out
+
+
+@dataclass(slots=True)
+class EmbeddingRequest:
+    model: str | None
+    texts: list[str]
+    base64: bool
+
+
+def _replace_seed(params: SamplingParams, seed: int) -> SamplingParams:
+    return SamplingParams(
+        max_tokens=params.max_tokens,
+        temperature=params.temperature,
+        top_k=params.top_k,
+        top_p=params.top_p,
+        min_p=params.min_p,
+        seed=seed,
+        stop=params.stop,
+        logprobs=params.logprobs,
+    )
+
+
+def _number(body: dict[str, Any], key: str, default: float, low: float, high: float) -> float:
+    value = body.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+        raise OpenAIBadRequest(f"{key} must be a number between {low:g} and {high:g}, got {value!r}", key)
+    return float(value)
+
+
+def _int(body: dict[str, Any], key: str, default: int | None, low: int, high: int | None = None) -> int | None:
+    value = body.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
+        bound = f"between {low} and {high}" if high is not None else f"at least {low}"
+        raise OpenAIBadRequest(f"{key} must be an integer {bound}, got {value!r}", key)
+    return value
+
+
+def _stop(body: dict[str, Any]) -> tuple[str, ...]:
+    stop = body.get("stop")
+    if stop is None:
+        return ()
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or len(stops) > 4 or not all(isinstance(s, str) and s for s in stops):
+        raise OpenAIBadRequest(f"stop must be a non-empty string or a list of up to 4 of them, got {stop!r}", "stop")
+    return tuple(stops)
+
+
+def _message(i: int, message: Any) -> dict[str, str]:
+    if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+        raise OpenAIBadRequest(f"messages[{i}] must be an object with a role and content", f"messages[{i}]")
+    content = message.get("content")
+    if content is None:
+        content = ""
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind != "text":
+                raise OpenAIBadRequest(
+                    f"messages[{i}].content has a {kind!r} part; only text parts are supported by local models",
+                    f"messages[{i}].content",
+                )
+            parts.append(str(part.get("text", "")))
+        content = "".join(parts)
+    if not isinstance(content, str):
+        raise OpenAIBadRequest(f"messages[{i}].content must be a string or text parts", f"messages[{i}].content")
+    return {"role": message["role"], "content": content}
+
+
+def _model(body: dict[str, Any]) -> str | None:
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise OpenAIBadRequest(f"model must be a string, got {model!r}", "model")
+    return model
+
+
+def parse_generation(body: Any, *, chat: bool) -> GenerationRequest:
+    """A `/v1/chat/completions` (chat=True) or `/v1/completions` body."""
+    if not isinstance(body, dict):
+        raise OpenAIBadRequest("the request body must be a JSON object")
+    prompts: list[Prompt]
+    if chat:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise OpenAIBadRequest("messages is required: a non-empty list of {role, content} objects", "messages")
+        prompts = [[_message(i, m) for i, m in enumerate(messages)]]
+        top = _int(body, "top_logprobs", None, 0, 20)
+        top_logprobs = (top or 0) if body.get("logprobs") else None
+    else:
+        prompt = body.get("prompt")
+        if isinstance(prompt, str):
+            prompts = [prompt]
+        elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+            prompts = list(prompt)
+        else:
+            raise OpenAIBadRequest("prompt is required: a string or a non-empty list of strings", "prompt")
+        top_logprobs = _int(body, "logprobs", None, 0, 5)
+    max_tokens = _int(body, "max_completion_tokens", None, 1) if chat else None
+    max_tokens = max_tokens or _int(body, "max_tokens", DEFAULT_MAX_TOKENS, 1)
+    seed = _int(body, "seed", None, -(2**63))
+    try:
+        params = SamplingParams(
+            max_tokens=max_tokens or DEFAULT_MAX_TOKENS,
+            temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
+            top_p=_number(body, "top_p", 1.0, 0.0, 1.0),
+            seed=seed,
+            stop=_stop(body),
+            logprobs=top_logprobs,
+        )
+    except InvalidSettingError as exc:
+        raise OpenAIBadRequest(str(exc)) from exc
+    options = body.get("stream_options") or {}
+    return GenerationRequest(
+        chat=chat,
+        model=_model(body),
+        prompts=prompts,
+        n=_int(body, "n", 1, 1, MAX_N) or 1,
+        params=params,
+        stream=bool(body.get("stream")),
+        include_usage=bool(isinstance(options, dict) and options.get("include_usage")),
+        top_logprobs=top_logprobs,
+    )
+
+
+def parse_embedding(body: Any) -> EmbeddingRequest:
+    """A `/v1/embeddings` body: `input` is a string or a list of strings."""
+    if not isinstance(body, dict):
+        raise OpenAIBadRequest("the request body must be a JSON object")
+    given = body.get("input")
+    texts = [given] if isinstance(given, str) else given
+    if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+        raise OpenAIBadRequest("input is required: a string or a non-empty list of strings", "input")
+    encoding = body.get("encoding_format") or "float"
+    if encoding not in ("float", "base64"):
+        raise OpenAIBadRequest(f"encoding_format must be 'float' or 'base64', got {encoding!r}", "encoding_format")
+    return EmbeddingRequest(_model(body), texts, encoding == "base64")

@@ -1,0 +1,48 @@
+"""`mcpmux serve --openai-only`: the OpenAI-compatible API alone, over HTTP, with no upstreams."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import sys
+from collections.abc import Iterator
+
+import anyio
+import uvicorn
+
+from mcpmux.edge_policy import EdgePolicy
+from mcpmux.http_edge import HttpEdge
+from mcpmux.inference.openai.routes import openai_app
+from mcpmux.inference.serving.service import InferenceService
+from mcpmux.inference.serving.settings import InferenceSettings
+from mcpmux.metrics import engine_registry, metrics_route
+
+
+class _Server(uvicorn.Server):
+    """Leaves signals to the CLI, which owns the process (uvicorn would re-raise them after shutdown)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+async def serve_openai_only(
+    settings: InferenceSettings, sock: socket.socket, stop: anyio.Event, edge: EdgePolicy
+) -> None:
+    """Start the service, serve `/v1` (behind the `edge` checks) on the bound socket until `stop` is set."""
+    async with await InferenceService.start(settings) as service:
+        host, port = sock.getsockname()[:2]
+        sys.stderr.write(f"mcpmux serving the OpenAI-compatible API at http://{host}:{port}/v1\n")
+        sys.stderr.flush()
+        app = openai_app(service)
+        app.router.routes.append(metrics_route(engine_registry(service)))
+        server = _Server(uvicorn.Config(HttpEdge(app, edge), log_level="warning", lifespan="off"))
+        async with anyio.create_task_group() as tasks:
+
+            async def stop_when_asked() -> None:
+                await stop.wait()
+                server.should_exit = True
+
+            tasks.start_soon(stop_when_asked)
+            await server.serve(sockets=[sock])
+            tasks.cancel_scope.cancel()

@@ -1,0 +1,207 @@
+"""Streamed (SSE) OpenAI responses and the pieces streamed and whole responses share.
+
+`GenerationStream` runs every choice of a request concurrently in its own task group (so they share
+engine steps), relays their deltas as `chat.completion.chunk` / `text_completion` events and ends
+with `data: [DONE]`. An error before the first delta becomes an ordinary HTTP error response (so a
+full queue is a 503, not a 200 stream); a later one is sent as an `error` event before `[DONE]`.
+A client that disconnects cancels the task group, which aborts its requests in the engine.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+from anyio.abc import ObjectReceiveStream, ObjectSendStream
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from mcpmux.inference.engine.config import SamplingParams
+from mcpmux.inference.engine.sampler import TokenLogprob
+from mcpmux.inference.openai.requests import GenerationRequest, Prompt
+from mcpmux.inference.serving.delta import Delta
+from mcpmux.inference.serving.service import InferenceService
+
+Event = tuple[int, Delta | Exception]
+
+
+@dataclass(slots=True)
+class ChoiceResult:
+    """A finished choice's token counts, for `usage`."""
+
+    index: int
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+
+
+def usage_of(finished: list[ChoiceResult], n: int) -> dict[str, Any]:
+    """OpenAI `usage`: each prompt counted once (its first choice), completions summed over all choices."""
+    firsts = [c for c in finished if c.index % n == 0]
+    prompt = sum(c.prompt_tokens for c in firsts)
+    completion = sum(c.completion_tokens for c in finished)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": sum(c.cached_tokens for c in firsts)},
+    }
+
+
+def choice_logprobs(
+    service: InferenceService, model: str, chat: bool, logprobs: list[TokenLogprob] | None
+) -> dict[str, Any] | None:
+    """Logprobs in the chat (`content: [...]`) or legacy completions (`tokens`, `token_logprobs`) shape."""
+    if logprobs is None:
+        return None
+
+    def text(token_id: int) -> str:
+        return service.token_text(model, token_id)
+
+    if chat:
+        content = [
+            {
+                "token": text(lp.token_id),
+                "logprob": lp.logprob,
+                "bytes": list(text(lp.token_id).encode()),
+                "top_logprobs": [{"token": text(t), "logprob": p, "bytes": list(text(t).encode())} for t, p in lp.top],
+            }
+            for lp in logprobs
+        ]
+        return {"content": content}
+    tokens = [text(lp.token_id) for lp in logprobs]
+    offsets, at = [], 0
+    for token in tokens:
+        offsets.append(at)
+        at += len(token)
+    return {
+        "tokens": tokens,
+        "token_logprobs": [lp.logprob for lp in logprobs],
+        "top_logprobs": [{text(t): p for t, p in lp.top} for lp in logprobs],
+        "text_offset": offsets,
+    }
+
+
+class GenerationStream(Response):
+    """The SSE response of a `stream: true` chat or text completion request."""
+
+    def __init__(
+        self,
+        service: InferenceService,
+        req: GenerationRequest,
+        model: str,
+        on_error: Callable[[BaseException], Response],
+    ) -> None:
+        super().__init__(status_code=200, media_type="text/event-stream")
+        self.service, self.req, self.model, self.on_error = service, req, model, on_error
+        self.id = ("chatcmpl-" if req.chat else "cmpl-") + uuid.uuid4().hex
+        self.created = int(time.time())
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        sender, events = anyio.create_memory_object_stream[Event](math.inf)
+        async with anyio.create_task_group() as tg:
+            async with sender:
+                for index, prompt, params in self.req.choices():
+                    tg.start_soon(self._produce, index, prompt, params, sender.clone())
+            tg.start_soon(self._cancel_on_disconnect, receive, tg.cancel_scope)
+            await self._relay(events, scope, receive, send)
+            tg.cancel_scope.cancel()
+
+    async def _produce(self, index: int, prompt: Prompt, params: SamplingParams, out: ObjectSendStream[Event]) -> None:
+        async with out:
+            try:
+                async for delta in self.service.stream(prompt, params, model=self.model):
+                    await out.send((index, delta))
+            except Exception as exc:  # relayed to the client as an error response or event
+                await out.send((index, exc))
+
+    @staticmethod
+    async def _cancel_on_disconnect(receive: Receive, scope: anyio.CancelScope) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        scope.cancel()
+
+    async def _relay(self, events: ObjectReceiveStream[Event], scope: Scope, receive: Receive, send: Send) -> None:
+        started = False
+        finished: list[ChoiceResult] = []
+        async with events:
+            async for index, item in events:
+                if isinstance(item, Exception):
+                    if not started:
+                        await self.on_error(item)(scope, receive, send)
+                        return
+                    error = self.on_error(item)
+                    await self._event(send, json.loads(bytes(error.body)))
+                    break
+                if not started:
+                    started = True
+                    await self._begin(send)
+                await self._deltas(send, index, item)
+                if item.finish_reason is not None:
+                    finished.append(
+                        ChoiceResult(index, item.prompt_tokens, item.cached_prompt_tokens, item.completion_tokens)
+                    )
+        if self.req.include_usage:
+            await self._event(send, self._chunk([], usage=usage_of(finished, self.req.n)))
+        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
+
+    async def _begin(self, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+        if self.req.chat:
+            roles = [self._choice(i, {"role": "assistant", "content": ""}) for i, _, _ in self.req.choices()]
+            await self._event(send, self._chunk(roles))
+
+    async def _deltas(self, send: Send, index: int, delta: Delta) -> None:
+        if delta.text or delta.logprobs:
+            logprobs = (
+                choice_logprobs(self.service, self.model, self.req.chat, delta.logprobs)
+                if self.req.top_logprobs is not None
+                else None
+            )
+            await self._event(send, self._chunk([self._choice(index, {"content": delta.text}, delta.text, logprobs)]))
+        if delta.finish_reason is not None:
+            finish = "stop" if delta.finish_reason == "abort" else delta.finish_reason
+            await self._event(send, self._chunk([self._choice(index, {}, "", None, finish)]))
+
+    def _choice(
+        self,
+        index: int,
+        delta: dict[str, Any],
+        text: str = "",
+        logprobs: dict[str, Any] | None = None,
+        finish: str | None = None,
+    ) -> dict[str, Any]:
+        if self.req.chat:
+            return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
+
+    def _chunk(self, choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> dict[str, Any]:
+        chunk: dict[str, Any] = {
+            "id": self.id,
+            "object": "chat.completion.chunk" if self.req.chat else "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
+        if usage is not None:
+            chunk["usage"] = usage
+        return chunk
+
+    @staticmethod
+    async def _event(send: Send, payload: dict[str, Any]) -> None:
+        body = b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+        await send({"type": "http.response.body", "body": body, "more_body": True})
+
+
+# Set by hand: Response.__init__ would declare a Content-Length for its (empty) body.
+_SSE_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]

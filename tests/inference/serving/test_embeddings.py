@@ -1,0 +1,146 @@
+"""Embeddings with the real all-MiniLM-L6-v2 (shipped in a package): batching through the
+DynamicBatcher gives the same vectors as one text at a time, length bucketing cuts padding,
+pooling follows the model's sentence-transformers config, and mistakes are explained."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import anyio
+import pytest
+
+from mcpmux.inference.serving.embeddings import (
+    Embedder,
+    EmbeddingModel,
+    EmbeddingModelError,
+    Pooling,
+    length_buckets,
+    read_pooling,
+    resolve_folder,
+)
+from mcpmux.inference.serving.settings import EmbeddingSettings
+
+pytestmark = pytest.mark.anyio
+
+MINILM = "builtin:all-minilm-l6-v2"
+MIXED = [
+    "hi",
+    "Paged attention stores keys and values in fixed-size blocks, so memory is not wasted on padding.",
+    "The quick brown fox",
+    "ok",
+    "Continuous batching lets requests join and leave the running batch at every single step of the engine, "
+    "which keeps the hardware busy and the latency of short requests low even when long ones are running.",
+    "Paris",
+    "A man is eating food.",
+    "def add(a, b): return a + b",
+    "Café, naïve, über, 日本語",
+    "x " * 40,
+    "The capital of France is Paris.",
+    "?",
+]
+
+
+@pytest.fixture(scope="module")
+def model() -> EmbeddingModel:
+    return EmbeddingModel(MINILM, device="cpu")
+
+
+def cosine(a: list[float], b: list[float]) -> float:
+    return sum(x * y for x, y in zip(a, b, strict=True))  # vectors are L2-normalized
+
+
+@pytest.mark.slow  # ~1 s on a quiet machine; 10 s+ on a shared 2-core one
+async def test_batched_embeddings_equal_unbatched_for_mixed_lengths(model: EmbeddingModel) -> None:
+    alone = [model.embed([text])[0] for text in MIXED]
+    settings = EmbeddingSettings(model=MINILM, max_batch_size=16, max_delay=0.2, mode="fixed")
+    got: dict[int, list[float]] = {}
+    async with Embedder(settings, model=model) as embedder:
+
+        async def client(i: int) -> None:
+            (got[i],) = await embedder.embed([MIXED[i]])
+
+        async with anyio.create_task_group() as tg:
+            for i in range(len(MIXED)):
+                tg.start_soon(client, i)
+        stats = embedder.stats()
+    for i, want in enumerate(alone):
+        assert got[i] == pytest.approx(want, abs=1e-5), MIXED[i]
+    # The 12 concurrent clients really shared batches.
+    assert stats["batcher"]["items"] == len(MIXED)
+    assert stats["mean_batch_size"] > 1
+    assert stats["batcher"]["batches"] < len(MIXED)
+
+
+async def test_one_caller_gets_its_texts_back_in_order(model: EmbeddingModel) -> None:
+    async with Embedder(EmbeddingSettings(model=MINILM, max_batch_size=4), model=model) as embedder:
+        vectors = await embedder.embed(MIXED)
+    assert len(vectors) == len(MIXED)
+    for text, vector in zip(MIXED, vectors, strict=True):
+        assert vector == pytest.approx(model.embed([text])[0], abs=1e-5)
+
+
+@pytest.mark.slow
+def test_bucketing_lowers_padding_waste_and_changes_no_vector(model: EmbeddingModel) -> None:
+    before = (model.padding.real_tokens, model.padding.pad_tokens)
+    flat = model.embed(MIXED, bucketing=False)
+    real, pad = model.padding.real_tokens - before[0], model.padding.pad_tokens - before[1]
+    waste_flat = pad / (real + pad)
+    before = (model.padding.real_tokens, model.padding.pad_tokens)
+    bucketed = model.embed(MIXED, bucketing=True)
+    real2, pad2 = model.padding.real_tokens - before[0], model.padding.pad_tokens - before[1]
+    waste_bucketed = pad2 / (real2 + pad2)
+    assert real == real2
+    assert waste_flat > 0.5  # one long text pads eleven short ones
+    assert waste_bucketed < waste_flat / 2
+    for a, b in zip(flat, bucketed, strict=True):
+        assert a == pytest.approx(b, abs=1e-5)
+
+
+def test_length_buckets_cover_every_text_once_within_a_factor_of_two() -> None:
+    lengths = [3, 100, 4, 5, 1, 64, 65, 2, 17, 16]
+    buckets = length_buckets(lengths, enabled=True)
+    assert sorted(i for b in buckets for i in b) == list(range(len(lengths)))
+    for bucket in buckets:
+        sizes = [lengths[i] for i in bucket]
+        assert max(sizes) <= 2 * min(sizes)
+    assert length_buckets(lengths, enabled=False) == [list(range(len(lengths)))]
+    assert length_buckets([], enabled=True) == []
+
+
+def test_vectors_are_normalized_and_mean_pooled_as_the_model_says(model: EmbeddingModel) -> None:
+    assert model.pooling == Pooling(mode="mean", normalize=True, max_seq_length=256)
+    assert model.dimension == 384
+    food, bread, baby = model.embed(
+        ["A man is eating food.", "A man is eating a piece of bread.", "The girl is carrying a baby."]
+    )
+    assert sum(v * v for v in food) == pytest.approx(1.0, abs=1e-5)
+    # What the model is for: related sentences land close, unrelated ones far.
+    assert cosine(food, bread) > 0.6
+    assert cosine(food, baby) < 0.3
+
+
+def test_long_texts_are_truncated_to_the_models_max_length(model: EmbeddingModel) -> None:
+    (ids,) = model.tokenize(["word " * 1000])
+    assert len(ids) == 256
+    assert len(model.embed(["word " * 1000])[0]) == 384
+
+
+def test_pooling_config_is_read_from_modules_json(tmp_path: Path) -> None:
+    (tmp_path / "pool").mkdir()
+    (tmp_path / "modules.json").write_text(
+        json.dumps(
+            [{"path": "", "type": "x.Transformer"}, {"path": "pool", "type": "sentence_transformers.models.Pooling"}]
+        )
+    )
+    (tmp_path / "pool" / "config.json").write_text(json.dumps({"pooling_mode_cls_token": True}))
+    assert read_pooling(tmp_path) == Pooling(mode="cls", normalize=False, max_seq_length=512)
+    assert read_pooling(tmp_path / "pool") == Pooling()  # no modules.json: mean + L2
+
+
+def test_unknown_or_missing_models_are_explained(tmp_path: Path) -> None:
+    with pytest.raises(EmbeddingModelError, match=r"available: builtin:all-minilm-l6-v2"):
+        resolve_folder("builtin:bge-small")
+    with pytest.raises(EmbeddingModelError, match=r"no config\.json"):
+        resolve_folder(str(tmp_path))
+    assert (resolve_folder(MINILM) / "modules.json").is_file()

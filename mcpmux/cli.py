@@ -44,18 +44,30 @@ Desktop / Cursor / Claude Code JSON ({"mcpServers": ...}) and VS Code JSON ({"se
 
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
-    configure_logging(args.log_level, args.log_format)
+    configure_logging(args.log_level or ("warning" if args.command == "serve" else "error"), args.log_format)
     if args.command == "status":  # talks to a running server: no config of its own
         sys.exit(status_main(args))
     try:
         config = _resolve_config(args)
         code = anyio.run(_COMMANDS[args.command], args, config)
-    except MuxError as err:
-        print(f"mcpmux: {err}", file=sys.stderr)
-        sys.exit(2)
+    except (MuxError, BaseExceptionGroup) as err:
+        error = _mux_error(err)
+        if error is None:
+            raise
+        print(f"mcpmux: {error}", file=sys.stderr)
+        sys.exit(error.exit_code)
     except KeyboardInterrupt:
         code = 0
     sys.exit(code)
+
+
+def _mux_error(err: BaseException) -> MuxError | None:
+    """The mcpmux error that ended a command, also from inside task groups; None for anything else (a bug)."""
+    if isinstance(err, MuxError):
+        return err
+    if isinstance(err, BaseExceptionGroup) and len(err.exceptions) == 1:
+        return _mux_error(err.exceptions[0])
+    return None
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -66,7 +78,11 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"mcpmux {__version__}")
-    parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    parser.add_argument(
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        help="stderr log level (default: warning for serve, error for the one-shot commands, which say what failed)",
+    )
     parser.add_argument("--log-format", default="text", choices=["text", "json"], help="stderr lines as text or JSON")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="run the multiplexer as an MCP server")
@@ -252,7 +268,11 @@ async def _call(args: argparse.Namespace, config: Config) -> int:
     async with Mux(config) as mux:
         result = await mux.call_tool(args.tool, arguments)
     print(json.dumps(result.model_dump(mode="json", by_alias=True, exclude_none=True), indent=2))
-    return 1 if result.is_error else 0
+    if result.is_error:  # the JSON above for scripts, one line here for whoever reads the terminal
+        text = " ".join(getattr(block, "text", "") for block in result.content).split()
+        print(f"mcpmux: {args.tool} answered with an error: {' '.join(text) or '(no text)'}", file=sys.stderr)
+        return 1
+    return 0
 
 
 async def _check(args: argparse.Namespace, config: Config) -> int:

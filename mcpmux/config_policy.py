@@ -2,7 +2,7 @@
 
 ```toml
 [servers.weather.limits]        # calls beyond these wait in a priority queue (see README, Scheduling)
-max_concurrency = 16            # calls in flight on the upstream at once
+max_concurrency = 16            # calls in flight on the upstream at once (default: no cap)
 rate = 20.0                     # calls per second (token bucket); 0 = no rate limit
 burst = 5                       # calls allowed back to back after an idle period
 max_queue = 256                 # calls waiting at once; beyond it `on_full` applies
@@ -13,9 +13,9 @@ aging_interval = 1.0            # seconds of waiting worth one priority level (n
 [servers.weather.priorities]    # tool glob -> priority (higher runs first); first match wins
 "get_*" = 5
 
-[servers.weather.cache]
-allow = ["get_*"]               # cache these even without readOnlyHint
-deny = ["get_secret*"]          # never cache these (wins over allow and annotations)
+[servers.weather.cache]         # nothing is cached unless named here (annotations never are enough)
+allow = ["get_forecast"]        # cache these tools' results
+deny = ["get_secret*"]          # never cache nor share these, not even in flight (wins over allow)
 ttl = 30.0                      # seconds a cached result lives
 scope = "shared"                # "client": each client has its own entries (private data)
 
@@ -40,7 +40,8 @@ class _Model(BaseModel):
 
 
 class LimitSettings(_Model):
-    max_concurrency: int | None = Field(default=32, ge=1)
+    max_concurrency: int | None = Field(default=None, ge=1)
+    """None: no cap, so a client's parallel calls reach the upstream as they would directly."""
     rate: float = Field(default=0.0, ge=0)
     burst: int = Field(default=1, ge=1)
     max_queue: int = Field(default=1024, ge=1)
@@ -56,14 +57,6 @@ class CacheSettings(_Model):
     deny: list[str] = Field(default_factory=list)
     ttl: float = Field(default=30.0, gt=0)
     scope: Literal["shared", "client"] = "shared"
-
-    def cacheable(self, tool: str, read_only: bool | None, destructive: bool | None) -> bool:
-        """Deny globs win; then allow globs; then the annotations (readOnlyHint and not destructive)."""
-        if not self.enabled or any(fnmatch.fnmatchcase(tool, glob) for glob in self.deny):
-            return False
-        if any(fnmatch.fnmatchcase(tool, glob) for glob in self.allow):
-            return True
-        return bool(read_only) and destructive is not True
 
 
 class BatchForm(_Model):

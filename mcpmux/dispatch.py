@@ -2,10 +2,12 @@
 
     result cache ▶ single-flight (coalescing) ▶ list-form batcher ▶ admission gate ▶ upstream session
 
-- A call is *cacheable* when the server's `[cache]` settings say so (`CacheSettings.cacheable`: deny
-  globs, allow globs, then `readOnlyHint` and not `destructiveHint`). Cacheable calls are served from
-  the cache while fresh and coalesced while in flight: identical concurrent calls (same tool, same
-  canonical JSON arguments, same cache scope) share one upstream call. Error results are never cached.
+What each step does for a tool is its `CallPlan` (`mcpmux.call_plan`), built once per listing.
+
+- A tool whose plan caches (`[servers.X.cache] allow`) is served from the cache while fresh; a tool
+  whose plan coalesces (cached, or annotated read-only and idempotent) shares one upstream call
+  among identical concurrent calls (same tool, same canonical JSON arguments, same cache scope).
+  Error results are never cached.
 - A call to a tool with a declared list form (`[[servers.X.batch]]`) joins a `DynamicBatcher`;
   concurrent calls that differ only in the varying argument become one call of the batch tool, and
   its answer is split back by index, each caller receiving its own item.
@@ -19,7 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from typing import Any
 
@@ -37,7 +39,9 @@ from mcpmux.batching import (
     canonical_json,
     deadline_in,
 )
-from mcpmux.config_policy import BatchForm, priority_for
+from mcpmux.call_plan import CallPlan, plan_tool
+from mcpmux.config import MuxSettings
+from mcpmux.config_policy import BatchForm
 from mcpmux.errors import error_result
 from mcpmux.metrics import CallObserver, outcome_of
 from mcpmux.upstream import ProgressFn, Upstream
@@ -50,10 +54,19 @@ class UpstreamDispatcher:
     """Schedules, coalesces, caches and batches the calls to one upstream."""
 
     def __init__(
-        self, upstream: Upstream, cache: ResultCache[types.CallToolResult], observe: CallObserver | None = None
+        self,
+        upstream: Upstream,
+        cache: ResultCache[types.CallToolResult],
+        mux: Callable[[], MuxSettings],
+        observe: CallObserver | None = None,
     ) -> None:
         self.upstream = upstream
         self.cache = cache
+        self.mux = mux
+        """The running `[mux]` settings (a reload replaces them)."""
+        self._plans: dict[str, CallPlan] = {}
+        self._planned_for: tuple[object, object] = (None, None)
+        """The listing and `[mux]` settings `_plans` were made from: new ones make them anew."""
         self.observe = observe  # told (upstream, tool, seconds, outcome) of every call: `MuxMetrics.observe_call`
         settings = upstream.config.limits
         queue = QueuePolicy(
@@ -71,19 +84,38 @@ class UpstreamDispatcher:
         self.single_flight: SingleFlight[tuple[str | None, str, str], types.CallToolResult] = SingleFlight(
             name=f"coalescing for {upstream.name!r}"
         )
-        self.batchers: dict[str, tuple[BatchForm, DynamicBatcher[BatchItem, types.CallToolResult]]] = {}
+        self.raw_flights: SingleFlight[tuple[str, str], tuple[Any, str | None]] = SingleFlight(
+            name=f"coalescing of raw calls for {upstream.name!r}"
+        )
+        """The fast path's flights: (tool, canonical arguments) -> the raw result and its revision."""
+        self.batchers: dict[str, DynamicBatcher[BatchItem, types.CallToolResult]] = {}
         for form in upstream.config.batch:
             policy = BatchPolicy(
                 max_batch_size=form.max_batch_size, max_delay=form.max_delay, mode=form.mode, max_concurrent_batches=4
             )
             batcher = DynamicBatcher(self._batch_caller(form), policy, name=f"{upstream.name}/{form.batch_tool}")
-            self.batchers[form.tool] = (form, batcher)
+            self.batchers[form.tool] = batcher
 
     async def start(self, stack: AsyncExitStack) -> None:
         """Enter the parts that own tasks; they end when `stack` closes."""
         await stack.enter_async_context(self.single_flight)
-        for _form, batcher in self.batchers.values():
+        await stack.enter_async_context(self.raw_flights)
+        for batcher in self.batchers.values():
             await stack.enter_async_context(batcher)
+
+    def plan(self, tool: str) -> CallPlan:
+        """The plan of `tool` (its upstream name), made once per listing of the upstream."""
+        listing, mux = self.upstream.listing, self.mux()
+        if listing is not self._planned_for[0] or mux is not self._planned_for[1]:
+            self._plans.clear()
+            self._planned_for = (listing, mux)
+        plan = self._plans.get(tool)
+        if plan is None:
+            listed = listing.tools_by_name.get(tool)
+            plan = plan_tool(tool, listed, self.upstream.config, mux)
+            if listed is not None:  # a name the upstream does not list is not remembered
+                self._plans[tool] = plan
+        return plan
 
     async def call_tool(
         self,
@@ -121,38 +153,29 @@ class UpstreamDispatcher:
         client: str | None,
         client_priority: int,
     ) -> types.CallToolResult:
-        priority = self._priority(tool) + client_priority
-        if not self.cacheable(tool):
-            return await self._send(tool, arguments, progress, priority)
-        settings = self.upstream.config.cache
-        scope = client if settings.scope == "client" else None
+        plan = self.plan(tool)
+        priority = plan.priority + client_priority
+        if not plan.shares:
+            return await self._send(plan, arguments, progress, priority)
+        scope = client if plan.cache is not None and plan.cache.scope == "client" else None
         key = (self.upstream.name, tool, canonical_json(arguments))
-        cached = self.cache.get(key, scope=scope)
-        if cached is not None:
-            return cached
+        if plan.cache is not None:
+            cached = self.cache.get(key, scope=scope)
+            if cached is not None:
+                return cached
         result = await self.single_flight.call(
-            (scope, tool, key[2]), lambda: self._send(tool, arguments, progress, priority)
+            (scope, tool, key[2]), lambda: self._send(plan, arguments, progress, priority)
         )
-        if not result.is_error:
-            self.cache.put(key, result, scope=scope, ttl=settings.ttl, tags=(self.upstream.name,))
+        if plan.cache is not None and not result.is_error:
+            self.cache.put(key, result, scope=scope, ttl=plan.cache.ttl, tags=(self.upstream.name,))
         return result
 
-    def cacheable(self, tool: str) -> bool:
-        """Whether results of `tool` (its upstream name) may be cached under this upstream's `[cache]` rules."""
-        listed = self.upstream.listing.tools_by_name.get(tool)
-        annotations = listed.annotations if listed is not None else None
-        return self.upstream.config.cache.cacheable(
-            tool,
-            annotations.read_only_hint if annotations is not None else None,
-            annotations.destructive_hint if annotations is not None else None,
-        )
-
     async def _send(
-        self, tool: str, arguments: dict[str, Any], progress: ProgressFn | None, priority: int
+        self, plan: CallPlan, arguments: dict[str, Any], progress: ProgressFn | None, priority: int
     ) -> types.CallToolResult:
-        batch = self.batchers.get(tool)
-        if batch is not None and batch[0].argument in arguments:
-            form, batcher = batch
+        form, tool = plan.batch, plan.tool
+        if form is not None and form.argument in arguments:
+            batcher = self.batchers[tool]
             others = {k: v for k, v in arguments.items() if k != form.argument}
             item = (canonical_json(others), others, arguments[form.argument])
             # The batch call itself runs in the batcher's task, outside this request's log context.
@@ -171,16 +194,13 @@ class UpstreamDispatcher:
             logger.debug("upstream call answered: %s%s", tool, " (isError)" if result.is_error else "")
             return result
 
-    def slot(self, priority: int) -> AbstractAsyncContextManager[None]:
+    def slot(self, priority: int = 0) -> AbstractAsyncContextManager[None]:
         """One admission through this upstream's gate (limits, queue) for the body of the `async with`."""
         return self.gate.slot(priority=priority, deadline=self.queue_deadline())
 
     async def admit(self, priority: int) -> None:
         """Wait for one admission through this upstream's gate, as `slot` does; `gate.release()` gives it back."""
         await self.gate.acquire(priority=priority, deadline=self.queue_deadline())
-
-    def _priority(self, tool: str) -> int:
-        return priority_for(self.upstream.config.priorities, tool)
 
     def queue_deadline(self) -> float:
         """When a call asking for admission now stops waiting: `queue_timeout`, else the call timeout, from now."""
@@ -196,7 +216,7 @@ class UpstreamDispatcher:
             for indices in groups.values():
                 arguments = {**items[indices[0]][1], form.list_argument: [items[i][2] for i in indices]}
                 try:
-                    merged = await self._gated(form.batch_tool, arguments, None, self._priority(form.batch_tool))
+                    merged = await self._gated(form.batch_tool, arguments, None, self.plan(form.batch_tool).priority)
                     parts: Sequence[types.CallToolResult | BaseException] = split_batch_result(
                         merged, len(indices), form
                     )

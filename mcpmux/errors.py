@@ -13,6 +13,9 @@ def error_result(text: str) -> types.CallToolResult:
 class MuxError(Exception):
     """Base class of mcpmux's own errors."""
 
+    exit_code = 2
+    """The `mcpmux` command's exit status when this error ends it: 2, a usage or configuration error."""
+
 
 class ConfigError(MuxError):
     """The configuration is invalid; the message names the file, the key path and what was expected."""
@@ -22,8 +25,16 @@ class UnknownToolError(MuxError):
     """No tool, prompt or resource of that name is in the catalog."""
 
 
+class UnlistedToolError(UnknownToolError):
+    """The name is not in the catalog because the upstream its prefix names is not connected."""
+
+    exit_code = 1
+
+
 class UpstreamUnavailableError(MuxError):
     """The upstream that owns the tool is not connected (starting, restarting or failed)."""
+
+    exit_code = 1
 
 
 class UpstreamTimeoutError(MuxError):

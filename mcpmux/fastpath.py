@@ -15,23 +15,24 @@ task (`AdmissionGate.hold`), and its request goes out from the code that release
 it. A task, running `FastPath.answer`, is started only for what that cannot do (a timeout, a
 cancellation, progress, an error, a result not answered at once).
 
-A call takes the fast path only when nothing else needs it: the name routes to a connected upstream
-(not a local tool, not an unknown name: the SDK path words that error), the upstream caches no
-result of the tool and merges it into no list form, no `[servers.X.priorities]` or `[mux]
-client_priorities` are set (the admission gate is still passed, with priority 0, so limits hold),
-no argument is mirrored into `Mcp-Param-*` headers, the request carries nothing but `name`,
-`arguments` and `_meta` (and no 2026 `logLevel`: the SDK path relays the upstream's logs to such a
-request), and the upstream cannot want to ask the calling client for sampling (its sampling policy
-is not `client*`, or the client declared no sampling). `[mux] fast_path = false` turns it off.
+Which tools it serves is their `CallPlan`'s to say (`mcpmux.call_plan`: `slow` is None): cached and
+coalesced tools included, with the same cache and, in flight, their own `SingleFlight`; calls pass
+the upstream's admission gate at the plan's priority. Besides, the name must route to a connected
+upstream (not a local tool, not an unknown name: the SDK path words that error), the request carry
+nothing but `name`, `arguments` and `_meta` (and no 2026 `logLevel`: the SDK path relays the
+upstream's logs to such a request), and the upstream not want to ask the calling client for
+sampling (its plan's `asks_client`, where the client declared sampling). A call that may share
+another's answer (`CallPlan.shares`) is served by a task (`answer`), never launched.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
+import copy
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -45,7 +46,8 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 from pydantic_core import from_json
 
-from mcpmux.batching import AdmissionGate, Held, RejectedError
+from mcpmux.batching import AdmissionGate, Held, RejectedError, canonical_json
+from mcpmux.call_plan import CallPlan
 from mcpmux.call_tracker import TrackedCall
 from mcpmux.errors import (
     MuxError,
@@ -58,7 +60,7 @@ from mcpmux.errors import (
 from mcpmux.fastpath_lane import LaneFlight
 from mcpmux.metrics import outcome_of
 from mcpmux.mux import Mux
-from mcpmux.output_schema import OutputCheck, result_error
+from mcpmux.output_schema import result_error
 from mcpmux.plain_result import SERVER_INFO, is_plain
 from mcpmux.upstream import ProgressFn, Upstream, UpstreamState
 
@@ -71,7 +73,6 @@ _PARAM_KEYS = frozenset({"name", "arguments", "_meta"})
 _PROTOCOL_VERSION = "io.modelcontextprotocol/protocolVersion"
 _CLIENT_CAPABILITIES = "io.modelcontextprotocol/clientCapabilities"
 _LOG_LEVEL = "io.modelcontextprotocol/logLevel"
-_CLIENT_SAMPLING_POLICIES = ("client", "client-then-local")
 
 
 @dataclass(slots=True)
@@ -82,12 +83,14 @@ class FastCall:
     version: str
     """The protocol revision the client speaks (the response is shaped for it)."""
     upstream: Upstream
-    tool: str
-    """The tool's name on its upstream."""
+    plan: CallPlan
     arguments: dict[str, Any]
     progress_token: types.ProgressToken | None
-    output: OutputCheck | None = None
-    """The tool's declared output schema, checked on its results as the SDK's client checks them."""
+
+    @property
+    def tool(self) -> str:
+        """The tool's name on its upstream."""
+        return self.plan.tool
 
 
 Deliver = Callable[[dict[str, Any]], Awaitable[None]]
@@ -158,8 +161,7 @@ class Flight:
 class _Eligibility:
     listing: object
     upstream: Upstream | None
-    tool: str = ""
-    output: OutputCheck | None = None
+    plan: CallPlan | None = None
 
 
 @dataclass(slots=True)
@@ -220,14 +222,14 @@ class FastPath:
         upstream = self._upstream_for(name)
         if upstream is None or upstream.lane is None or upstream.state != UpstreamState.READY:
             return None
-        if declares_sampling and upstream.config.sampling.policy in _CLIENT_SAMPLING_POLICIES:
+        plan = self._eligible[name].plan
+        assert plan is not None  # an upstream was found for it
+        if declares_sampling and plan.asks_client:
             return None  # the upstream may want this very client to sample: `Frontend` tracks that
         request_id = message["id"]
         if not isinstance(request_id, str | int) or isinstance(request_id, bool):
             return None
-        token = meta.get("progressToken")
-        eligible = self._eligible[name]
-        return FastCall(request_id, version, upstream, eligible.tool, arguments, token, eligible.output)
+        return FastCall(request_id, version, upstream, plan, arguments, meta.get("progressToken"))
 
     def _upstream_for(self, name: str) -> Upstream | None:
         """The upstream of a fast-path tool, decided once per listing of its upstream."""
@@ -241,25 +243,17 @@ class FastPath:
 
     def _eligibility(self, name: str) -> _Eligibility:
         mux = self.mux
-        if not mux.config.mux.fast_path or name in mux.local_tools or mux.config.mux.client_priorities:
+        if name in mux.local_tools:
             return _Eligibility(None, None)
         try:
             route = mux.catalog.resolve_tool(name)
         except MuxError:
             return _Eligibility(None, None)  # unknown: the SDK path words the error
         upstream = mux.upstreams[route.upstream]
-        dispatcher = mux.dispatchers[route.upstream]
-        listed = upstream.listing.tools_by_name.get(route.name)
-        mirrored = listed is not None and "x-mcp-header" in json.dumps(listed.input_schema)
-        if (
-            upstream.config.priorities
-            or route.name in dispatcher.batchers
-            or dispatcher.cacheable(route.name)
-            or mirrored
-        ):
+        plan = mux.dispatchers[route.upstream].plan(route.name)
+        if plan.slow is not None:
             return _Eligibility(upstream.listing, None)
-        schema = listed.output_schema if listed is not None else None
-        return _Eligibility(upstream.listing, upstream, route.name, None if schema is None else OutputCheck(schema))
+        return _Eligibility(upstream.listing, upstream, plan)
 
     def launch(self, call: FastCall, deliver_now: DeliverNow, escalate: Escalate) -> Flight | None:
         """Admit `call` and write its request to the upstream right now, from synchronous code; None
@@ -281,7 +275,9 @@ class FastPath:
             return None
         upstream, lane = call.upstream, call.upstream.lane
         calls = self.mux.calls
-        if lane is None or not lane.can_launch or upstream.client is None or calls.refusal(upstream.name) is not None:
+        if call.plan.shares or lane is None or not lane.can_launch or upstream.client is None:
+            return None
+        if calls.refusal(upstream.name) is not None:
             return None
         dispatcher = self.mux.dispatchers[upstream.name]
         gate = dispatcher.gate
@@ -297,7 +293,11 @@ class FastPath:
                 return None
         else:
             flight.deadline = dispatcher.queue_deadline()  # `anyio.current_time()`, on asyncio
-            flight.held = gate.hold(lambda: self._admitted_held(call, flight, deliver_now), deadline=flight.deadline)
+            flight.held = gate.hold(
+                lambda: self._admitted_held(call, flight, deliver_now),
+                priority=call.plan.priority,
+                deadline=flight.deadline,
+            )
             if flight.held is None:
                 return None
         flight.tracked.on_cancel = flight.wake
@@ -314,7 +314,8 @@ class FastPath:
         version = client.protocol_version
 
         def answered(raw: dict[str, Any]) -> bool:
-            if methods.is_input_required(raw) or (call.output is not None and call.output.problem(raw) is not None):
+            output = call.plan.output
+            if methods.is_input_required(raw) or (output is not None and output.problem(raw) is not None):
                 return False  # the task takes these: another round, or the error
             try:
                 response, outcome = self._response(call, raw, version)
@@ -396,14 +397,14 @@ class FastPath:
             try:
                 # Shutdown waits for (or cancels) it and a reload that stops its upstream cancels it.
                 with self.mux.track_call(call.upstream.name) if flight is None else flight.tracked:
-                    gate = await self._admitted(call) if flight is None else await self._admission_of(flight)
-                    try:
-                        response, outcome = await self._respond(call, progress, flight)
+                    # A call that may share another's answer passes the gate only if it goes out itself.
+                    shared = flight is None and call.plan.shares
+                    async with nullcontext() if shared else self._slot(call, flight):
+                        fetch = self._shared(call, progress) if shared else self._call(call, progress, flight)
+                        response, outcome = await self._respond(call, fetch, flight)
                         if deliver is not None and not _answered(flight):
                             delivered = True
                             await deliver(response)
-                    finally:
-                        gate.release()
             except (UpstreamUnavailableError, RejectedError) as err:
                 # Refused by a limit, or by mcpmux (shutting down, the upstream being stopped), or
                 # cancelled by it after the grace period (`CallCancelledError`). Once the client has
@@ -423,11 +424,47 @@ class FastPath:
             if flight is not None:
                 flight.unlink()
 
-    async def _admitted(self, call: FastCall) -> AdmissionGate:
-        """Wait for admission through the upstream's gate (limits, queue); the gate to release it on."""
+    @asynccontextmanager
+    async def _slot(self, call: FastCall, flight: Flight | None) -> AsyncIterator[None]:
+        """One admission through the upstream's gate (limits, queue) for the body: a launched call's
+        (`_admission_of`), else waited for now at the plan's priority."""
+        if flight is None:
+            dispatcher = self.mux.dispatchers[call.upstream.name]
+            await dispatcher.admit(priority=call.plan.priority)
+            gate = dispatcher.gate
+        else:
+            gate = await self._admission_of(flight)
+        try:
+            yield
+        finally:
+            gate.release()
+
+    async def _shared(self, call: FastCall, progress: ProgressFn | None) -> tuple[Any, str | None]:
+        """The raw result of a call that may share another's (`CallPlan.shares`), and its revision:
+        from the cache while fresh, else from an identical call in flight, else from its own upstream
+        call, which identical calls arriving meanwhile join (its progress goes to this caller alone)."""
         dispatcher = self.mux.dispatchers[call.upstream.name]
-        await dispatcher.admit(priority=0)
-        return dispatcher.gate
+        rule, arguments = call.plan.cache, canonical_json(call.arguments)
+        key = (call.upstream.name, call.tool, arguments)
+        if rule is not None:
+            cached = dispatcher.cache.get(key)
+            if cached is not None:
+                return cached.model_dump(by_alias=True, mode="json", exclude_none=True), None
+
+        async def fetch() -> tuple[Any, str | None]:
+            async with dispatcher.slot(call.plan.priority):
+                raw, version = await self._call(call, progress, None)
+            if rule is not None and isinstance(raw, dict) and not raw.get("isError"):
+                try:
+                    result = types.CallToolResult.model_validate(raw)
+                except ValidationError:
+                    pass  # not kept: each caller's answer says what is wrong with it
+                else:
+                    dispatcher.cache.put(key, result, ttl=rule.ttl, tags=(call.upstream.name,))
+            return raw, version
+
+        raw, version = await dispatcher.raw_flights.call((call.tool, arguments), fetch)
+        return copy.deepcopy(raw), version  # each caller's answer is shaped for its own revision
 
     @staticmethod
     async def _admission_of(flight: Flight) -> AdmissionGate:
@@ -438,11 +475,11 @@ class FastPath:
         return flight.gate
 
     async def _respond(
-        self, call: FastCall, progress: ProgressFn | None, flight: Flight | None
+        self, call: FastCall, fetch: Awaitable[tuple[Any, str | None]], flight: Flight | None
     ) -> tuple[dict[str, Any], str]:
-        """The response to `call` and the outcome to count, once admitted through the upstream's gate."""
+        """The response to `call` and the outcome to count, from `fetch` (the raw result and its revision)."""
         try:
-            raw, upstream_version = await self._call(call, progress, flight)
+            raw, upstream_version = await fetch
         except (UpstreamUnavailableError, UpstreamTimeoutError, UpstreamResultError) as err:
             return self._failed(call, err), outcome_of(err)
         except UpstreamError as err:
@@ -489,7 +526,8 @@ class FastPath:
                 what, lambda client: client.call_tool(call.tool, call.arguments, progress_callback=progress)
             )
             raw, version = slow.model_dump(by_alias=True, mode="json", exclude_none=True), None
-        problem = call.output.problem(raw) if call.output is not None else None
+        output = call.plan.output
+        problem = output.problem(raw) if output is not None else None
         if problem is not None:
             raise result_error(call.upstream.name, what, problem)
         return raw, version

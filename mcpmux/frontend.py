@@ -180,7 +180,7 @@ class Frontend:
         upstream: str | None = None
         if params.name not in self.mux.local_tools and params.request_state is None:
             try:
-                upstream = self.mux.catalog.resolve_tool(params.name).upstream
+                upstream = self.mux.resolve_tool(params.name).upstream
             except MuxError as err:
                 raise _as_mcp_error(err) from None
             callers = self._callers.setdefault(upstream, callers)
@@ -211,7 +211,7 @@ class Frontend:
                 return await self.rounds.resume(params, session)
             held = self.mux.upstreams.get(upstream) if upstream is not None else None
             # A 2026-07-28 client has no back channel: sampling it may answer goes out in input-required rounds.
-            if held is not None and self.rounds.available and parks(session, held.config.sampling.policy):
+            if held is not None and self.rounds.available and parks(session, held.config.sampling.asks_client):
                 return await self.rounds.start(params.name, params.arguments or {}, session, parked)
             return await call(lambda: session)
         except MuxError as err:

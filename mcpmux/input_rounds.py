@@ -44,7 +44,6 @@ SamplingAnswer = types.CreateMessageResult | types.CreateMessageResultWithTools
 RoundResult = types.CallToolResult | types.InputRequiredResult
 DEFAULT_IDLE_TIMEOUT = 30.0
 """Half the default upstream call timeout: a client that went away is noticed while the upstream still waits."""
-_CLIENT_POLICIES = ("client", "client-then-local")
 GATHER_SECONDS = 0.01
 """How long a round waits, after a first sampling request, for others asked at the same time."""
 
@@ -217,12 +216,12 @@ class ParkedCall:
         self._collected.set()
 
 
-def parks(session: ServerSession, policy: str) -> bool:
+def parks(session: ServerSession, asks_client: bool) -> bool:
     """Whether a call runs parked: from a 2026-07-28 client that declared sampling in its request, on an
-    upstream whose sampling policy (`client`, `client-then-local`) may forward to the client."""
+    upstream whose sampling policy may forward to the client (`SamplingSettings.asks_client`)."""
     capabilities = session.client_capabilities
     declared = capabilities is not None and capabilities.sampling is not None
-    return declared and session.protocol_version in MODERN_PROTOCOL_VERSIONS and policy in _CLIENT_POLICIES
+    return declared and session.protocol_version in MODERN_PROTOCOL_VERSIONS and asks_client
 
 
 class InputRounds:

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from mcpmux.errors import error_result
 from mcpmux.inference.engine.config import SamplingParams
 from mcpmux.inference.errors import EngineError
-from mcpmux.mux import Caller, LocalTool
+from mcpmux.local_tool import Caller, LocalTool
 from mcpmux.upstream import ProgressFn
 
 if TYPE_CHECKING:

@@ -15,17 +15,20 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import mcp_types as types
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from mcpmux.errors import MuxError, UpstreamError, error_result
+from mcpmux.local_tool import Caller, LocalTool
 from mcpmux.meta_refs import BadReferenceError, StepOutput, check_refs, resolve_refs
 from mcpmux.meta_schemas import BATCH_TOOL, MAX_CALLS, MAX_CONCURRENT, MAX_STEPS, PARALLEL_TOOL, PIPELINE_TOOL
-from mcpmux.mux import Caller, LocalTool, Mux
 from mcpmux.upstream import ProgressFn
+
+if TYPE_CHECKING:
+    from mcpmux.mux import Mux
 
 logger = logging.getLogger(__name__)
 

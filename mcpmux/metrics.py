@@ -199,7 +199,7 @@ class _MuxCollector:
             for reason, count in sorted(gate.rejections.items()):
                 rejections.add_metric([name, "gate", reason], count)
             coalesced.add_metric([name], dispatcher.single_flight.stats().shared)
-            for tool, (_form, batcher) in dispatcher.batchers.items():
+            for tool, batcher in dispatcher.batchers.items():
                 stats = batcher.stats()
                 batches.add_metric([name, tool], stats.batches)
                 items.add_metric([name, tool], stats.items)

@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -25,22 +25,25 @@ from anyio.abc import TaskGroup
 
 from mcpmux.batching import CachePolicy, ResultCache
 from mcpmux.call_tracker import CallCancelledError, CallTracker, TrackedCall
-from mcpmux.catalog import Catalog
+from mcpmux.catalog import Catalog, Route
 from mcpmux.config import Config, ServerConfig, load_config
 from mcpmux.config_policy import priority_for
 from mcpmux.dispatch import UpstreamDispatcher
 from mcpmux.errors import (
     MuxError,
+    UnknownToolError,
+    UnlistedToolError,
     UpstreamResultError,
     UpstreamTimeoutError,
     UpstreamUnavailableError,
     error_result,
 )
 from mcpmux.inference.serving.sampling_bridge import SamplingBridge
+from mcpmux.local_tool import Caller, LocalTool
 from mcpmux.logs import RequestContext, set_upstream
 from mcpmux.metrics import MuxMetrics, outcome_of
 from mcpmux.reload import ReloadReport, UpstreamLifetime, reload_mux
-from mcpmux.upstream import ProgressFn, Upstream, UpstreamEvents, UpstreamStatus
+from mcpmux.upstream import ProgressFn, Upstream, UpstreamEvents, UpstreamState, UpstreamStatus
 
 if TYPE_CHECKING:
     from mcpmux.inference.serving.service import InferenceService
@@ -50,22 +53,6 @@ logger = logging.getLogger(__name__)
 ChangeListener = Callable[[], Awaitable[None]]
 LISTING_REFRESH_WAIT = 2.0
 """Seconds a list request waits for stale upstream listings before serving the last known ones."""
-
-
-@dataclass(frozen=True, slots=True)
-class Caller:
-    """Who is calling: a per-connection id (the scope of private cache entries) and its clientInfo name."""
-
-    client: str | None = None
-    name: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class LocalTool:
-    """A tool mcpmux implements itself; `handler(arguments, progress, caller)` answers it."""
-
-    tool: types.Tool
-    handler: Callable[[dict[str, Any], ProgressFn | None, Caller], Awaitable[types.CallToolResult]]
 
 
 LogListener = Callable[[str, types.LoggingMessageNotificationParams], Awaitable[None]]
@@ -188,7 +175,9 @@ class Mux:
         events = replace(self._events, sampling=self.sampling.callback(name, server.sampling))
         upstream = Upstream(name, server, self.config.mux, events)
         self.upstreams[name] = upstream
-        self.dispatchers[name] = UpstreamDispatcher(upstream, self.cache, self.metrics.observe_call)
+        self.dispatchers[name] = UpstreamDispatcher(
+            upstream, self.cache, lambda: self.config.mux, self.metrics.observe_call
+        )
 
     async def _start_upstream(self, name: str, server: ServerConfig) -> None:
         assert self._tasks is not None, "Mux was not entered"
@@ -319,7 +308,7 @@ class Mux:
                     return await local.handler(arguments or {}, progress, Caller(client, client_name))
             except CallCancelledError as err:
                 return error_result(str(err))
-        route = self.catalog.resolve_tool(name)
+        route = self.resolve_tool(name)
         set_upstream(route.upstream)  # for the log lines of this call
         try:
             with self.track_call(route.upstream):
@@ -328,6 +317,23 @@ class Mux:
                 return await dispatcher.call_tool(route.name, arguments or {}, progress, client, boost)
         except (UpstreamUnavailableError, UpstreamTimeoutError, UpstreamResultError) as err:
             return error_result(str(err))
+
+    def resolve_tool(self, name: str) -> Route:
+        """Where the upstream tool `name` goes. Raises `UnknownToolError`, or `UnlistedToolError` when
+        the name's prefix is an upstream that is not connected (its tools are listed once it is)."""
+        try:
+            return self.catalog.resolve_tool(name)
+        except UnknownToolError:
+            separator = self.config.mux.separator
+            for upstream in self.upstreams.values():
+                if upstream.state != UpstreamState.READY and name.startswith(f"{upstream.name}{separator}"):
+                    reason = f" ({upstream.last_error})" if upstream.last_error else ""
+                    raise UnlistedToolError(
+                        f"tool {name!r} is not listed: upstream {upstream.name!r} is {upstream.state.value}{reason}; "
+                        f"fix [servers.{upstream.name}] in {self.config.source} or wait for it to connect "
+                        "(`mcpmux tools` shows each upstream's state)"
+                    ) from None
+            raise
 
     async def read_resource(self, uri: str, *, client: str | None = None) -> types.ReadResourceResult:
         """Read a resource from the upstream that lists it; a 2026 `ttlMs` lets mcpmux serve it from cache.

@@ -28,6 +28,7 @@ from anyio.abc import TaskGroup
 from mcp import Client
 from mcp.client.session import SamplingFnT
 from mcp.shared.exceptions import MCPError
+from mcp_types.jsonrpc import CONNECTION_CLOSED
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from mcpmux.config import MuxSettings, ServerConfig
@@ -40,7 +41,6 @@ from mcpmux.upstream_io import Listing, WatchedTransport, fetch_listing, listen_
 
 logger = logging.getLogger(__name__)
 
-CONNECTION_CLOSED = -32000
 # What the SDK's stdio_client passes to a child when told nothing (mirrored for `env_passthrough = "minimal"`).
 _MINIMAL_ENV = ("HOME", "LOGNAME", "PATH", "SHELL", "TERM", "USER")
 
@@ -363,4 +363,9 @@ def _describe_failure(err: BaseException, config: ServerConfig) -> str:
         return _describe_failure(err.exceptions[0], config)
     if isinstance(err, httpx2.ConnectError):
         return f"cannot connect to {config.url}: {err}"
+    if isinstance(err, MCPError) and err.error.code == CONNECTION_CLOSED and config.transport == "stdio":
+        return (
+            f"command {config.command!r} closed its stdio before the MCP handshake ended (it may have exited: "
+            "its own error, if any, is on mcpmux's stderr; try running the command by hand)"
+        )
     return f"{type(err).__name__}: {err}" if str(err) else type(err).__name__

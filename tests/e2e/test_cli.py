@@ -85,6 +85,29 @@ def test_tools_and_call(tmp_path: Path) -> None:
     assert "arguments are not valid JSON" in bad_args.stderr
 
 
+def test_every_call_error_is_one_line_that_says_what_to_do(tmp_path: Path) -> None:
+    """An upstream down, a mistyped name, a tool's own error: one line of mcpmux's on stderr, no traceback."""
+    config = write_config(tmp_path / "c.json", {"alpha": demo("alpha"), "ghost": {"command": "no-such-binary-here"}})
+    cases = [
+        # (tool, arguments, exit code, what the line says)
+        ("ghost__greet", "{}", 1, "tool 'ghost__greet' is not listed: upstream 'ghost' is down (cannot run command"),
+        ("alpha__ech", "{}", 2, "unknown tool 'alpha__ech'; did you mean 'alpha__echo'"),
+        ("alpha__fail", '{"reason": "no"}', 1, "alpha__fail answered with an error: Error executing tool fail"),
+        ("alpha__add", "[1, 2]", 2, "arguments must be a JSON object, got list"),
+    ]
+    for tool, arguments, code, says in cases:
+        called = run("call", "--config", str(config), tool, arguments)
+        assert called.returncode == code, (tool, called.stderr)
+        # The upstream's own stderr passes through; mcpmux's is the one line.
+        lines = [line for line in called.stderr.splitlines() if line.startswith("mcpmux: ")]
+        assert len(lines) == 1, called.stderr
+        assert says in lines[0], lines
+        assert "/mcpmux/" not in called.stderr  # no traceback of mcpmux's
+    ghost = run("call", "--config", str(config), "ghost__greet", "{}").stderr
+    assert "fix [servers.ghost] in" in ghost
+    assert "`mcpmux tools`" in ghost
+
+
 @pytest.mark.anyio
 async def test_serve_wraps_one_command_without_a_config() -> None:
     params = StdioServerParameters(command=PY, args=["-m", "mcpmux", "serve", "--", PY, str(DEMO), "solo"])

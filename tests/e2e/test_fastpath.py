@@ -86,9 +86,11 @@ def probe_over_http(port: int | None = None, keep_alive: float = 5.0) -> Iterato
 @pytest.fixture
 def configs(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
     """Probe upstreams (stdio and HTTP, 2026 and 2025) behind an mcpmux with the fast path on, and one with it off."""
+    cache = {"allow": ["cached"]}
     with probe_over_http() as url:
-        servers = {"probe": probe(), "old": probe(protocol="legacy"), "web": {"url": url}}
-        servers["oldweb"] = {"url": url, "protocol": "legacy"}
+        servers = {"probe": probe(cache=cache), "old": probe(protocol="legacy", cache=cache)}
+        servers["web"] = {"url": url, "cache": cache}
+        servers["oldweb"] = {"url": url, "protocol": "legacy", "cache": cache}
         fast = write_config(tmp_path / "fast.json", servers)
         slow = write_config(tmp_path / "slow.json", servers, fast_path=False)
         yield fast, slow
@@ -117,7 +119,24 @@ CALLS = [
     ("probe__typed", {}),  # no structured content, though the tool declares an output schema
     ("web__typed", {"structured": {"n": "one"}}),
     ("oldweb__typed", {"structured": {"n": 1}}),
+    ("probe__cached", {"text": "parity"}),
+    ("oldweb__cached", {"text": "parity"}),
+    ("web__shared", {"text": "parity"}),
+    ("old__shared", {"text": "parity"}),
 ]
+
+
+async def _concurrently(client: Client, name: str, count: int) -> list[Any]:
+    """The ids the probe saw for `count` identical calls made at once."""
+    ids: list[Any] = []
+
+    async def one() -> None:
+        ids.append(seen_id(await client.call_tool(name, {"text": "same"})))
+
+    async with anyio.create_task_group() as tasks:
+        for _ in range(count):
+            tasks.start_soon(one)
+    return ids
 
 
 async def assert_same_answers(fast: Client, slow: Client) -> None:
@@ -132,12 +151,26 @@ async def assert_same_answers(fast: Client, slow: Client) -> None:
         assert not json.loads(text_of(await fast.call_tool(f"{upstream}__whoami", {})))["progress_asked"]
     for upstream in ("probe", "old", "web", "oldweb"):  # the arguments arrive as sent
         assert json.loads(text_of(await fast.call_tool(f"{upstream}__whoami", {"text": WIDE})))["text"] == WIDE
+    for upstream in ("probe", "old", "web", "oldweb"):
+        cached = f"{upstream}__cached"  # a tool the config caches, served by each path, then from the cache
+        fast_first, slow_first = seen_id(await fast.call_tool(cached, {})), seen_id(await slow.call_tool(cached, {}))
+        assert str(fast_first).startswith("mux.")
+        assert isinstance(slow_first, int)
+        assert seen_id(await fast.call_tool(cached, {})) == fast_first
+        assert seen_id(await slow.call_tool(cached, {})) == slow_first
+        shared = f"{upstream}__shared"  # read-only and idempotent: identical calls at once share one call
+        fast_ids, slow_ids = await _concurrently(fast, shared, 5), await _concurrently(slow, shared, 5)
+        assert len(set(fast_ids)) == 1
+        assert str(fast_ids[0]).startswith("mux.")
+        assert len(set(slow_ids)) == 1
+        assert isinstance(slow_ids[0], int)
+        assert await _concurrently(fast, shared, 1) != fast_ids[:1]  # in flight only: nothing was kept
     for name, arguments in CALLS:
         fast_outcome, slow_outcome = (
             dump(await outcome_of(fast, name, arguments)),
             dump(await outcome_of(slow, name, arguments)),
         )
-        if name.endswith("whoami"):  # the ids differ by design
+        if name.endswith(("whoami", "cached", "shared")):  # the ids differ by design
             fast_outcome["content"] = slow_outcome["content"] = None
         assert fast_outcome == slow_outcome, name
     assert dump(await outcome_of(fast, "probe__reject", {})) == {
@@ -457,13 +490,13 @@ async def test_calls_that_need_the_mux_take_the_sdk_path(tmp_path: Path) -> None
     servers = {
         "probe": probe(
             batch=[{"tool": "one", "batch_tool": "many", "argument": "item", "list_argument": "items"}],
-            cache={"allow": ["cached"]},
+            cache={"allow": ["cached"], "scope": "client"},
         )
     }
     config = write_config(tmp_path / "mux.json", servers)
     async with mux_over_stdio(config) as client:
         assert str(seen_id(await client.call_tool("probe__whoami", {}))).startswith("mux.")
-        assert isinstance(seen_id(await client.call_tool("probe__cached", {})), int)  # cacheable
+        assert isinstance(seen_id(await client.call_tool("probe__cached", {})), int)  # cached per client
         batched = await client.call_tool("probe__one", {"item": "x"})
         assert isinstance(json.loads(text_of(batched))["id"], int)  # merged into a `many` call
         steps = [{"tool": "probe__whoami", "arguments": {}}]
@@ -506,6 +539,8 @@ def _serve_probe() -> None:
     names = ["whoami", "shapes", "fail", "reject", "slow", "peak", "cancelled", "ask", "asked", "crash"]
     names += ["cached", "one", "many", "tags"]
     tools = [types.Tool(name=name, input_schema=schema) for name in names]
+    repeatable = types.ToolAnnotations(read_only_hint=True, idempotent_hint=True)
+    tools.append(types.Tool(name="shared", input_schema=schema, annotations=repeatable))
     typed = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
     tools.append(types.Tool(name="typed", input_schema=schema, output_schema=typed))
 
@@ -524,7 +559,9 @@ def _serve_probe() -> None:
         arguments = params.arguments or {}
         if params.name == "tags":
             return text(tags)
-        if params.name in ("whoami", "cached"):
+        if params.name == "shared":
+            await anyio.sleep(0.3)  # long enough for identical calls made at once to find it in flight
+        if params.name in ("whoami", "cached", "shared"):
             if "tag" in arguments:
                 tags.append(arguments["tag"])
             asked_progress = "progress_token" in (params.meta or {})

@@ -84,10 +84,10 @@ async def test_batch_of_identical_read_only_calls_costs_one_upstream_call(client
     )
     assert not failed
     assert [item["result"]["text"] for item in structured["results"]] == ["value of shared"] * 20
-    # Coalesced and cached like direct calls: one upstream call, and a direct call afterwards is a hit.
+    # Shared in flight like direct calls: one upstream call; nothing is kept, so a direct call goes out again.
     assert await _count(client, "lookup") == before + 1
     assert text_of(await client.call_tool("alpha__lookup", {"key": "shared"})) == "value of shared"
-    assert await _count(client, "lookup") == before + 1
+    assert await _count(client, "lookup") == before + 2
 
 
 async def test_pipeline_feeds_earlier_results_into_later_steps(client: Client) -> None:

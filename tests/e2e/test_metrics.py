@@ -81,11 +81,11 @@ WEATHER_BATCH = {
 
 
 async def test_calls_errors_cache_and_batches_are_counted() -> None:
-    config = {"servers": {"alpha": demo("alpha"), "beta": {**demo("beta"), "batch": [WEATHER_BATCH]}}}
-    async with served(config) as (mux, http):
+    beta = {**demo("beta"), "batch": [WEATHER_BATCH], "cache": {"allow": ["lookup"]}}
+    async with served({"servers": {"alpha": demo("alpha"), "beta": beta}}) as (mux, http):
         assert text_of(await mux.call_tool("alpha__echo", {"text": "hi"})) == "alpha: hi"
         assert (await mux.call_tool("alpha__fail", {"reason": "no"})).is_error
-        for _ in range(2):  # a read-only tool: the second call is a cache hit
+        for _ in range(2):  # a tool the config caches: the second call is a cache hit
             assert text_of(await mux.call_tool("beta__lookup", {"key": "k"})) == "value of k"
         async with anyio.create_task_group() as calls:
             for city in ("Oslo", "Rome", "Lima"):

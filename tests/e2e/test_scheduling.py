@@ -34,10 +34,11 @@ async def test_identical_concurrent_read_only_calls_share_one_upstream_call() ->
                 tasks.start_soon(one)
         assert answers == ["value of k"] * 100
         assert await _count(mux, "lookup") == 1
-        # Fresh in the cache afterwards, a different argument is a different call.
+        # Shared in flight only: nothing is kept, so the next call goes out again.
         assert text_of(await mux.call_tool("alpha__lookup", {"key": "k"})) == "value of k"
         assert text_of(await mux.call_tool("alpha__lookup", {"key": "other"})) == "value of other"
-        assert await _count(mux, "lookup") == 2
+        assert await _count(mux, "lookup") == 3
+        assert mux.cache.stats().stores == 0
 
 
 async def test_cache_rules_errors_and_invalidation() -> None:
@@ -47,7 +48,7 @@ async def test_cache_rules_errors_and_invalidation() -> None:
         assert await _count(mux, "echo") == 1  # allowed by glob although not annotated read-only
         for _ in range(2):
             await mux.call_tool("alpha__lookup", {"key": "k"})
-        assert await _count(mux, "lookup") == 2  # denied although annotated read-only
+        assert await _count(mux, "lookup") == 2  # denied: neither cached nor shared
         for _ in range(2):
             assert (await mux.call_tool("alpha__fail", {"reason": "r"})).is_error
         # An error result is never served from the cache: the upstream saw both calls fail.

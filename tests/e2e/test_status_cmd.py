@@ -40,7 +40,7 @@ def row(output: str, *cells: str) -> bool:
 async def test_status_prints_upstreams_tools_and_counts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MCPMUX_STATUS_TEST_TOKEN", "s3cret-token-for-the-status-test")  # the server reads it too
     config = tmp_path / "mcp.json"
-    servers = {"alpha": demo("alpha"), "beta": demo("beta")}
+    servers = {"alpha": demo("alpha"), "beta": {**demo("beta"), "cache": {"allow": ["lookup"]}}}
     config.write_text(json.dumps({"mcpServers": servers, "http": {"auth_token_env": "MCPMUX_STATUS_TEST_TOKEN"}}))
     with mux_over_http(config) as url:
         headers = {"Authorization": "Bearer s3cret-token-for-the-status-test"}

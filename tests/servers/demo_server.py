@@ -50,9 +50,9 @@ async def sleep(seconds: float, ctx: Context, steps: int = 1) -> str:
     return f"slept {seconds}"
 
 
-@server.tool(annotations=ToolAnnotations(read_only_hint=True))
+@server.tool(annotations=ToolAnnotations(read_only_hint=True, idempotent_hint=True))
 async def lookup(key: str) -> str:
-    """A slow read-only lookup (mcpmux may cache and coalesce it)."""
+    """A slow read-only, idempotent lookup (mcpmux may share one call among identical concurrent ones)."""
     calls["lookup"] += 1
     await anyio.sleep(0.2)
     return f"value of {key}"

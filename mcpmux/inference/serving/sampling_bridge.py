@@ -136,7 +136,7 @@ class SamplingBridge:
                 f"upstream {upstream!r} asked for sampling, but its sampling policy is 'off'; set "
                 f'[servers.{upstream}.sampling] policy = "local", "client" or "client-then-local" to answer it'
             )
-        if policy in ("client", "client-then-local") and self.client_sampler is not None:
+        if settings.asks_client and self.client_sampler is not None:
             forwarded = await self.client_sampler(upstream, params)
             if forwarded is not None:
                 self.counts.client += 1

@@ -93,3 +93,8 @@ class SamplingSettings(_Model):
     policy: Literal["local", "client", "client-then-local", "off"] = "client-then-local"
     priority: int = 0
     max_tokens: int = Field(default=1024, ge=1)
+
+    @property
+    def asks_client(self) -> bool:
+        """Whether the upstream's sampling requests go to the calling client first (`client*` policies)."""
+        return self.policy in ("client", "client-then-local")

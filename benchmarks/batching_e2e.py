@@ -22,8 +22,8 @@ from typing import Any
 
 import anyio
 
-from mcpmux.config import config_from_dict
-from mcpmux.mux import Mux
+from mcpmux.core.config import config_from_dict
+from mcpmux.mux.multiplexer import Mux
 
 HERE = Path(__file__).resolve().parent
 UPSTREAM = {"command": sys.executable, "args": [str(HERE / "weather_upstream.py"), "20", "1"]}

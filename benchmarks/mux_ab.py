@@ -116,7 +116,7 @@ def main(argv: list[str]) -> int:
     medians = {route: statistics.median(ratios[route]) for route in trees}
     for route in trees:
         cost = statistics.median(costs[route])
-        print(f"{route:4}: median mcpmux/upstream CPU {medians[route]:.3f}, mcpmux {cost:.3f} ms/call")
+        print(f"{route:4}: median mcpmux/upstream/supervisor CPU {medians[route]:.3f}, mcpmux {cost:.3f} ms/call")
     change = (medians["new"] / medians["base"] - 1) * 100
     print(f"new against base: {change:+.1f}% mcpmux CPU per call (upstream's CPU as the yardstick)")
     if leaked:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"  # before the imports below: modules they load read it
 
-from mcpmux.config import Config, load_config
+from mcpmux.core.config import Config, load_config
 from mcpmux.errors import (
     ConfigError,
     MuxError,
@@ -22,7 +22,7 @@ from mcpmux.errors import (
     UpstreamTimeoutError,
     UpstreamUnavailableError,
 )
-from mcpmux.mux import Mux
+from mcpmux.mux.multiplexer import Mux
 
 if TYPE_CHECKING:
     from mcpmux.inference.engine.async_engine import Engine

@@ -1,5 +1,5 @@
 """`python -m mcpmux` is the `mcpmux` command."""
 
-from mcpmux.cli import main
+from mcpmux.cli.main import main
 
 main()

@@ -7,8 +7,8 @@ from typing import Any
 import mcp_types as types
 import pytest
 
-from mcpmux.call_plan import CacheRule, CallPlan, plan_tool
-from mcpmux.config import MuxSettings, ServerConfig
+from mcpmux.core.call_plan import CacheRule, CallPlan, plan_tool
+from mcpmux.core.config import MuxSettings, ServerConfig
 
 READ_ONLY_IDEMPOTENT = {"readOnlyHint": True, "idempotentHint": True}
 BATCH = {"tool": "get", "batch_tool": "get_many", "argument": "id", "list_argument": "ids"}

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mcpmux.config import Config, config_from_dict, load_config
+from mcpmux.core.config import Config, config_from_dict, load_config
 from mcpmux.errors import ConfigError
 
 ENV = {"HOME": "/home/u", "API_KEY": "sekret", "EMPTY": ""}

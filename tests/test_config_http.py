@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from mcpmux.config import HttpSettings, config_from_dict, load_config
-from mcpmux.edge_policy import EdgePolicy, is_loopback, prepare_edge
+from mcpmux.core.config import HttpSettings, config_from_dict, load_config
 from mcpmux.errors import ConfigError, MuxError
-from mcpmux.http_edge import RateLimiter
+from mcpmux.server.edge_policy import EdgePolicy, is_loopback, prepare_edge
+from mcpmux.server.http_edge import RateLimiter
 
 SECRET = "tok-9f8e7d6c5b4a-s3cr3t"
 

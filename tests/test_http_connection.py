@@ -1,4 +1,4 @@
-"""A keep-alive connection of the fast path's HTTP client (mcpmux.http_connection), on real loopback sockets.
+"""A keep-alive connection of the fast path's HTTP client (mcpmux.upstream.http_connection), on real loopback sockets.
 
 When an answer frees a slot at an upstream's gate, the call waiting for that slot is sent from the
 code the answer reached: the connection that carried the answer must already be idle then, or that
@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from mcpmux.http_connection import Connection
+from mcpmux.upstream.http_connection import Connection
 
 pytestmark = pytest.mark.anyio
 

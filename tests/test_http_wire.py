@@ -1,4 +1,4 @@
-"""HTTP/1.1 responses and server-sent events as mcpmux's HTTP lane client reads them (mcpmux.http_wire).
+"""HTTP/1.1 responses and server-sent events as mcpmux's HTTP lane client reads them (mcpmux.wire.http_response).
 
 Every response is fed whole and one byte at a time: a TCP read can end anywhere.
 """
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from mcpmux.http_wire import Event, EventStream, Head, HttpWireError, ResponseReader
+from mcpmux.wire.http_response import Event, EventStream, Head, HttpWireError, ResponseReader
 
 
 def read(raw: bytes, *, bytewise: bool, eof: bool = False) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Compact JSON for the wire (`mcpmux.json_wire.dumps`)."""
+"""Compact JSON for the wire (`mcpmux.wire.json_bytes.dumps`)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from mcpmux.json_wire import dumps
+from mcpmux.wire.json_bytes import dumps
 
 
 def test_compact_utf8_that_reads_back_the_same() -> None:

@@ -14,8 +14,8 @@ import anyio
 import pytest
 
 from mcpmux import Mux
-from mcpmux.config import config_from_dict
-from mcpmux.logs import RequestContext, configure_logging, current_request
+from mcpmux.core.config import config_from_dict
+from mcpmux.core.logs import RequestContext, configure_logging, current_request
 from tests.e2e.conftest import PY, demo, text_of, write_config
 
 
@@ -62,14 +62,16 @@ def test_cli_json_logs_tie_the_client_call_to_its_upstream_call(tmp_path: Path) 
     request_id = started[0]["request_id"]
     assert re.fullmatch(r"[0-9a-f]{8}", request_id)
     tied = [r for r in records if r.get("request_id") == request_id]
-    assert [r["msg"] for r in tied if r["logger"] in ("mcpmux.mux", "mcpmux.dispatch")] == [
+    assert [r["msg"] for r in tied if r["logger"] in ("mcpmux.mux.multiplexer", "mcpmux.mux.dispatcher")] == [
         "client call started: alpha__echo",
         "upstream call sent: echo",
         "upstream call answered: echo",
         tied[-1]["msg"],
     ]
     assert tied[-1]["msg"].startswith("client call ended: alpha__echo, ok in ")
-    assert {(r["upstream"], r["tool"]) for r in tied if r["logger"] == "mcpmux.dispatch"} == {("alpha", "alpha__echo")}
+    assert {(r["upstream"], r["tool"]) for r in tied if r["logger"] == "mcpmux.mux.dispatcher"} == {
+        ("alpha", "alpha__echo")
+    }
 
 
 @pytest.mark.anyio

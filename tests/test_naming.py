@@ -7,7 +7,7 @@ import re
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mcpmux.naming import public_name
+from mcpmux.core.naming import public_name
 
 VALID = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from mcp_types import methods
 from pydantic import ValidationError
 
-from mcpmux.plain_result import SERVER_INFO, is_plain
+from mcpmux.wire.plain_result import SERVER_INFO, is_plain
 
 VERSION = "2026-07-28"
 

@@ -12,7 +12,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from mcpmux.stdio_wire import LineWriter, read_lines
+from mcpmux.wire.stdio_lines import LineWriter, read_lines
 
 pytestmark = pytest.mark.anyio
 

@@ -9,8 +9,8 @@ import mcp_types as types
 import pytest
 from mcp.shared.exceptions import MCPError
 
-from mcpmux.config import config_from_dict
-from mcpmux.mux import Mux
+from mcpmux.core.config import config_from_dict
+from mcpmux.mux.multiplexer import Mux
 from tests.e2e.conftest import PY, ROOT, demo, mux_over_stdio, text_of, write_config
 
 pytestmark = pytest.mark.anyio

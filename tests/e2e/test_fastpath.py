@@ -1,4 +1,4 @@
-"""The raw JSON-RPC fast path for `tools/call` (mcpmux.fastpath*), end to end on real processes.
+"""The raw JSON-RPC fast path for `tools/call` (mcpmux.mux.fast_path*), end to end on real processes.
 
 Whether a call took the fast path is seen where it lands: the probe upstream below reports the
 JSON-RPC id each call reached it with, a lane id (`mux.N`) on the fast path, the SDK's integer on
@@ -26,7 +26,7 @@ from mcp.shared.exceptions import MCPError
 
 if __name__ != "__main__":
     from mcpmux import Mux
-    from mcpmux.fastpath import FastCall, FastPath, Flight
+    from mcpmux.mux.fast_path import FastCall, FastPath, Flight
     from tests.e2e.conftest import free_port, mux_over_http, mux_over_stdio, stop, text_of, wait_for_port, write_config
     from tests.reliability.conftest import HttpFront
 
@@ -44,7 +44,7 @@ def seen_id(result: Any) -> Any:
 
 
 def sent_by_mcpmux_http_client(result: Any) -> bool:
-    """Whether the probe's `whoami` came over HTTP from mcpmux's own client (`mcpmux.http_lane`)."""
+    """Whether the probe's `whoami` came over HTTP from mcpmux's own client (`mcpmux.upstream.http_lane`)."""
     seen = json.loads(text_of(result))
     return str(seen["id"]).startswith("mux.") and "encoding" in seen and seen["encoding"] is None
 

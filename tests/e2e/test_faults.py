@@ -11,9 +11,9 @@ from pathlib import Path
 import anyio
 import pytest
 
-from mcpmux.config import config_from_dict
-from mcpmux.mux import Mux
-from mcpmux.upstream import UpstreamState
+from mcpmux.core.config import config_from_dict
+from mcpmux.mux.multiplexer import Mux
+from mcpmux.upstream.supervisor import UpstreamState
 from tests.e2e.conftest import DEMO, PY, demo, free_port, stop, text_of, wait_for_port
 
 pytestmark = pytest.mark.anyio

@@ -15,8 +15,8 @@ import anyio
 import pytest
 from mcp import Client
 
-from mcpmux.config import config_from_dict
-from mcpmux.mux import Mux
+from mcpmux.core.config import config_from_dict
+from mcpmux.mux.multiplexer import Mux
 from tests.e2e.conftest import PY, mux_over_http, mux_over_stdio, text_of, write_config
 
 pytestmark = pytest.mark.anyio

@@ -1,4 +1,4 @@
-"""Fast-path POSTs answered inside mcpmux's HTTP protocol, below ASGI (mcpmux.fastpath_http_front).
+"""Fast-path POSTs answered inside mcpmux's HTTP protocol, below ASGI (mcpmux.server.http_fast_front).
 
 Raw HTTP/1.1 on a socket, as a client may write it: pipelined requests, `Connection: close`,
 `Expect: 100-continue`, bodies too big to hold, proxy headers. Each request gets its own answer,

@@ -1,4 +1,4 @@
-"""Fast-path calls to streamable HTTP upstreams, over mcpmux's own HTTP client (mcpmux.http_lane).
+"""Fast-path calls to streamable HTTP upstreams, over mcpmux's own HTTP client (mcpmux.upstream.http_lane).
 
 The probe upstream (tests/e2e/test_fastpath.py) reports the JSON-RPC id each call reached it with:
 a lane id (`mux.N`) says the call took the fast path, and so went out on mcpmux's own connections.

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from mcp import Client
 
-from mcpmux.config import config_from_dict, load_config
-from mcpmux.mux import Mux
+from mcpmux.core.config import config_from_dict, load_config
+from mcpmux.mux.multiplexer import Mux
 from tests.e2e.conftest import demo, mux_over_stdio, text_of, write_config
 
 pytestmark = pytest.mark.anyio

@@ -16,8 +16,8 @@ import pytest
 from mcp import Client
 
 from mcpmux import Mux
-from mcpmux.config import config_from_dict, load_config
-from mcpmux.reload import ConfigReloader
+from mcpmux.core.config import config_from_dict, load_config
+from mcpmux.mux.reload import ConfigReloader
 from tests.e2e.conftest import PY, demo, free_port, text_of, wait_for_port, write_config
 from tests.e2e.test_cli import _gone
 

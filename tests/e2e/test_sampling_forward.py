@@ -25,8 +25,8 @@ from mcp.server.mcpserver import MCPServer, Resolve, Sample
 from mcp.shared.exceptions import MCPError
 
 from mcpmux import Mux
-from mcpmux.edge_policy import EdgePolicy
-from mcpmux.frontend import Frontend, bind
+from mcpmux.server.edge_policy import EdgePolicy
+from mcpmux.server.frontend import Frontend, bind
 from tests.e2e.conftest import EVERYTHING, ROOT, everything_available, mux_over_stdio, text_of
 
 # -- the upstream server (this module run with -m) ---------------------------------------------------

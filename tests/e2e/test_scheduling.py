@@ -7,8 +7,8 @@ from typing import Any
 import anyio
 import pytest
 
-from mcpmux.config import config_from_dict
-from mcpmux.mux import Mux
+from mcpmux.core.config import config_from_dict
+from mcpmux.mux.multiplexer import Mux
 from tests.e2e.conftest import demo, text_of
 
 pytestmark = pytest.mark.anyio

@@ -13,7 +13,7 @@ import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
-from mcpmux.status_cmd import bucket_quantile, metrics_url
+from mcpmux.cli.status import bucket_quantile, metrics_url
 from tests.e2e.conftest import PY, demo, free_port, mux_over_http, text_of
 
 

@@ -22,8 +22,8 @@ import anyio
 import pytest
 from mcp import Client
 
-from mcpmux.config import config_from_dict
-from mcpmux.mux import Mux
+from mcpmux.core.config import config_from_dict
+from mcpmux.mux.multiplexer import Mux
 from tests.e2e.conftest import PY, free_port, stop, text_of, wait_for_port
 from tests.reliability.conftest import (
     FAULT,
@@ -45,7 +45,7 @@ HEALTHY = ("alpha", "slow", "garbage")  # slow is the HTTP one: slow, but within
 KILLED = ("flaky", "webflaky")
 HANG_TIMEOUT = 1.0
 FLAKY_TIMEOUT = 5.0
-# The documented errors (README "Behaviour", mcpmux/upstream.py) a call to a killed upstream may get.
+# The documented errors (README "Behaviour", mcpmux/upstream/supervisor.py) a call to a killed upstream may get.
 DOWN = re.compile(
     r"^upstream '(flaky|webflaky)' (lost its connection during tool 'echo'|is (starting|down|restarting|failed)"
     r"|did not answer tool 'echo' within 5s)"

@@ -10,12 +10,12 @@ from collections.abc import Iterator
 import anyio
 import uvicorn
 
-from mcpmux.edge_policy import EdgePolicy
-from mcpmux.http_edge import HttpEdge
+from mcpmux.core.metrics import engine_registry, metrics_route
 from mcpmux.inference.openai.routes import openai_app
 from mcpmux.inference.serving.service import InferenceService
 from mcpmux.inference.serving.settings import InferenceSettings
-from mcpmux.metrics import engine_registry, metrics_route
+from mcpmux.server.edge_policy import EdgePolicy
+from mcpmux.server.http_edge import HttpEdge
 
 
 class _Server(uvicorn.Server):

@@ -7,7 +7,7 @@ upstream's `[servers.NAME.sampling] policy` decides who answers:
 - `local`: the in-process `InferenceService` (the continuous-batching engine, or the remote backend);
 - `client`: the client whose tool call caused the request, if it declared sampling. A 2025 session
   gets a pushed request; a 2026-07-28 client, which has no back channel, gets it in an input-required
-  round of its parked call (`mcpmux.input_rounds`). Nothing in the protocol links the two requests, so
+  round of its parked call (`mcpmux.server.input_rounds`). Nothing in the protocol links the two requests, so
   the frontend tracks the calls in flight on each upstream and the most recent caller that can sample
   is asked;
 - `client-then-local` (the default): the client when one can answer, else the local model;

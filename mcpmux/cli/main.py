@@ -1,0 +1,287 @@
+"""`mcpmux serve | tools | call | check`. Logs go to stderr; stdout carries results (and, for stdio, MCP)."""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import logging
+import os
+import shlex
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup
+
+from mcpmux import __version__
+from mcpmux.cli.status import add_status_parser, status_main
+from mcpmux.core.config import Config, config_from_dict, load_config
+from mcpmux.core.logs import configure_logging
+from mcpmux.errors import MuxError
+from mcpmux.mux.multiplexer import Mux
+from mcpmux.mux.reload import ConfigReloader
+from mcpmux.server.edge_policy import prepare_edge
+from mcpmux.server.frontend import Frontend, bind
+
+EXAMPLES = """examples:
+  mcpmux serve --config mcpmux.toml                      serve over stdio (what MCP clients launch)
+  mcpmux serve --config mcpmux.toml --transport http     streamable HTTP on http://127.0.0.1:8765/mcp
+  mcpmux serve -- npx -y @modelcontextprotocol/server-everything stdio
+                                                         wrap one server, no config file
+  mcpmux tools --config ~/Library/Application\\ Support/Claude/claude_desktop_config.json
+  mcpmux call --config mcpmux.toml time__get_current_time '{"timezone": "UTC"}'
+  mcpmux check --config .vscode/mcp.json
+  mcpmux status --url http://127.0.0.1:8765              summary of a running HTTP server's /metrics
+
+--config defaults to $MCPMUX_CONFIG, then ./mcpmux.toml. Accepted formats: mcpmux.toml, Claude
+Desktop / Cursor / Claude Code JSON ({"mcpServers": ...}) and VS Code JSON ({"servers": ...}).
+"""
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
+    configure_logging(args.log_level or ("warning" if args.command == "serve" else "error"), args.log_format)
+    if args.command == "status":  # talks to a running server: no config of its own
+        sys.exit(status_main(args))
+    try:
+        config = _resolve_config(args)
+        code = anyio.run(_COMMANDS[args.command], args, config)
+    except (MuxError, BaseExceptionGroup) as err:
+        error = _mux_error(err)
+        if error is None:
+            raise
+        print(f"mcpmux: {error}", file=sys.stderr)
+        sys.exit(error.exit_code)
+    except KeyboardInterrupt:
+        code = 0
+    sys.exit(code)
+
+
+def _mux_error(err: BaseException) -> MuxError | None:
+    """The mcpmux error that ended a command, also from inside task groups; None for anything else (a bug)."""
+    if isinstance(err, MuxError):
+        return err
+    if isinstance(err, BaseExceptionGroup) and len(err.exceptions) == 1:
+        return _mux_error(err.exceptions[0])
+    return None
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mcpmux",
+        description="One MCP server in front of many: a namespaced catalog, routing, supervision.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"mcpmux {__version__}")
+    parser.add_argument(
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        help="stderr log level (default: warning for serve, error for the one-shot commands, which say what failed)",
+    )
+    parser.add_argument("--log-format", default="text", choices=["text", "json"], help="stderr lines as text or JSON")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="run the multiplexer as an MCP server")
+    serve.add_argument("--transport", choices=["stdio", "http"], default="stdio")
+    serve.add_argument("--host", default=None, help="HTTP host (default: [http] host, 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=None, help="HTTP port (default: [http] port, 8765)")
+    serve.add_argument(
+        "--openai-only",
+        action="store_true",
+        help="serve only the OpenAI-compatible API at /v1 over HTTP ([inference]; no upstreams are started)",
+    )
+    serve.add_argument(
+        "--allow-unauthenticated-remote",
+        action="store_true",
+        help="serve HTTP on a non-loopback address with no [http] auth tokens set (docs/security.md)",
+    )
+    serve.add_argument("wrapped", nargs=argparse.REMAINDER, help="-- CMD ARGS...: wrap one stdio server")
+    commands.add_parser("tools", help="list the aggregated catalog and each upstream's status")
+    call = commands.add_parser("call", help="call one tool and print its result as JSON")
+    call.add_argument("tool")
+    call.add_argument("arguments", nargs="?", default="{}", help="the arguments as a JSON object")
+    commands.add_parser("check", help="validate the config and print the resolved upstreams")
+    for sub in commands.choices.values():
+        sub.add_argument("--config", "-c", default=None, help="config file (TOML or client JSON)")
+    add_status_parser(commands)
+    return parser
+
+
+def _wrapped(args: argparse.Namespace) -> list[str]:
+    """The command line of `mcpmux serve -- CMD ARGS...`; empty when a config file is served."""
+    return [part for part in getattr(args, "wrapped", []) if part != "--"]
+
+
+def _resolve_config(args: argparse.Namespace) -> Config:
+    wrapped = _wrapped(args)
+    if wrapped:
+        name = Path(wrapped[0]).name.split(".")[0] or "server"
+        return config_from_dict(
+            {"servers": {name: {"command": wrapped[0], "args": wrapped[1:]}}, "mux": {"prefix_single": False}},
+            source=f"command line: {shlex.join(wrapped)}",
+        )
+    path = args.config or os.environ.get("MCPMUX_CONFIG") or "mcpmux.toml"
+    if not Path(path).exists() and args.config is None:
+        raise MuxError("no config given: pass --config FILE, set MCPMUX_CONFIG, or create ./mcpmux.toml")
+    return load_config(path)
+
+
+async def _serve(args: argparse.Namespace, config: Config) -> int:
+    """Serve until stdin closes (stdio) or SIGINT/SIGTERM arrives; upstream children end with the Mux.
+
+    SIGINT/SIGTERM stop accepting, let calls in flight finish within `[mux] shutdown_grace` and cancel
+    the rest (a second signal skips the wait); SIGHUP, or a change to the file, reloads the config.
+    """
+    if args.openai_only:
+        return await _serve_openai_only(args, config)
+    host = args.host or config.http.host
+    # Read (and a non-loopback bind without tokens refused) before any upstream starts.
+    edge = prepare_edge(config, host, args.allow_unauthenticated_remote) if args.transport == "http" else None
+    async with Mux(config) as mux, anyio.create_task_group() as tasks:
+        frontend = Frontend(mux)
+        _freeze_startup_heap()
+        stop, skip = anyio.Event(), anyio.Event()
+        reloader = None if _wrapped(args) else ConfigReloader(mux, config.source)
+        tasks.start_soon(_handle_signals, stop, skip, reloader, tasks)
+        if reloader is not None:
+            tasks.start_soon(reloader.watch)
+        if args.transport == "stdio":
+            async with anyio.create_task_group() as serving:
+                serving.start_soon(_drain_when_stopped, mux, stop, skip, serving.cancel_scope.cancel)
+                await frontend.serve_stdio()
+                serving.cancel_scope.cancel()  # stdin closed: no client is left to answer
+        else:
+            assert edge is not None
+            sock = bind(host, config.http.port if args.port is None else args.port)
+            _announce_http(host, sock.getsockname()[1], config)
+            drained = anyio.Event()
+            tasks.start_soon(_drain_when_stopped, mux, stop, skip, drained.set)
+            await frontend.serve_http(sock, edge, config.http.path, stop, shutdown_timeout=2, drained=drained)
+        tasks.cancel_scope.cancel()
+    return 0
+
+
+def _freeze_startup_heap() -> None:
+    """Keep what start-up built (modules, the SDK's models, the catalog: some 100,000 objects) out of
+    the cycle collector's full passes, which otherwise walk all of it every few seconds under load
+    (90-160 ms each on a slow 2-core host, a stall for every call in flight). What start-up built
+    and a later reload drops stays in memory: one copy at most."""
+    gc.collect()
+    gc.freeze()
+
+
+async def _serve_openai_only(args: argparse.Namespace, config: Config) -> int:
+    """Only `/v1`, over HTTP, until SIGINT/SIGTERM; the engine loads here (torch is imported only now)."""
+    if config.inference.backend == "off":
+        raise MuxError(f'--openai-only needs [inference] backend = "local" or "openai" in {config.source}')
+    host = args.host or config.http.host
+    edge = prepare_edge(config, host, args.allow_unauthenticated_remote)
+    from mcpmux.inference.openai.standalone import serve_openai_only
+
+    async with anyio.create_task_group() as tasks:
+        stop = anyio.Event()
+        tasks.start_soon(_stop_on_signal, stop)
+        sock = bind(host, config.http.port if args.port is None else args.port)
+        await serve_openai_only(config.inference, sock, stop, edge)
+        tasks.cancel_scope.cancel()
+    return 0
+
+
+async def _stop_on_signal(stop: anyio.Event) -> None:
+    """Winds down through `stop` (uvicorn finishes open responses)."""
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for signum in signals:
+            logging.getLogger("mcpmux").info("%s received: shutting down", signal.Signals(signum).name)
+            stop.set()
+            return
+
+
+async def _handle_signals(
+    stop: anyio.Event, skip: anyio.Event, reloader: ConfigReloader | None, tasks: TaskGroup
+) -> None:
+    """SIGINT/SIGTERM set `stop` (a second one sets `skip`: no more grace); SIGHUP reloads the config file."""
+    log = logging.getLogger("mcpmux")
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
+        async for signum in signals:
+            name = signal.Signals(signum).name
+            if signum != signal.SIGHUP:
+                what = "skipping the rest of the grace period" if stop.is_set() else "shutting down"
+                log.warning("%s received: %s", name, what)
+                (skip if stop.is_set() else stop).set()
+            elif reloader is None:
+                log.warning("SIGHUP received: nothing to reload (serving a command line, not a config file)")
+            elif not stop.is_set():
+                log.warning("SIGHUP received: reloading %s", reloader.path)
+                tasks.start_soon(reloader.reload)
+
+
+async def _drain_when_stopped(mux: Mux, stop: anyio.Event, skip: anyio.Event, then: Callable[[], object]) -> None:
+    """Once `stop` is set, let calls in flight finish (`[mux] shutdown_grace`), then call `then`."""
+    await stop.wait()
+    await mux.drain(mux.config.mux.shutdown_grace, skip)
+    await anyio.sleep(0.25)  # the last answers leave the Mux before the front end has written them
+    then()
+
+
+def _announce_http(host: str, port: int, config: Config) -> None:
+    url = f"http://{host}:{port}{config.http.path}"
+    stdio_entry = {
+        "mcpServers": {
+            "mcpmux": {
+                "command": str(Path(sys.argv[0]).resolve()),
+                "args": ["serve", "--config", str(Path(config.source).resolve())],
+            }
+        }
+    }
+    sys.stderr.write(
+        f"mcpmux {__version__} serving {len(config.enabled_servers)} upstream(s) at {url}\n\n"
+        f"Claude Desktop (stdio; claude_desktop_config.json):\n{json.dumps(stdio_entry, indent=2)}\n\n"
+        f"Claude Code:  claude mcp add --transport http mcpmux {url}\n"
+        f'VS Code:      {{"servers": {{"mcpmux": {{"type": "http", "url": "{url}"}}}}}}\n\n'
+    )
+    sys.stderr.flush()
+
+
+async def _tools(args: argparse.Namespace, config: Config) -> int:
+    async with Mux(config) as mux:
+        for status in mux.status():
+            error = f"  ({status.last_error})" if status.last_error else ""
+            print(f"# {status.name}: {status.state.value}, {status.transport}, {status.protocol_version or '-'}{error}")
+        for tool in mux.list_tools():
+            summary = (tool.description or "").strip().splitlines()[0] if tool.description else ""
+            print(f"{tool.name}\t{summary}")
+        failed = [s for s in mux.status() if s.state.value != "ready"]
+    return 1 if failed else 0
+
+
+async def _call(args: argparse.Namespace, config: Config) -> int:
+    try:
+        arguments: Any = json.loads(args.arguments)
+    except json.JSONDecodeError as err:
+        raise MuxError(f"arguments are not valid JSON ({err.msg} at column {err.colno}): {args.arguments}") from None
+    if not isinstance(arguments, dict):
+        raise MuxError(f"arguments must be a JSON object, got {type(arguments).__name__}")
+    async with Mux(config) as mux:
+        result = await mux.call_tool(args.tool, arguments)
+    print(json.dumps(result.model_dump(mode="json", by_alias=True, exclude_none=True), indent=2))
+    if result.is_error:  # the JSON above for scripts, one line here for whoever reads the terminal
+        text = " ".join(getattr(block, "text", "") for block in result.content).split()
+        print(f"mcpmux: {args.tool} answered with an error: {' '.join(text) or '(no text)'}", file=sys.stderr)
+        return 1
+    return 0
+
+
+async def _check(args: argparse.Namespace, config: Config) -> int:
+    print(f"{config.source}: OK, {len(config.servers)} server(s)")
+    for name, server in config.servers.items():
+        where = shlex.join([server.command or "", *server.args]) if server.transport == "stdio" else server.url
+        flags = "" if server.enabled else "  [disabled]"
+        print(f"  {name}: {server.transport} {where}{flags}")
+    return 0
+
+
+_COMMANDS = {"serve": _serve, "tools": _tools, "call": _call, "check": _check}

@@ -1,0 +1,1 @@
+"""What every layer shares: configuration, names, the call plan, call tracking, logs, metrics."""

@@ -1,0 +1,290 @@
+"""mcpmux configuration: the `mcpmux.toml` schema and the client JSON formats users already have.
+
+One resolved model (`Config`) comes out of every format:
+
+- `mcpmux.toml`: `[mux]`, `[http]` and `[servers.NAME]` tables (Codex's `[mcp_servers.NAME]` too);
+- Claude Desktop / Cursor / Claude Code JSON: `{"mcpServers": {"NAME": {command, args, env, cwd} | {url, headers}}}`;
+- VS Code JSON: `{"servers": {"NAME": {"type": "stdio" | "http", ...}}}`.
+
+`${VAR}` and `${VAR:-default}` in any string expand from the environment before validation; `$${`
+writes a literal `${`. Every problem is reported as a `ConfigError` naming the file, the key path
+and what was expected, before anything starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from mcpmux.core.server_policy import BatchForm, CacheSettings, LimitSettings
+from mcpmux.errors import ConfigError
+from mcpmux.inference.serving.settings import InferenceSettings, SamplingSettings
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_VAR_RE = re.compile(r"\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ServerConfig(_Model):
+    """One upstream MCP server: a command to run (stdio) or a URL (streamable HTTP)."""
+
+    transport: Literal["stdio", "http"]
+    command: str | None = None
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: str | None = None
+    url: str | None = None
+    headers: dict[str, str] = Field(default_factory=dict)
+    enabled: bool = True
+    allow_tools: list[str] = Field(default_factory=lambda: ["*"])
+    deny_tools: list[str] = Field(default_factory=list)
+    timeout: float | None = Field(default=None, gt=0)
+    """Per-call timeout in seconds; None takes `[mux] call_timeout`."""
+    protocol: Literal["auto", "legacy"] = "auto"
+    """`auto` probes for 2026-07-28 and falls back; `legacy` forces the 2025 initialize handshake."""
+    limits: LimitSettings = Field(default_factory=LimitSettings)
+    priorities: dict[str, int] = Field(default_factory=dict)
+    cache: CacheSettings = Field(default_factory=CacheSettings)
+    batch: list[BatchForm] = Field(default_factory=list)
+    sampling: SamplingSettings = Field(default_factory=SamplingSettings)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _infer_transport(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        kind = data.pop("type", None)
+        if kind in ("streamable-http", "streamableHttp", "http"):
+            data.setdefault("transport", "http")
+        elif kind == "stdio":
+            data.setdefault("transport", "stdio")
+        elif kind == "sse":
+            raise ValueError("type 'sse' (the deprecated HTTP+SSE transport) is not supported: use streamable HTTP")
+        elif kind is not None:
+            raise ValueError(f"unknown type {kind!r}: expected 'stdio' or 'http'")
+        if data.pop("disabled", False):
+            data.setdefault("enabled", False)
+        if "transport" not in data:
+            data["transport"] = "http" if "url" in data else "stdio"
+        return data
+
+    @model_validator(mode="after")
+    def _check_endpoint(self) -> ServerConfig:
+        if self.transport == "stdio" and not self.command:
+            raise ValueError("a stdio server needs 'command' (or give 'url' for a streamable HTTP server)")
+        if self.transport == "http":
+            if not self.url:
+                raise ValueError("an http server needs 'url'")
+            if not self.url.startswith(("http://", "https://")):
+                raise ValueError(f"'url' must start with http:// or https://, got {self.url!r}")
+        return self
+
+
+class MuxSettings(_Model):
+    """How upstreams are merged and supervised."""
+
+    separator: str = "__"
+    prefix_single: bool = True
+    """Prefix names with the server name even when there is only one upstream."""
+    call_timeout: float = Field(default=60.0, gt=0)
+    startup_timeout: float = Field(default=30.0, gt=0)
+    """How long `Mux` waits for an upstream's first connection before serving without it."""
+    restart_initial_backoff: float = Field(default=0.5, gt=0)
+    restart_max_backoff: float = Field(default=30.0, gt=0)
+    client_priorities: dict[str, int] = Field(default_factory=dict)
+    """clientInfo name glob -> priority added to that client's calls (first match wins; default 0)."""
+    cache_max_entries: int = Field(default=4096, ge=1)
+    """Size of the result cache shared by all upstreams (LRU beyond it)."""
+    page_size: int = Field(default=500, ge=1)
+    """Items per page in the lists mcpmux serves (tools, prompts, resources, templates)."""
+    env_passthrough: Literal["all", "minimal"] | list[str] = "all"
+    """Parent environment given to stdio servers: everything, the SDK's minimal set, or these names/globs."""
+    meta_tools: bool = True
+    """Serve the meta-tools `mux_parallel`, `mux_batch` and `mux_pipeline` next to the upstream tools."""
+    fast_path: bool = True
+    """Relay plain `tools/call` requests as raw JSON-RPC, skipping the SDK's sessions (docs/fastpath.md)."""
+    reload: bool = True
+    """Watch the config file and apply changes while serving (docs/lifecycle.md); SIGHUP reloads either way."""
+    shutdown_grace: float = Field(default=10.0, ge=0)
+    """Seconds SIGTERM/SIGINT lets calls in flight finish before cancelling them."""
+    sampling_round_timeout: float = Field(default=30.0, gt=0)
+    """Seconds a 2026 client has to answer an input-required sampling round (docs/sampling_forward.md)."""
+
+    @field_validator("separator")
+    @classmethod
+    def _check_separator(cls, value: str) -> str:
+        if not value or not re.fullmatch(r"[A-Za-z0-9_.-]+", value):
+            raise ValueError("separator must be non-empty and use only A-Z a-z 0-9 _ . -")
+        return value
+
+
+class HttpSettings(_Model):
+    """Where the streamable HTTP front end listens, and who may talk to it (docs/security.md)."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8765, ge=0, le=65535)
+    path: str = "/mcp"
+    auth_token_env: str | None = None
+    """NAME of an environment variable holding the accepted bearer token(s), never a token itself."""
+    auth_token_file: str | None = None
+    """File of accepted bearer tokens, one a line (# comments); relative to the config file's folder."""
+    allowed_hosts: list[str] = Field(default_factory=list)
+    """Host headers accepted besides loopback and the bind host: `name` (any port), `name:port`, or `*`."""
+    allowed_origins: list[str] = Field(default_factory=list)
+    """Origin headers accepted besides loopback: `https://app.example.com`, `http://name:*`, or `*`."""
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1)
+    rate_limit: float = Field(default=0.0, ge=0)
+    """Requests per second per client (its token, else its IP); 0 turns rate limiting off."""
+    rate_burst: int = Field(default=100, ge=1)
+    """Requests a client may send at once before `rate_limit` paces it."""
+    metrics_auth: bool = True
+    """Whether `/metrics` needs a bearer token like everything else (false: scrapers need none)."""
+    idle_connections_per_client: int = Field(default=8, ge=0)
+    """Idle keep-alive connections one client address may hold; past it (the longest idle for 0.25 s),
+    a fast-path response closes its connection (`Connection: close`, mcpmux.server.http_keepalive). 0: no limit."""
+
+    @field_validator("auth_token_env")
+    @classmethod
+    def _check_env_name(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", value):
+            raise ValueError("must be the NAME of an environment variable (letters, digits, _), not a token")
+        return value
+
+
+class Config(_Model):
+    """The resolved configuration, whatever file format it came from."""
+
+    servers: dict[str, ServerConfig] = Field(default_factory=dict)
+    mux: MuxSettings = Field(default_factory=MuxSettings)
+    http: HttpSettings = Field(default_factory=HttpSettings)
+    inference: InferenceSettings = Field(default_factory=InferenceSettings)
+    source: str = "<memory>"
+
+    @field_validator("servers")
+    @classmethod
+    def _check_names(cls, servers: dict[str, ServerConfig]) -> dict[str, ServerConfig]:
+        for name in servers:
+            if not _NAME_RE.match(name):
+                raise ValueError(f"server name {name!r} must be 1-64 characters of A-Z a-z 0-9 _ . -")
+        return servers
+
+    @property
+    def enabled_servers(self) -> dict[str, ServerConfig]:
+        return {name: server for name, server in self.servers.items() if server.enabled}
+
+
+def load_config(path: str | Path, environ: dict[str, str] | None = None) -> Config:
+    """Read, expand and validate a config file (`.toml` or `.json`); raise `ConfigError` on any problem."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file") from None
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read ({err.strerror})") from None
+    raw = _parse(path, text)
+    return config_from_dict(raw, source=str(path), environ=environ)
+
+
+def config_from_dict(raw: dict[str, Any], source: str = "<memory>", environ: dict[str, str] | None = None) -> Config:
+    """Validate an already-parsed config in any of the accepted shapes."""
+    env = dict(os.environ) if environ is None else environ
+    data = _normalize(raw, source)
+    data = _expand(data, env, source, ())
+    try:
+        return Config.model_validate({**data, "source": source})
+    except ValidationError as err:
+        raise ConfigError(_describe(err, source)) from None
+
+
+def _parse(path: Path, text: str) -> dict[str, Any]:
+    if path.suffix == ".json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"{path}: invalid JSON at line {err.lineno}, column {err.colno}: {err.msg}") from None
+    else:
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as err:
+            raise ConfigError(f"{path}: invalid TOML: {err}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a table/object")
+    return data
+
+
+_SERVER_KEYS = ("servers", "mcpServers", "mcp_servers")
+
+
+def _normalize(raw: dict[str, Any], source: str) -> dict[str, Any]:
+    """Fold the client formats' server tables into `servers`, keeping the rest as is."""
+    present = [key for key in _SERVER_KEYS if key in raw]
+    if len(present) > 1:
+        raise ConfigError(f"{source}: use one of {', '.join(present)}, not several")
+    data = {key: value for key, value in raw.items() if key not in _SERVER_KEYS}
+    if present:
+        data["servers"] = raw[present[0]]
+    # VS Code files carry an "inputs" list for interactive prompts, which a server cannot answer.
+    data.pop("inputs", None)
+    return data
+
+
+def _expand(value: Any, env: dict[str, str], source: str, path: tuple[str | int, ...]) -> Any:
+    if isinstance(value, str):
+        return _expand_string(value, env, source, path)
+    if isinstance(value, dict):
+        return {key: _expand(item, env, source, (*path, key)) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_expand(item, env, source, (*path, index)) for index, item in enumerate(value)]
+    return value
+
+
+def _expand_string(text: str, env: dict[str, str], source: str, path: tuple[str | int, ...]) -> str:
+    def replace(match: re.Match[str]) -> str:
+        if match.group(0) == "$${":
+            return "${"
+        name, default = match.group(1), match.group(2)
+        if name in env and (env[name] or default is None):
+            return env[name]
+        if default is not None:
+            return default
+        raise ConfigError(
+            f"{source}: {_dotted(path)}: environment variable {name} is not set "
+            f"(set it, or write ${{{name}:-default}} to give a default)"
+        )
+
+    return _VAR_RE.sub(replace, text)
+
+
+def _dotted(path: tuple[str | int, ...]) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+def _describe(err: ValidationError, source: str) -> str:
+    lines = [f"{source}: invalid configuration"]
+    for item in err.errors():
+        loc = tuple(part for part in item["loc"] if not str(part).startswith("function-"))
+        message = item["msg"].removeprefix("Value error, ")
+        if item["type"] == "extra_forbidden":
+            message = "unknown key (check its spelling against the README's annotated example)"
+        elif item["type"] == "missing":
+            message = "required key is missing"
+        elif "input" in item and item["type"].endswith("_type"):
+            # A string may hold an expanded ${SECRET}: name its type, never echo it.
+            shown = "" if isinstance(item["input"], str) else f" {item['input']!r}"
+            message = f"{message}, got {type(item['input']).__name__}{shown}"
+        lines.append(f"  {_dotted(loc)}: {message}")
+    return "\n".join(lines)

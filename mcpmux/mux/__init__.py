@@ -1,0 +1,1 @@
+"""The multiplexer: `Mux`, its catalog, the executor of calls (dispatcher, fast path), reload."""

@@ -1,0 +1,614 @@
+"""The fast path: `tools/call` relayed as raw JSON-RPC, around the SDK's server and client sessions.
+
+The SDK path parses, validates and re-serialises every call twice (the server session that
+answers the client, the client session that asks the upstream) and spends a task and session
+bookkeeping on each side. A call that needs none of mcpmux's own machinery skips all that: the
+front edge (`fastpath_stdio`, `fastpath_http`) hands the parsed JSON-RPC request to `FastPath.route`;
+when it returns a `FastCall`, `FastPath.answer` sends it through the upstream's `UpstreamLane` and
+returns the JSON-RPC response to write back. Everything else takes the SDK path unchanged.
+
+Where the wires allow it (stdio on both sides), `FastPath.launch` goes further: called from the
+code that read the client's line, it admits the call and writes its request to the upstream at
+once, and the result is answered from the code that reads it off the upstream's wire, where the
+call then ends. A call the gate cannot admit at once takes its place in the gate's line without a
+task (`AdmissionGate.hold`), and its request goes out from the code that released the slot before
+it. A task, running `FastPath.answer`, is started only for what that cannot do (a timeout, a
+cancellation, progress, an error, a result not answered at once).
+
+Which tools it serves is their `CallPlan`'s to say (`mcpmux.core.call_plan`: `slow` is None): cached and
+coalesced tools included, with the same cache and, in flight, their own `SingleFlight`; calls pass
+the upstream's admission gate at the plan's priority. Besides, the name must route to a connected
+upstream (not a local tool, not an unknown name: the SDK path words that error), the request carry
+nothing but `name`, `arguments` and `_meta` (and no 2026 `logLevel`: the SDK path relays the
+upstream's logs to such a request), and the upstream not want to ask the calling client for
+sampling (its plan's `asks_client`, where the client declared sampling). A call that may share
+another's answer (`CallPlan.shares`) is served by a task (`answer`), never launched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager, nullcontext
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import mcp_types as types
+from mcp import Client
+from mcp.shared.exceptions import MCPError
+from mcp.shared.inbound import InboundLadderRejection, classify_inbound_request
+from mcp_types import methods
+from mcp_types.jsonrpc import CONNECTION_CLOSED
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import ValidationError
+from pydantic_core import from_json
+
+from mcpmux.batching import AdmissionGate, Held, RejectedError, canonical_json
+from mcpmux.core.call_plan import CallPlan
+from mcpmux.core.call_tracker import TrackedCall
+from mcpmux.core.metrics import outcome_of
+from mcpmux.core.output_schema import result_error
+from mcpmux.errors import (
+    MuxError,
+    UpstreamError,
+    UpstreamResultError,
+    UpstreamTimeoutError,
+    UpstreamUnavailableError,
+    error_result,
+)
+from mcpmux.mux.multiplexer import Mux
+from mcpmux.upstream.lane import LaneFlight
+from mcpmux.upstream.supervisor import ProgressFn, Upstream, UpstreamState
+from mcpmux.wire.plain_result import SERVER_INFO, is_plain
+
+if TYPE_CHECKING:
+    from mcpmux.server.frontend import Frontend
+
+logger = logging.getLogger(__name__)
+
+_PARAM_KEYS = frozenset({"name", "arguments", "_meta"})
+_PROTOCOL_VERSION = "io.modelcontextprotocol/protocolVersion"
+_CLIENT_CAPABILITIES = "io.modelcontextprotocol/clientCapabilities"
+_LOG_LEVEL = "io.modelcontextprotocol/logLevel"
+
+
+@dataclass(slots=True)
+class FastCall:
+    """A `tools/call` the fast path serves: the client's id and era, and where the call goes."""
+
+    request_id: types.RequestId
+    version: str
+    """The protocol revision the client speaks (the response is shaped for it)."""
+    upstream: Upstream
+    plan: CallPlan
+    arguments: dict[str, Any]
+    progress_token: types.ProgressToken | None
+
+    @property
+    def tool(self) -> str:
+        """The tool's name on its upstream."""
+        return self.plan.tool
+
+
+Deliver = Callable[[dict[str, Any]], Awaitable[None]]
+"""Sends a JSON-RPC response to the client."""
+
+DeliverNow = Callable[[dict[str, Any]], bool]
+"""Sends a JSON-RPC response to the client from synchronous code when that needs no waiting; False when not sent."""
+
+
+Escalate = Callable[[], None]
+"""Starts the task that finishes a launched call: `answer(call, ..., flight=)`."""
+
+
+@dataclass(slots=True)
+class Flight:
+    """A call `FastPath.launch` took on: sent, or waiting in the gate's line to be sent. It ends at once
+    when its result is answered the moment it is read; anything else (`wake`) has a task finish it,
+    with `answer(..., flight=)`."""
+
+    tracked: TrackedCall
+    gate: AdmissionGate
+    """The upstream's gate, released when the call ends (once it was admitted)."""
+    started: float
+    deadline: float
+    """When it stops waiting (`anyio.current_time()`'s clock): for admission while `held`, then for its result."""
+    escalate: Escalate
+    held: Held | None = None
+    """Its place in the gate's line while it waits there; None once admitted."""
+    sent: LaneFlight | None = None
+    """Its request, once written at once; None while it waits, or when its task must send it."""
+    escalated: bool = False
+    """Whether a task finishes it (else it ended at once, or is still out)."""
+    timer: asyncio.TimerHandle | None = None
+    """Wakes it at `deadline`, for its task to word the timeout; cancelled once it ends or has a task."""
+    response: dict[str, Any] | None = None
+    """The response, once it reached the client the moment the result was read; then `outcome` is its outcome."""
+    outcome: str = "ok"
+
+    @property
+    def answered(self) -> bool:
+        """Whether the client has its response already."""
+        return self.response is not None
+
+    def wake(self) -> None:
+        """Have a task finish the call (something arrived for it, it was cancelled, it timed out); once."""
+        if not self.escalated:
+            self.escalated = True
+            self.stop_timer()
+            self.escalate()
+
+    def stop_timer(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+
+    def unlink(self) -> None:
+        """Once the call is over: drop the references back to it (the tracker's hook, the lane's
+        callbacks, its escalation), so that it is freed at once rather than by the cycle collector.
+        Every launched call left some 36 objects in cycles; collecting them took about a fifth of
+        mcpmux's CPU under load (session 10). A `wake` after this does nothing."""
+        self.escalated = True
+        self.escalate = _nothing
+        self.tracked.on_cancel = None
+        if self.sent is not None:
+            self.sent.unlink()
+
+
+@dataclass(slots=True)
+class _Eligibility:
+    listing: object
+    upstream: Upstream | None
+    plan: CallPlan | None = None
+
+
+@dataclass(slots=True)
+class FastPath:
+    """Decides which `tools/call` requests skip the SDK, and serves them."""
+
+    mux: Mux
+    server_info: dict[str, Any]
+    """mcpmux's `serverInfo` stamp, put in 2026 results whose upstream gave none (as the SDK server does)."""
+    _eligible: dict[str, _Eligibility] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.mux.on_catalog_changed(self._forget)
+
+    @classmethod
+    def of(cls, frontend: Frontend) -> FastPath:
+        """The fast path for a frontend's mux; 2026 results get that frontend's `serverInfo` stamp."""
+        return cls(frontend.mux, frontend.server.server_info_stamp)
+
+    async def _forget(self) -> None:
+        self._eligible.clear()
+
+    def route(
+        self,
+        message: Any,
+        legacy_version: str | None,
+        declares_sampling: bool = False,
+        headers: Mapping[str, str] | None = None,
+    ) -> FastCall | None:
+        """The `FastCall` for a parsed JSON-RPC message, or None when the SDK path must serve it.
+
+        `legacy_version` is what a 2025 client negotiated on its session (None if unknown); a 2026
+        request names its revision in `_meta`. `declares_sampling`: the 2025 client declared sampling.
+        `headers` (lower-case names): an HTTP request's, which a 2026 request's envelope must agree with.
+        """
+        if not isinstance(message, dict) or message.get("method") != "tools/call" or "id" not in message:
+            return None
+        if message.get("jsonrpc") != "2.0":
+            return None  # the SDK path refuses it
+        params = message.get("params")
+        if not isinstance(params, dict) or not _PARAM_KEYS.issuperset(params):
+            return None
+        name, arguments, meta = params.get("name"), params.get("arguments", {}), params.get("_meta") or {}
+        if not isinstance(name, str) or not isinstance(arguments, dict) or not isinstance(meta, dict):
+            return None
+        if _LOG_LEVEL in meta:
+            return None  # the SDK path relays the upstream's logs on this request (2026 logging is per request)
+        version = meta.get(_PROTOCOL_VERSION)
+        if version in MODERN_PROTOCOL_VERSIONS:
+            if isinstance(classify_inbound_request(message, headers=headers), InboundLadderRejection):
+                return None  # a malformed envelope: the SDK words the refusal
+            capabilities = meta.get(_CLIENT_CAPABILITIES)
+            declares_sampling = sampling_declared(capabilities)
+        elif version is None and legacy_version is not None:
+            version = legacy_version
+        else:
+            return None
+        upstream = self._upstream_for(name)
+        if upstream is None or upstream.lane is None or upstream.state != UpstreamState.READY:
+            return None
+        plan = self._eligible[name].plan
+        assert plan is not None  # an upstream was found for it
+        if declares_sampling and plan.asks_client:
+            return None  # the upstream may want this very client to sample: `Frontend` tracks that
+        request_id = message["id"]
+        if not isinstance(request_id, str | int) or isinstance(request_id, bool):
+            return None
+        return FastCall(request_id, version, upstream, plan, arguments, meta.get("progressToken"))
+
+    def _upstream_for(self, name: str) -> Upstream | None:
+        """The upstream of a fast-path tool, decided once per listing of its upstream."""
+        known = self._eligible.get(name)
+        if known is not None and (known.upstream is None or known.listing is known.upstream.listing):
+            return known.upstream
+        known = self._eligibility(name)
+        if known.listing is not None:  # unknown names are not remembered: a client could send any number
+            self._eligible[name] = known
+        return known.upstream
+
+    def _eligibility(self, name: str) -> _Eligibility:
+        mux = self.mux
+        if name in mux.local_tools:
+            return _Eligibility(None, None)
+        try:
+            route = mux.catalog.resolve_tool(name)
+        except MuxError:
+            return _Eligibility(None, None)  # unknown: the SDK path words the error
+        upstream = mux.upstreams[route.upstream]
+        plan = mux.dispatchers[route.upstream].plan(route.name)
+        if plan.slow is not None:
+            return _Eligibility(upstream.listing, None)
+        return _Eligibility(upstream.listing, upstream, plan)
+
+    def launch(self, call: FastCall, deliver_now: DeliverNow, escalate: Escalate) -> Flight | None:
+        """Admit `call` and write its request to the upstream right now, from synchronous code; None
+        (nothing done) where anything would have to wait or refuse: a rate limit or a full queue at
+        the gate, a busy wire, an upstream reconnecting, shutdown; or off asyncio (the timeout's
+        timer is asyncio's). A call the gate cannot admit yet waits in its line without a task, and
+        is sent from the code that releases the slot it gets (`_admitted_held`).
+
+        The result, the moment it is read, goes to the client through `deliver_now` if it can, and
+        the call ends there, its books kept: no task, no trip through the event loop either way.
+        Anything else (progress, an error, a result not answered at once, the connection's end, a
+        cancellation by mcpmux, the timeout, a wire that could not take the request once admitted)
+        calls `escalate`, once, which must start a task that runs `answer(call, ..., flight=)`; so
+        must the caller's own reasons (`Flight.wake`: the client cancelled, the caller shuts down).
+        """
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return None
+        upstream, lane = call.upstream, call.upstream.lane
+        calls = self.mux.calls
+        if call.plan.shares or lane is None or not lane.can_launch or upstream.client is None:
+            return None
+        if calls.refusal(upstream.name) is not None:
+            return None
+        dispatcher = self.mux.dispatchers[upstream.name]
+        gate = dispatcher.gate
+        flight = Flight(calls.track(upstream.name), gate, time.perf_counter(), loop.time() + upstream.timeout, escalate)
+        if gate.try_acquire():
+            try:
+                sent = self._send_now(call, flight, deliver_now)
+            except BaseException:
+                gate.refund()
+                raise
+            if not sent:  # the wire could not take it at once
+                gate.refund()
+                return None
+        else:
+            flight.deadline = dispatcher.queue_deadline()  # `anyio.current_time()`, on asyncio
+            flight.held = gate.hold(
+                lambda: self._admitted_held(call, flight, deliver_now),
+                priority=call.plan.priority,
+                deadline=flight.deadline,
+            )
+            if flight.held is None:
+                return None
+        flight.tracked.on_cancel = flight.wake
+        flight.tracked.admit()  # cannot refuse: nothing yielded since the refusal was checked
+        flight.timer = loop.call_at(flight.deadline, flight.wake)
+        return flight
+
+    def _send_now(self, call: FastCall, flight: Flight, deliver_now: DeliverNow) -> bool:
+        """Write the admitted call's request at once (`UpstreamLane.launch`); False (nothing sent) if it would wait."""
+        upstream = call.upstream
+        lane, client = upstream.lane, upstream.client
+        if lane is None or not lane.can_launch or client is None:
+            return False
+        version = client.protocol_version
+
+        def answered(raw: dict[str, Any]) -> bool:
+            output = call.plan.output
+            if methods.is_input_required(raw) or (output is not None and output.problem(raw) is not None):
+                return False  # the task takes these: another round, or the error
+            try:
+                response, outcome = self._response(call, raw, version)
+            except ValidationError:
+                return False  # likewise
+            if not deliver_now(response):
+                return False
+            flight.response, flight.outcome = response, outcome
+            if flight.escalated:
+                return False  # its task is under way: it keeps the books
+            self._ended_at_once(call, flight)
+            return True
+
+        wants_progress = call.progress_token is not None
+        flight.sent = lane.launch(
+            client, call.tool, call.arguments, answered, flight.wake, logs=_logs_for(call), progress=wants_progress
+        )
+        return flight.sent is not None
+
+    def _admitted_held(self, call: FastCall, flight: Flight, deliver_now: DeliverNow) -> None:
+        """The gate admitted a call waiting in its line (called by whoever released the slot): its
+        request goes out now, its timeout running from here; or its task sends it."""
+        flight.held = None
+        if flight.escalated:
+            return  # its task is under way: it sends the call, with this admission
+        flight.stop_timer()
+        loop = asyncio.get_running_loop()
+        flight.deadline = loop.time() + call.upstream.timeout
+        try:
+            sent = self._send_now(call, flight, deliver_now)
+        except Exception:  # whoever released the slot must not fail for this call
+            logger.exception("sending fast-path call %r on its turn failed; its task sends it", call.tool)
+            sent = False
+        if not sent:
+            flight.wake()
+            return
+        flight.timer = loop.call_at(flight.deadline, flight.wake)
+
+    def abandon(self, call: FastCall, flight: Flight) -> None:
+        """End a launched call no task can finish (its caller is gone): out of the gate's line or
+        forgotten by the lane, books kept."""
+        if flight.sent is not None:
+            flight.sent.abandon()
+        flight.outcome = "cancelled"
+        self._ended_at_once(call, flight)
+
+    def _ended_at_once(self, call: FastCall, flight: Flight) -> None:
+        """The books of a call that ended without a task (answered the moment its result was read,
+        or abandoned), as `answer` keeps them."""
+        flight.stop_timer()
+        if flight.held is not None:
+            flight.gate.withdraw(flight.held)  # never admitted: no slot to give back
+        else:
+            flight.gate.release()
+        flight.tracked.release()
+        flight.unlink()
+        elapsed = time.perf_counter() - flight.started
+        self.mux.metrics.observe_call(call.upstream.name, call.tool, elapsed, flight.outcome)
+
+    async def answer(
+        self,
+        call: FastCall,
+        progress: ProgressFn | None = None,
+        deliver: Deliver | None = None,
+        flight: Flight | None = None,
+    ) -> dict[str, Any]:
+        """Serve `call` (sent already when `flight`); the JSON-RPC response (result or error), with the client's id.
+
+        Failures read as on the SDK path: an unavailable or timed-out upstream, or a limit's refusal,
+        is an `isError` result saying so; the upstream's JSON-RPC errors pass through. `deliver`, when
+        given, gets the response as soon as it is ready, before the call's bookkeeping (the gate's
+        release, shutdown tracking, metrics): what the client waits for goes first. A response the
+        flight already delivered is not delivered again.
+        """
+        started = time.perf_counter() if flight is None else flight.started
+        outcome = "error"
+        delivered = False
+        try:
+            try:
+                # Shutdown waits for (or cancels) it and a reload that stops its upstream cancels it.
+                with self.mux.track_call(call.upstream.name) if flight is None else flight.tracked:
+                    # A call that may share another's answer passes the gate only if it goes out itself.
+                    shared = flight is None and call.plan.shares
+                    async with nullcontext() if shared else self._slot(call, flight):
+                        fetch = self._shared(call, progress) if shared else self._call(call, progress, flight)
+                        response, outcome = await self._respond(call, fetch, flight)
+                        if deliver is not None and not _answered(flight):
+                            delivered = True
+                            await deliver(response)
+            except (UpstreamUnavailableError, RejectedError) as err:
+                # Refused by a limit, or by mcpmux (shutting down, the upstream being stopped), or
+                # cancelled by it after the grace period (`CallCancelledError`). Once the client has
+                # its answer, what came after was bookkeeping's and changes nothing.
+                if not delivered and not _answered(flight):
+                    response, outcome = self._failed(call, err), outcome_of(err)
+                    if deliver is not None:
+                        await deliver(response)
+            if flight is not None and flight.response is not None:  # the books follow what the client got
+                response, outcome = flight.response, flight.outcome
+            return response
+        except BaseException as err:
+            outcome = outcome_of(err)
+            raise
+        finally:
+            self.mux.metrics.observe_call(call.upstream.name, call.tool, time.perf_counter() - started, outcome)
+            if flight is not None:
+                flight.unlink()
+
+    @asynccontextmanager
+    async def _slot(self, call: FastCall, flight: Flight | None) -> AsyncIterator[None]:
+        """One admission through the upstream's gate (limits, queue) for the body: a launched call's
+        (`_admission_of`), else waited for now at the plan's priority."""
+        if flight is None:
+            dispatcher = self.mux.dispatchers[call.upstream.name]
+            await dispatcher.admit(priority=call.plan.priority)
+            gate = dispatcher.gate
+        else:
+            gate = await self._admission_of(flight)
+        try:
+            yield
+        finally:
+            gate.release()
+
+    async def _shared(self, call: FastCall, progress: ProgressFn | None) -> tuple[Any, str | None]:
+        """The raw result of a call that may share another's (`CallPlan.shares`), and its revision:
+        from the cache while fresh, else from an identical call in flight, else from its own upstream
+        call, which identical calls arriving meanwhile join (its progress goes to this caller alone)."""
+        dispatcher = self.mux.dispatchers[call.upstream.name]
+        rule, arguments = call.plan.cache, canonical_json(call.arguments)
+        key = (call.upstream.name, call.tool, arguments)
+        if rule is not None:
+            cached = dispatcher.cache.get(key)
+            if cached is not None:
+                return cached.model_dump(by_alias=True, mode="json", exclude_none=True), None
+
+        async def fetch() -> tuple[Any, str | None]:
+            async with dispatcher.slot(call.plan.priority):
+                raw, version = await self._call(call, progress, None)
+            if rule is not None and isinstance(raw, dict) and not raw.get("isError"):
+                try:
+                    result = types.CallToolResult.model_validate(raw)
+                except ValidationError:
+                    pass  # not kept: each caller's answer says what is wrong with it
+                else:
+                    dispatcher.cache.put(key, result, ttl=rule.ttl, tags=(call.upstream.name,))
+            return raw, version
+
+        raw, version = await dispatcher.raw_flights.call((call.tool, arguments), fetch)
+        return copy.deepcopy(raw), version  # each caller's answer is shaped for its own revision
+
+    @staticmethod
+    async def _admission_of(flight: Flight) -> AdmissionGate:
+        """A launched call's admission: had already, or waited for now where it stands in the gate's line."""
+        if flight.held is not None:
+            await flight.gate.wait_held(flight.held)
+            flight.held = None
+        return flight.gate
+
+    async def _respond(
+        self, call: FastCall, fetch: Awaitable[tuple[Any, str | None]], flight: Flight | None
+    ) -> tuple[dict[str, Any], str]:
+        """The response to `call` and the outcome to count, from `fetch` (the raw result and its revision)."""
+        try:
+            raw, upstream_version = await fetch
+        except (UpstreamUnavailableError, UpstreamTimeoutError, UpstreamResultError) as err:
+            return self._failed(call, err), outcome_of(err)
+        except UpstreamError as err:
+            error = types.ErrorData(code=err.code, message=str(err), data=err.data)
+            return {"jsonrpc": "2.0", "id": call.request_id, "error": _dump(error)}, "error"
+        if flight is not None and flight.response is not None:
+            return flight.response, flight.outcome  # shaped and sent already
+        try:
+            return self._response(call, raw, upstream_version)
+        except ValidationError as err:
+            problem = f"upstream {call.upstream.name!r} answered tool {call.tool!r} with an invalid result: {err}"
+            error = types.ErrorData(code=types.INTERNAL_ERROR, message=problem)
+            return {"jsonrpc": "2.0", "id": call.request_id, "error": _dump(error)}, "error"
+
+    def _response(self, call: FastCall, raw: Any, upstream_version: str | None) -> tuple[dict[str, Any], str]:
+        """The JSON-RPC response carrying the upstream's result, and the outcome to count; see `_shape`."""
+        result = self._shape(raw, upstream_version, call.version)
+        return {"jsonrpc": "2.0", "id": call.request_id, "result": result}, "error" if result.get("isError") else "ok"
+
+    async def _call(self, call: FastCall, progress: ProgressFn | None, flight: Flight | None) -> tuple[Any, str | None]:
+        """The upstream's raw result and its protocol revision.
+
+        Raises `UpstreamResultError` for a result that breaks the tool's output schema, as
+        `Upstream.request` does on the SDK path.
+        """
+        what = f"tool {call.tool!r}"
+        if flight is None or flight.sent is None:  # not sent yet: its task sends it
+            raw, version = await call.upstream.request(what, lambda client: _send(client, call, progress))
+        else:
+            sent = flight.sent
+
+            def wait_or_resend(client: Client) -> Awaitable[tuple[Any, str | None]]:
+                # A new session (the first one expired, HTTP 404) never saw the request: it is sent there anew.
+                return _wait(sent, progress) if client is sent.client else _send(client, call, progress)
+
+            raw, version = await call.upstream.request(what, wait_or_resend, sent.client, flight.deadline)
+            if _answered(flight):
+                return raw, version  # it passed the checks below before it was sent
+        if methods.is_input_required(raw):
+            # The SDK client drives input-required rounds (sampling under the mux's policy); the
+            # first leg only asked for input, so it is asked again on that path.
+            logger.debug("%s on %r asked for input; the SDK path takes it over", what, call.upstream.name)
+            slow: types.CallToolResult = await call.upstream.request(
+                what, lambda client: client.call_tool(call.tool, call.arguments, progress_callback=progress)
+            )
+            raw, version = slow.model_dump(by_alias=True, mode="json", exclude_none=True), None
+        output = call.plan.output
+        problem = output.problem(raw) if output is not None else None
+        if problem is not None:
+            raise result_error(call.upstream.name, what, problem)
+        return raw, version
+
+    def _failed(self, call: FastCall, err: Exception) -> dict[str, Any]:
+        """The `isError` result the SDK path gives for an unavailable or timed-out upstream, or a refusal."""
+        raw = error_result(str(err)).model_dump(by_alias=True, mode="json", exclude_none=True)
+        return {"jsonrpc": "2.0", "id": call.request_id, "result": self._shape(raw, None, call.version)}
+
+    def _shape(self, raw: Any, upstream_version: str | None, version: str) -> dict[str, Any]:
+        """The result as the SDK path sends it: read as the upstream's revision, written as the client's.
+
+        Raises `ValidationError` for a result that is no `CallToolResult`, as the SDK's client does.
+        """
+        as_it_came = version in MODERN_PROTOCOL_VERSIONS  # 2026 to 2026: a plain result goes on unread
+        if upstream_version is not None and upstream_version not in MODERN_PROTOCOL_VERSIONS:
+            raw = methods.serialize_server_result("tools/call", upstream_version, raw)
+            raw.setdefault("resultType", "complete")  # the SDK model's default, which its path sends on
+            as_it_came = False
+        if isinstance(raw, dict):
+            raw.setdefault("isError", False)  # likewise
+        if as_it_came and is_plain(raw):
+            result: dict[str, Any] = raw  # what the model would write back (mcpmux.wire.plain_result)
+        else:
+            result = methods.serialize_server_result("tools/call", version, raw)
+        if version in MODERN_PROTOCOL_VERSIONS:
+            result.setdefault("resultType", "complete")
+            meta = result.get("_meta")
+            if meta is None:
+                result["_meta"] = {SERVER_INFO: self.server_info}
+            elif isinstance(meta, dict) and meta.get(SERVER_INFO) is None:
+                result["_meta"] = {**meta, SERVER_INFO: self.server_info}
+        return result
+
+
+async def _send(client: Client, call: FastCall, progress: ProgressFn | None) -> tuple[Any, str | None]:
+    lane = call.upstream.lane
+    if lane is None:  # the connection is closing under us
+        raise MCPError(code=CONNECTION_CLOSED, message="Connection closed")
+    return await lane.call(client, call.tool, call.arguments, progress, logs=_logs_for(call)), client.protocol_version
+
+
+async def _wait(sent: LaneFlight, progress: ProgressFn | None) -> tuple[Any, str | None]:
+    return await sent.wait(progress), sent.client.protocol_version
+
+
+def _nothing() -> None:
+    """What an ended call's escalation does."""
+
+
+def _answered(flight: Flight | None) -> bool:
+    return flight is not None and flight.answered
+
+
+def _logs_for(call: FastCall) -> bool:
+    """Whether the upstream is asked for its logs: a 2026 caller on the fast path asked for none
+    (else it takes the SDK path)."""
+    return call.version not in MODERN_PROTOCOL_VERSIONS
+
+
+def decode(data: str | bytes) -> Any:
+    """A JSON-RPC message as the fast path reads it; None where the SDK's own parser would refuse it.
+
+    The SDK parses with pydantic-core, whose nesting limit is lower than `json.loads`'s. A message
+    only the latter reads would reach the upstream transport, whose serialiser then fails and takes
+    the connection down with it; parsing with the SDK's parser leaves such messages to the SDK path,
+    which refuses them as it always has.
+    """
+    try:
+        return from_json(data)
+    except ValueError:
+        return None
+
+
+def sampling_declared(capabilities: object) -> bool:
+    """Whether a client's capabilities (raw JSON) declare sampling. A malformed value counts as yes:
+    its calls then take the SDK path, which words any refusal."""
+    if capabilities is None:
+        return False
+    return not isinstance(capabilities, dict) or capabilities.get("sampling") is not None
+
+
+def _dump(error: types.ErrorData) -> dict[str, Any]:
+    return error.model_dump(by_alias=True, mode="json", exclude_none=True)

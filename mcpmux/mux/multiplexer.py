@@ -1,0 +1,391 @@
+"""`Mux`: owns the upstreams and the catalog, routes every request. The library entry point.
+
+    async with Mux.from_config("mcpmux.toml") as mux:
+        result = await mux.call_tool("time__get_current_time", {"timezone": "UTC"})
+
+Entering starts every upstream concurrently and waits until each has connected or failed (at most
+`[mux] startup_timeout`); one that is slow or broken never delays or breaks the others, it is
+simply absent from the catalog (see `status()`) until its supervisor connects it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
+from dataclasses import replace
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import mcp_types as types
+from anyio.abc import TaskGroup
+
+from mcpmux.batching import CachePolicy, ResultCache
+from mcpmux.core.call_tracker import CallCancelledError, CallTracker, TrackedCall
+from mcpmux.core.config import Config, ServerConfig, load_config
+from mcpmux.core.logs import RequestContext, set_upstream
+from mcpmux.core.metrics import MuxMetrics, outcome_of
+from mcpmux.core.server_policy import priority_for
+from mcpmux.errors import (
+    MuxError,
+    UnknownToolError,
+    UnlistedToolError,
+    UpstreamResultError,
+    UpstreamTimeoutError,
+    UpstreamUnavailableError,
+    error_result,
+)
+from mcpmux.inference.serving.sampling_bridge import SamplingBridge
+from mcpmux.mux.catalog import Catalog, Route
+from mcpmux.mux.dispatcher import UpstreamDispatcher
+from mcpmux.mux.reload import ReloadReport, UpstreamLifetime, reload_mux
+from mcpmux.tools.base import Caller, LocalTool
+from mcpmux.upstream.supervisor import ProgressFn, Upstream, UpstreamEvents, UpstreamState, UpstreamStatus
+
+if TYPE_CHECKING:
+    from mcpmux.inference.serving.service import InferenceService
+
+logger = logging.getLogger(__name__)
+
+ChangeListener = Callable[[], Awaitable[None]]
+LISTING_REFRESH_WAIT = 2.0
+"""Seconds a list request waits for stale upstream listings before serving the last known ones."""
+
+
+LogListener = Callable[[str, types.LoggingMessageNotificationParams], Awaitable[None]]
+
+
+class Mux:
+    """One catalog over many MCP servers, with every call routed to its upstream."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.catalog = Catalog(separator=config.mux.separator, prefix_single=config.mux.prefix_single)
+        self._events = UpstreamEvents(listing_changed=self._on_listing_changed, log=self._on_log)
+        # Upstream sampling requests go to the bridge, which answers under each server's policy.
+        self.sampling = SamplingBridge()
+        self.inference: InferenceService | None = None  # started on entry when [inference] backend != "off"
+        self.upstreams: dict[str, Upstream] = {}
+        self.cache: ResultCache[types.CallToolResult] = ResultCache(
+            CachePolicy(max_entries=config.mux.cache_max_entries), name="tool results"
+        )
+        self.resource_cache: ResultCache[types.ReadResourceResult] = ResultCache(
+            CachePolicy(max_entries=config.mux.cache_max_entries), name="resource reads"
+        )
+        self.metrics = MuxMetrics(self)  # Prometheus /metrics; its collectors read the parts at scrape time
+        self.dispatchers: dict[str, UpstreamDispatcher] = {}
+        for name, server in config.enabled_servers.items():
+            self._add_upstream(name, server)
+        self.calls = CallTracker()  # client calls in flight: shutdown drains them, a reload cancels some
+        self._lifetimes: dict[str, UpstreamLifetime] = {}  # each upstream stops alone (reload)
+        self._reload_lock = anyio.Lock()
+        self._reloading = False  # while set, listing changes wait for the reload's one announcement
+        self.local_tools: dict[str, LocalTool] = {}
+        self._change_listeners: list[ChangeListener] = []
+        self._log_listeners: list[LogListener] = []
+        self._stack = AsyncExitStack()
+        self._tasks: TaskGroup | None = None
+        if config.mux.meta_tools:
+            from mcpmux.tools.meta import meta_tools  # imported here: meta_tools imports this module
+
+            for local in meta_tools(self):
+                self.add_local_tool(local)
+        if config.inference.backend != "off":
+            from mcpmux.tools.local import inference_tools  # imported here: local_tools imports this module
+
+            for local in inference_tools(lambda: self.inference, config.inference.namespace, config.mux.separator):
+                self.add_local_tool(local)
+
+    @classmethod
+    def from_config(cls, config: str | Path | Config) -> Mux:
+        """A Mux for a config file path (TOML or client JSON) or an already-loaded `Config`."""
+        return cls(config if isinstance(config, Config) else load_config(config))
+
+    async def __aenter__(self) -> Mux:
+        await self._stack.__aenter__()
+        self._tasks = anyio.create_task_group()
+        await self._tasks.__aenter__()
+        try:
+            for name, upstream in self.upstreams.items():
+                self._lifetimes[name] = await UpstreamLifetime.start(self._tasks, upstream, self.dispatchers[name])
+            # The model loads while the upstreams connect.
+            await self._start_inference()
+            with anyio.move_on_after(self.config.mux.startup_timeout):
+                for upstream in self.upstreams.values():
+                    await upstream.settled.wait()
+        except BaseException:
+            await self.__aexit__(None, None, None)  # what started stops; the error is the caller's
+            raise
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool | None:
+        assert self._tasks is not None, "Mux was not entered"
+        try:
+            await self._stop_inference()
+        finally:
+            self._tasks.cancel_scope.cancel()
+            try:
+                await self._tasks.__aexit__(exc_type, exc, tb)
+            finally:
+                await self._stack.__aexit__(None, None, None)
+        return None
+
+    async def _start_inference(self) -> None:
+        if self.config.inference.backend == "off":
+            return
+        from mcpmux.inference.serving.service import InferenceService  # torch is imported only when inference is on
+
+        self.inference = await InferenceService.start(self.config.inference)
+        self.sampling.service = self.inference
+
+    async def _stop_inference(self) -> None:
+        # Called by the task that started it, before the task group closes: the service's own task
+        # groups were entered after the Mux's and must be left before it.
+        self.sampling.service = None
+        if self.inference is not None:
+            await self.inference.shutdown()
+            self.inference = None
+
+    # -- lifecycle (mcpmux.mux.reload) ---------------------------------------------------------------
+
+    async def reload(self, config: Config) -> ReloadReport:
+        """Apply a new config while serving: added upstreams start, removed ones stop, changed ones
+        restart, unchanged ones are left alone with their calls in flight; list_changed is announced once."""
+        return await reload_mux(self, config)
+
+    def track_call(self, upstream: str | None = None) -> TrackedCall:
+        """`with mux.track_call(upstream):` around one client call (`upstream` None: a local tool).
+
+        Shutdown waits for tracked calls and cancels those past its grace; a reload cancels those on the
+        upstreams it stops. Enter it before looking the upstream up: it raises `CallCancelledError` (an
+        `UpstreamUnavailableError`) when the call is refused or cancelled, with the reason."""
+        return self.calls.track(upstream)
+
+    async def drain(self, grace: float, skip: anyio.Event | None = None) -> int:
+        """Refuse new calls, let those in flight finish within `grace` seconds (or until `skip` is set),
+        then cancel the rest, each with an error saying so; returns how many were cancelled."""
+        return await self.calls.drain(grace, skip)
+
+    def _add_upstream(self, name: str, server: ServerConfig) -> None:
+        events = replace(self._events, sampling=self.sampling.callback(name, server.sampling))
+        upstream = Upstream(name, server, self.config.mux, events)
+        self.upstreams[name] = upstream
+        self.dispatchers[name] = UpstreamDispatcher(
+            upstream, self.cache, lambda: self.config.mux, self.metrics.observe_call
+        )
+
+    async def _start_upstream(self, name: str, server: ServerConfig) -> None:
+        assert self._tasks is not None, "Mux was not entered"
+        self._add_upstream(name, server)
+        self._lifetimes[name] = await UpstreamLifetime.start(self._tasks, self.upstreams[name], self.dispatchers[name])
+
+    def _detach_upstream(self, name: str) -> UpstreamLifetime:
+        """Take an upstream out of the Mux; it runs until the returned lifetime's `stop()`."""
+        del self.upstreams[name], self.dispatchers[name]
+        return self._lifetimes.pop(name)
+
+    # -- listeners -------------------------------------------------------------------------------
+
+    def on_catalog_changed(self, listener: ChangeListener) -> None:
+        """Call `listener` whenever an upstream's tools, resources or prompts change."""
+        self._change_listeners.append(listener)
+
+    def on_log(self, listener: LogListener) -> None:
+        """Call `listener(upstream, params)` for every log message an upstream sends."""
+        self._log_listeners.append(listener)
+
+    def add_local_tool(self, local: LocalTool) -> None:
+        """Serve a tool implemented in this process (meta-tools, local inference) under its own name."""
+        self.local_tools[local.tool.name] = local
+        self.catalog.rebuild(self.upstreams.values(), self.local_tools)
+
+    async def _on_listing_changed(self, upstream: str) -> None:
+        # A new listing means new tools or a restarted server: results cached before may be stale.
+        self.cache.invalidate_tag(upstream)
+        self.resource_cache.invalidate_tag(upstream)
+        if not self._reloading:
+            await self._catalog_changed()
+
+    async def _catalog_changed(self) -> None:
+        self.catalog.rebuild(self.upstreams.values(), self.local_tools)
+        for listener in list(self._change_listeners):
+            await listener()
+
+    async def _on_log(self, upstream: str, params: types.LoggingMessageNotificationParams) -> None:
+        logger.info("[%s] %s: %s", upstream, params.level, params.data)
+        for listener in list(self._log_listeners):
+            await listener(upstream, params)
+
+    # -- catalog ---------------------------------------------------------------------------------
+
+    async def refresh_stale_listings(self) -> None:
+        """Refetch, concurrently, every listing whose 2026 `ttlMs` has run out; call before serving a list.
+
+        Waits at most `LISTING_REFRESH_WAIT` seconds: an upstream that is slow or stuck keeps refreshing
+        in the background while the list is served from its last known listing.
+        """
+        assert self._tasks is not None, "Mux was not entered"
+        refreshes = [upstream.refresh_if_stale(self._tasks) for upstream in list(self.upstreams.values())]
+        with anyio.move_on_after(LISTING_REFRESH_WAIT):
+            for done in refreshes:
+                if done is not None:
+                    await done.wait()
+
+    def list_tools(self) -> list[types.Tool]:
+        return [local.tool for local in self.local_tools.values()] + self.catalog.tools
+
+    def input_schema(self, name: str) -> dict[str, Any] | None:
+        """The input schema of a listed tool, found without building the whole list."""
+        local = self.local_tools.get(name)
+        return local.tool.input_schema if local is not None else self.catalog.input_schemas.get(name)
+
+    def list_prompts(self) -> list[types.Prompt]:
+        return list(self.catalog.prompts)
+
+    def list_resources(self) -> list[types.Resource]:
+        return list(self.catalog.resources)
+
+    def list_resource_templates(self) -> list[types.ResourceTemplate]:
+        return list(self.catalog.resource_templates)
+
+    def status(self) -> list[UpstreamStatus]:
+        """Each upstream's connection state, protocol version, restarts and last error."""
+        return [upstream.status() for upstream in self.upstreams.values()]
+
+    # -- routing ---------------------------------------------------------------------------------
+
+    async def call_tool(
+        self,
+        name: str,
+        arguments: dict[str, Any] | None = None,
+        *,
+        progress: ProgressFn | None = None,
+        client: str | None = None,
+        client_name: str | None = None,
+    ) -> types.CallToolResult:
+        """Call a tool by its public name, through the upstream's queue, cache, coalescing and batching.
+
+        Upstream `isError` results and JSON-RPC errors (`UpstreamError`) come back unchanged. An
+        unavailable or timed-out upstream, or a call refused by a limit, gives an `isError` result whose
+        text says what happened, so a model sees it and can carry on; an unknown name raises
+        `UnknownToolError`. `client` identifies the caller for per-client cache scopes; `client_name` (its
+        clientInfo name) adds its `[mux] client_priorities` entry to the call's priority.
+
+        Every log line written while the call runs carries its request id (`mcpmux.core.logs`).
+        """
+        with RequestContext(tool=name):
+            started = time.perf_counter()
+            outcome = "error"
+            logger.debug("client call started: %s", name)
+            try:
+                result = await self._call_tool(name, arguments, progress, client, client_name)
+                outcome = "isError" if result.is_error else "ok"
+                return result
+            except BaseException as err:
+                outcome = outcome_of(err)
+                raise
+            finally:
+                elapsed_ms = (time.perf_counter() - started) * 1e3
+                logger.debug("client call ended: %s, %s in %.1f ms", name, outcome, elapsed_ms)
+
+    async def _call_tool(
+        self,
+        name: str,
+        arguments: dict[str, Any] | None,
+        progress: ProgressFn | None,
+        client: str | None,
+        client_name: str | None,
+    ) -> types.CallToolResult:
+        local = self.local_tools.get(name)
+        if local is not None:
+            try:
+                with self.track_call():
+                    return await local.handler(arguments or {}, progress, Caller(client, client_name))
+            except CallCancelledError as err:
+                return error_result(str(err))
+        route = self.resolve_tool(name)
+        set_upstream(route.upstream)  # for the log lines of this call
+        try:
+            with self.track_call(route.upstream):
+                boost = priority_for(self.config.mux.client_priorities, client_name) if client_name else 0
+                dispatcher = self.dispatchers[route.upstream]
+                return await dispatcher.call_tool(route.name, arguments or {}, progress, client, boost)
+        except (UpstreamUnavailableError, UpstreamTimeoutError, UpstreamResultError) as err:
+            return error_result(str(err))
+
+    def resolve_tool(self, name: str) -> Route:
+        """Where the upstream tool `name` goes. Raises `UnknownToolError`, or `UnlistedToolError` when
+        the name's prefix is an upstream that is not connected (its tools are listed once it is)."""
+        try:
+            return self.catalog.resolve_tool(name)
+        except UnknownToolError:
+            separator = self.config.mux.separator
+            for upstream in self.upstreams.values():
+                if upstream.state != UpstreamState.READY and name.startswith(f"{upstream.name}{separator}"):
+                    reason = f" ({upstream.last_error})" if upstream.last_error else ""
+                    raise UnlistedToolError(
+                        f"tool {name!r} is not listed: upstream {upstream.name!r} is {upstream.state.value}{reason}; "
+                        f"fix [servers.{upstream.name}] in {self.config.source} or wait for it to connect "
+                        "(`mcpmux tools` shows each upstream's state)"
+                    ) from None
+            raise
+
+    async def read_resource(self, uri: str, *, client: str | None = None) -> types.ReadResourceResult:
+        """Read a resource from the upstream that lists it; a 2026 `ttlMs` lets mcpmux serve it from cache.
+
+        `cacheScope: private` entries are kept per `client`, `public` ones shared.
+        """
+        owner = self.catalog.resolve_resource(uri)
+        key = (owner, "resources/read", uri)
+        for scope in (None,) if client is None else (None, client):
+            cached = self.resource_cache.get(key, scope=scope)
+            if cached is not None:
+                return cached
+        with self.track_call(owner):
+            result: types.ReadResourceResult = await self.upstreams[owner].request(
+                f"resource {uri!r}", lambda session: session.read_resource(uri, cache_mode="bypass")
+            )
+        public = result.cache_scope == "public"
+        if result.ttl_ms > 0 and (public or client is not None):
+            self.resource_cache.put(
+                key, result, scope=None if public else client, ttl=result.ttl_ms / 1000, tags=(owner,)
+            )
+        return result
+
+    async def get_prompt(self, name: str, arguments: dict[str, str] | None = None) -> types.GetPromptResult:
+        route = self.catalog.resolve_prompt(name)
+        with self.track_call(route.upstream):
+            result: types.GetPromptResult = await self.upstreams[route.upstream].request(
+                f"prompt {route.name!r}", lambda client: client.get_prompt(route.name, arguments)
+            )
+        return result
+
+    async def complete(
+        self,
+        ref: types.PromptReference | types.ResourceTemplateReference,
+        argument: dict[str, str],
+        context_arguments: dict[str, str] | None = None,
+    ) -> types.CompleteResult:
+        """Argument completion, routed by the prompt's public name or the template's owner."""
+        upstream_ref: types.PromptReference | types.ResourceTemplateReference = ref
+        if isinstance(ref, types.PromptReference):
+            route = self.catalog.resolve_prompt(ref.name)
+            owner, upstream_ref = route.upstream, ref.model_copy(update={"name": route.name})
+        else:
+            owner = self._template_owner(ref.uri)
+        with self.track_call(owner):
+            result: types.CompleteResult = await self.upstreams[owner].request(
+                "completion", lambda client: client.complete(upstream_ref, argument, context_arguments)
+            )
+        return result
+
+    def _template_owner(self, uri_template: str) -> str:
+        for name, upstream in self.upstreams.items():
+            if any(t.uri_template == uri_template for t in upstream.listing.resource_templates):
+                return name
+        raise MuxError(f"no upstream offers the resource template {uri_template!r}")

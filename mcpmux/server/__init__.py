@@ -1,0 +1,1 @@
+"""What clients talk to: the SDK front, the stdio and HTTP fronts, the HTTP edge."""

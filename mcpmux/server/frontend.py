@@ -1,0 +1,401 @@
+"""The MCP server clients talk to: a thin adapter from protocol messages to `Mux` methods.
+
+Both protocol eras are served from one `Server`: 2025 clients (initialize, sessions) get
+list_changed as notifications on their session; 2026-07-28 clients get them on
+`subscriptions/listen` streams. Progress from an upstream rides back on the request it belongs to;
+a client's cancellation cancels the handler, which cancels the upstream request.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+import uuid
+import weakref
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, TypeVar
+
+import anyio
+import mcp_types as types
+import uvicorn
+from mcp.server.connection import Connection
+from mcp.server.lowlevel.server import NotificationOptions, Server
+from mcp.server.models import InitializationOptions
+from mcp.server.session import ServerSession
+from mcp.server.stdio import stdio_server
+from mcp.server.subscriptions import (
+    InMemorySubscriptionBus,
+    ListenHandler,
+    PromptsListChanged,
+    ResourcesListChanged,
+    ToolsListChanged,
+)
+from mcp.server.transport_security import TransportSecuritySettings
+from mcp.shared.exceptions import MCPError
+from mcp.shared.message import ServerMessageMetadata
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from sse_starlette.sse import AppStatus
+from starlette.types import ASGIApp
+
+from mcpmux import __version__
+from mcpmux.core.metrics import metrics_route
+from mcpmux.errors import MuxError, UnknownToolError, UpstreamError
+from mcpmux.mux.fast_path import FastPath
+from mcpmux.mux.multiplexer import Mux
+from mcpmux.server.edge_policy import EdgePolicy
+from mcpmux.server.http_batch import BatchArrayMiddleware
+from mcpmux.server.http_edge import HttpEdge
+from mcpmux.server.http_fast import FastPathMiddleware
+from mcpmux.server.http_fast_front import HttpFastFront, protocol_class
+from mcpmux.server.input_rounds import InputRounds, ParkedCall, parks
+from mcpmux.server.stdio_batch import StdioBatchEdge, claimed_stdio
+from mcpmux.server.stdio_fast import StdioFastFront
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+KEEP_ALIVE_TIMEOUT = 75
+"""Seconds an idle HTTP connection stays open (nginx's default). Longer than the clients' own idle
+expiry (httpx, under the SDK's client: 5 s), so that they close first: a server that closes an idle
+connection as a client reuses it fails that request. Surplus idle connections are retired sooner, on
+an answer (`mcpmux.server.http_keepalive`)."""
+
+
+class _MuxServer(Server[Any]):
+    """Advertises listChanged for tools, prompts and resources on every transport."""
+
+    def create_initialization_options(
+        self,
+        notification_options: NotificationOptions | None = None,
+        experimental_capabilities: dict[str, dict[str, Any]] | None = None,
+        extensions: dict[str, dict[str, Any]] | None = None,
+    ) -> InitializationOptions:
+        everything = NotificationOptions(prompts_changed=True, resources_changed=True, tools_changed=True)
+        return super().create_initialization_options(
+            notification_options or everything, experimental_capabilities, extensions
+        )
+
+
+def _page(items: list[T], cursor: str | None, size: int) -> tuple[list[T], str | None]:
+    """Offset pagination with opaque-looking cursors; a bad cursor is the client's error."""
+    try:
+        start = int(cursor) if cursor else 0
+    except ValueError:
+        raise MCPError(types.INVALID_PARAMS, f"invalid cursor {cursor!r}") from None
+    end = start + size
+    return items[start:end], (str(end) if end < len(items) else None)
+
+
+def _as_mcp_error(err: MuxError) -> MCPError:
+    if isinstance(err, UpstreamError):
+        return MCPError(err.code, str(err), err.data)
+    if isinstance(err, UnknownToolError):
+        return MCPError(types.INVALID_PARAMS, str(err))
+    return MCPError(types.INTERNAL_ERROR, str(err))
+
+
+def _client_name(session: ServerSession) -> str | None:
+    """The name the client gave in its clientInfo (2025 initialize), if any."""
+    params = session.client_params
+    return params.client_info.name if params is not None else None
+
+
+class Frontend:
+    """Serves one `Mux` to any number of clients over stdio or streamable HTTP."""
+
+    def __init__(self, mux: Mux) -> None:
+        self.mux = mux
+        self.page_size = mux.config.mux.page_size
+        self.bus = InMemorySubscriptionBus()
+        self._connections: weakref.WeakSet[Connection] = weakref.WeakSet()
+        self._client_ids: weakref.WeakKeyDictionary[Connection, str] = weakref.WeakKeyDictionary()
+        # Per upstream, the requests in flight on it (and their ids): where that upstream's logs belong.
+        self._callers: dict[str, weakref.WeakKeyDictionary[ServerSession, types.RequestId]] = {}
+        # 2026-07-28 callers' upstream calls parked while the client answers sampling (input-required rounds).
+        self.rounds = InputRounds(idle_timeout=mux.config.mux.sampling_round_timeout)
+        self.server = _MuxServer(
+            "mcpmux",
+            version=__version__,
+            instructions="mcpmux: tools from several MCP servers, named server__tool.",
+            on_list_tools=self._list_tools,
+            on_call_tool=self._call_tool,
+            on_list_resources=self._list_resources,
+            on_list_resource_templates=self._list_resource_templates,
+            on_read_resource=self._read_resource,
+            on_list_prompts=self._list_prompts,
+            on_get_prompt=self._get_prompt,
+            on_completion=self._complete,
+            on_subscriptions_listen=ListenHandler(self.bus),
+            lifespan=self.rounds.lifespan,
+            # Without it the SDK runs the whole tools/list handler on every 2026 HTTP call.
+            get_tool_input_schema=mux.input_schema,
+        )
+        mux.on_catalog_changed(self._announce_changes)
+        mux.on_log(self._relay_log)
+        mux.sampling.client_sampler = self._sample_via_client
+
+    def _seen(self, ctx: Any) -> ServerSession:
+        session: ServerSession = ctx.session
+        # A ServerSession lives for one request; list_changed needs the connection behind it.
+        self._connections.add(session._connection)
+        return session
+
+    def _client_id(self, session: ServerSession) -> str:
+        """A random id per client connection: the scope of its private cache entries."""
+        return self._client_ids.setdefault(session._connection, uuid.uuid4().hex)
+
+    async def _list_page(
+        self, ctx: Any, params: types.PaginatedRequestParams | None, items: Callable[[], list[T]]
+    ) -> tuple[list[T], str | None]:
+        """One page of a list, after refetching upstream listings whose `ttlMs` ran out."""
+        self._seen(ctx)
+        await self.mux.refresh_stale_listings()
+        return _page(items(), params.cursor if params is not None else None, self.page_size)
+
+    async def _list_tools(self, ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
+        tools, next_cursor = await self._list_page(ctx, params, self.mux.list_tools)
+        return types.ListToolsResult(tools=tools, next_cursor=next_cursor)
+
+    async def _list_prompts(self, ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListPromptsResult:
+        prompts, next_cursor = await self._list_page(ctx, params, self.mux.list_prompts)
+        return types.ListPromptsResult(prompts=prompts, next_cursor=next_cursor)
+
+    async def _list_resources(self, ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListResourcesResult:
+        resources, next_cursor = await self._list_page(ctx, params, self.mux.list_resources)
+        return types.ListResourcesResult(resources=resources, next_cursor=next_cursor)
+
+    async def _list_resource_templates(
+        self, ctx: Any, params: types.PaginatedRequestParams | None
+    ) -> types.ListResourceTemplatesResult:
+        templates, next_cursor = await self._list_page(ctx, params, self.mux.list_resource_templates)
+        return types.ListResourceTemplatesResult(resource_templates=templates, next_cursor=next_cursor)
+
+    async def _call_tool(
+        self, ctx: Any, params: types.CallToolRequestParams
+    ) -> types.CallToolResult | types.InputRequiredResult:
+        session = self._seen(ctx)
+        # Calls in flight per upstream: where its logs and sampling requests belong. Local tools have none.
+        callers: weakref.WeakKeyDictionary[ServerSession, types.RequestId] = weakref.WeakKeyDictionary()
+        upstream: str | None = None
+        if params.name not in self.mux.local_tools and params.request_state is None:
+            try:
+                upstream = self.mux.resolve_tool(params.name).upstream
+            except MuxError as err:
+                raise _as_mcp_error(err) from None
+            callers = self._callers.setdefault(upstream, callers)
+
+        async def call(progress_to: Callable[[], ServerSession | None]) -> types.CallToolResult:
+            async def relay_progress(progress: float, total: float | None, message: str | None) -> None:
+                target = progress_to()  # a parked call's progress rides whichever request waits on it
+                if target is not None:
+                    await target.report_progress(progress, total, message)
+
+            callers[session] = ctx.request_id
+            try:
+                return await self.mux.call_tool(
+                    params.name,
+                    params.arguments,
+                    progress=relay_progress,
+                    client=self._client_id(session),
+                    client_name=_client_name(session),
+                )
+            finally:
+                callers.pop(session, None)
+
+        def parked(call_: ParkedCall) -> Awaitable[types.CallToolResult]:
+            return call(lambda: call_.current)
+
+        try:
+            if params.request_state is not None:  # a 2026-07-28 client's retry of a call parked for sampling
+                return await self.rounds.resume(params, session)
+            held = self.mux.upstreams.get(upstream) if upstream is not None else None
+            # A 2026-07-28 client has no back channel: sampling it may answer goes out in input-required rounds.
+            if held is not None and self.rounds.available and parks(session, held.config.sampling.asks_client):
+                return await self.rounds.start(params.name, params.arguments or {}, session, parked)
+            return await call(lambda: session)
+        except MuxError as err:
+            raise _as_mcp_error(err) from None
+
+    async def _read_resource(self, ctx: Any, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
+        self._seen(ctx)
+        try:
+            return await self.mux.read_resource(str(params.uri), client=self._client_id(ctx.session))
+        except MuxError as err:
+            raise _as_mcp_error(err) from None
+
+    async def _get_prompt(self, ctx: Any, params: types.GetPromptRequestParams) -> types.GetPromptResult:
+        self._seen(ctx)
+        try:
+            return await self.mux.get_prompt(params.name, params.arguments)
+        except MuxError as err:
+            raise _as_mcp_error(err) from None
+
+    async def _complete(self, ctx: Any, params: types.CompleteRequestParams) -> types.CompleteResult:
+        self._seen(ctx)
+        context = params.context.arguments if params.context is not None else None
+        try:
+            return await self.mux.complete(params.ref, params.argument.model_dump(), context)
+        except MuxError as err:
+            raise _as_mcp_error(err) from None
+
+    async def _announce_changes(self) -> None:
+        for event in (ToolsListChanged(), PromptsListChanged(), ResourcesListChanged()):
+            await self.bus.publish(event)
+        for connection in list(self._connections):
+            if connection.protocol_version in MODERN_PROTOCOL_VERSIONS:
+                continue  # reached through subscriptions/listen above
+            try:
+                await connection.send_tool_list_changed()
+                await connection.send_prompt_list_changed()
+                await connection.send_resource_list_changed()
+            except Exception as err:  # a client that went away must not stop the others hearing of it
+                logger.debug("could not notify a client of list changes: %s", err)
+                self._connections.discard(connection)
+
+    async def _relay_log(self, upstream: str, params: types.LoggingMessageNotificationParams) -> None:
+        """Upstream logs go to the clients with a call in flight on that upstream (or every client if none)."""
+        name = params.logger or upstream
+        try:
+            callers = list(self._callers.get(upstream, {}).items())
+            for session, request_id in callers:
+                await session.send_log_message(params.level, params.data, logger=name, related_request_id=request_id)
+            if not callers:
+                for connection in list(self._connections):
+                    if connection.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+                        await connection.log(params.level, params.data, logger=name)
+        except Exception as err:  # see _announce_changes
+            logger.debug("could not relay a log message: %s", err)
+
+    async def _sample_via_client(
+        self, upstream: str, params: types.CreateMessageRequestParams
+    ) -> types.CreateMessageResult | types.CreateMessageResultWithTools | None:
+        """Forward an upstream's sampling request to a client whose call on that upstream is in flight.
+
+        Nothing in the protocol says which call caused the request, so when several clients have calls
+        in flight the most recent one that declared sampling is asked: a 2025 session by a pushed
+        request, a 2026-07-28 client (no back channel) in its parked call's next input-required round.
+        None when there is no such client.
+        """
+        for session, request_id in reversed(list(self._callers.get(upstream, {}).items())):
+            capabilities = session.client_capabilities
+            if capabilities is None or capabilities.sampling is None:
+                continue
+            parked = self.rounds.call_of(session)
+            if parked is not None:
+                return await parked.ask(params)
+            if not session.can_send_request:
+                continue
+            # The upstream's params go as they are; related_request_id rides the caller's own stream on HTTP.
+            request = types.CreateMessageRequest(params=params)
+            metadata = ServerMessageMetadata(related_request_id=request_id)
+            if params.tools:
+                return await session.send_request(request, types.CreateMessageResultWithTools, metadata=metadata)
+            return await session.send_request(request, types.CreateMessageResult, metadata=metadata)
+        return None
+
+    # -- transports ------------------------------------------------------------------------------
+
+    async def serve_stdio(self) -> None:
+        """Serve one client on this process's stdin/stdout until stdin closes (2025-03-26 batch arrays too)."""
+        with claimed_stdio() as (wire_in, wire_out):
+            edge = StdioBatchEdge(wire_in, wire_out)
+            async with anyio.create_task_group() as fast_calls:
+                front = None
+                if self.mux.config.mux.fast_path:
+                    front = StdioFastFront(FastPath.of(self), edge, fast_calls, self._callers)
+                    edge.take = front.take
+                try:
+                    async with stdio_server(edge.stdin, edge.stdout) as (read_stream, write_stream):
+                        await self.server.run(read_stream, write_stream, self.server.create_initialization_options())
+                finally:
+                    if front is not None:
+                        front.close()
+                fast_calls.cancel_scope.cancel()
+
+    def http_app(self, host: str, policy: EdgePolicy, path: str = "/mcp") -> tuple[ASGIApp, HttpFastFront | None]:
+        """The streamable HTTP app behind the `HttpEdge` security checks (2025-03-26 batch arrays too),
+        and the fast path's front below ASGI (`mcpmux.server.http_fast_front`; None with the fast path off)."""
+        # The edge checks Host/Origin on every route; the SDK's own check (/mcp only, loopback names only)
+        # would refuse the hosts `[http] allowed_hosts` adds.
+        unchecked = TransportSecuritySettings(enable_dns_rebinding_protection=False)
+        limit = policy.max_body_bytes
+        app = self.server.streamable_http_app(
+            streamable_http_path=path, host=host, transport_security=unchecked, max_request_body_size=limit
+        )
+        app.add_middleware(BatchArrayMiddleware, path=path, max_body=limit)
+        inference = self.mux.inference
+        if inference is not None and inference.settings.openai_api:
+            from mcpmux.inference.openai.routes import openai_mount  # imported here: it pulls in torch
+
+            app.router.routes.append(openai_mount(inference))
+        app.router.routes.append(metrics_route(self.mux.metrics.registry))
+        if not self.mux.config.mux.fast_path:
+            return HttpEdge(app, policy=policy, mcp_path=path), None
+        fast = FastPathMiddleware(app, FastPath.of(self), self.server.session_manager, path=path)
+        edge = HttpEdge(fast, policy=policy, mcp_path=path)  # outermost: in front of every route
+        return edge, HttpFastFront(fast, edge)
+
+    async def serve_http(
+        self,
+        sock: socket.socket,
+        policy: EdgePolicy,
+        path: str = "/mcp",
+        stop: anyio.Event | None = None,
+        shutdown_timeout: int | None = None,
+        drained: anyio.Event | None = None,
+    ) -> None:
+        """Serve streamable HTTP on an already-bound socket until `stop` is set (or cancelled).
+
+        Once stopped, no new connection is accepted. With `drained`, open connections are served until
+        it is set too (the calls in flight finish); then open responses get `shutdown_timeout` seconds
+        (None: no limit) before they are closed, so a held-open SSE stream cannot block the exit.
+        """
+        app, front = self.http_app(sock.getsockname()[0], policy, path)
+        config = uvicorn.Config(
+            app,
+            http=protocol_class(front) if front is not None else "auto",
+            log_level="warning",
+            lifespan="on",
+            timeout_graceful_shutdown=shutdown_timeout,
+            timeout_keep_alive=KEEP_ALIVE_TIMEOUT,
+        )
+        server = _UvicornServer(config)
+        async with anyio.create_task_group() as tasks:
+            if stop is not None:
+
+                async def stop_when_asked() -> None:
+                    await stop.wait()
+                    if drained is not None:
+                        for listener in getattr(server, "servers", []):  # set by uvicorn's startup
+                            listener.close()  # existing connections stay open
+                        await drained.wait()
+                        # The process is ending: sse_starlette closes the held-open streams (2025 GET
+                        # streams, 2026 listens) on this process-wide flag instead of at the timeout.
+                        AppStatus.should_exit = True
+                    server.should_exit = True
+
+                tasks.start_soon(stop_when_asked)
+            await server.serve(sockets=[sock])
+            tasks.cancel_scope.cancel()
+
+
+class _UvicornServer(uvicorn.Server):
+    """Leaves signals to the CLI, which owns the process (uvicorn would re-raise them after shutdown)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening TCP socket; port 0 picks a free one (read it back with `getsockname()`)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY only then, and without it Nagle plus delayed
+    # ACKs hold each response back by ~40 ms.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(1024)
+    sock.setblocking(False)
+    return sock

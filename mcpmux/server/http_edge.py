@@ -1,0 +1,242 @@
+"""HTTP edge security: one ASGI middleware in front of everything mcpmux serves over HTTP.
+
+`HttpEdge` wraps the whole app (`/mcp`, `/v1`, `/metrics`) and checks every request, in order:
+
+1. Host and Origin (403): DNS-rebinding protection. Loopback names and the bind host are accepted
+   on any port, plus `[http] allowed_hosts` / `allowed_origins`; a request without Origin (any
+   non-browser client) passes.
+2. Bearer token (401 with `WWW-Authenticate`), when tokens are configured; compared in constant time.
+3. Declared body size (413) from Content-Length.
+4. Per-client rate limit (429 with `Retry-After`): a token bucket per token, else per client IP.
+5. Streamed body size (413): the body is read and counted before the app sees it, so a chunked
+   body cannot slip past the limit.
+6. Session binding: an `mcp-session-id` opened under one token is refused (404, exactly as the SDK
+   answers an unknown session) when another token presents it.
+
+It is pure ASGI (no BaseHTTPMiddleware, which buffers responses and breaks SSE streams). Refusals
+never echo a token or an Authorization header; logs name the check that failed, not header values.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from dataclasses import dataclass
+
+from cachetools import LRUCache
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from mcpmux.server.edge_policy import EdgePolicy
+
+logger = logging.getLogger(__name__)
+
+REALM = 'Bearer realm="mcpmux"'
+METRICS_PATH = "/metrics"
+_SESSION = b"mcp-session-id"
+_INVALID_REQUEST = -32600  # JSON-RPC codes, as the SDK's streamable HTTP transport answers refusals
+_SERVER_ERROR = -32000
+_MAX_BOUND_SESSIONS = 100_000
+_READ = frozenset({b"host", b"origin", b"authorization", b"content-length", _SESSION})
+_Headers = list[tuple[bytes, bytes]]
+_Refusal = tuple[int, str, _Headers]
+# OpenAI's error `type` and `code` per status, so OpenAI clients surface refusals as they do OpenAI's own.
+_OPENAI_TYPES = {
+    401: ("invalid_request_error", "invalid_api_key"),
+    403: ("invalid_request_error", "forbidden"),
+    404: ("invalid_request_error", "not_found"),
+    413: ("invalid_request_error", "request_too_large"),
+    429: ("requests", "rate_limit_exceeded"),
+}
+
+
+class HttpEdge:
+    """The security checks (module docstring) in front of `app`; `mcp_path` gets JSON-RPC error bodies."""
+
+    def __init__(self, app: ASGIApp, policy: EdgePolicy, mcp_path: str | None = None) -> None:
+        self.app = app
+        self.policy = policy
+        self.mcp_path = mcp_path.rstrip("/") if mcp_path else None
+        self.limiter = RateLimiter(policy.rate_limit, policy.rate_burst)
+        self.session_owners: LRUCache[str, int] = LRUCache(maxsize=_MAX_BOUND_SESSIONS)
+        """The token (by index) that opened each session, when tokens are configured."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":  # lifespan; the app serves no websocket routes
+            await self.app(scope, receive, send)
+            return
+        headers, client = self._read(scope)
+        refusal = self._check_headers(scope, headers, client) or self._check_rate(_client_key(scope, client))
+        if refusal is not None:
+            await self._refuse(scope, send, *refusal)
+            return
+        body = await _read_body(receive, self.policy.max_body_bytes)
+        if body is None:
+            await self._refuse(scope, send, 413, self._too_large())
+            return
+        replay = _replaying(body, receive)
+        session = headers.get(_SESSION.decode())
+        if client is None or not self._is_mcp(scope):
+            await self.app(scope, replay, send)
+        elif session is None:
+            await self.app(scope, replay, self._binding(send, client))
+        elif self.session_owners.get(session) != client:
+            # The SDK's answer to an unknown session (and the edge's, to ids it never saw opened under a
+            # token): nothing tells a client that another's session exists.
+            await self._refuse(scope, send, 404, "Session not found")
+        else:
+            await self.app(scope, replay, send)
+            if scope["method"] == "DELETE":
+                self.session_owners.pop(session, None)
+
+    def admits(self, scope: Scope, body_size: int) -> bool:
+        """Whether an MCP request whose body the HTTP protocol held, its headers passed already
+        (`refuses_at_once`, before the body, as `__call__` checks them), passes the checks that remain
+        (its request counted against the rate limit); if not, `__call__` must see it, to word the refusal."""
+        headers, client = self._read(scope)
+        if body_size > self.policy.max_body_bytes:
+            return False
+        session = headers.get(_SESSION.decode())
+        if client is not None and session is not None and self.session_owners.get(session) != client:
+            return False
+        return self._check_rate(_client_key(scope, client)) is None
+
+    def refuses_at_once(self, scope: Scope) -> bool:
+        """Whether `__call__` refuses the request on its headers alone (the rate limit aside, and not counted)."""
+        headers, client = self._read(scope)
+        return self._check_headers(scope, headers, client) is not None
+
+    def _read(self, scope: Scope) -> tuple[dict[str, str], int | None]:
+        """The headers the checks read, and which configured token the request carries (None: none, or none set)."""
+        # ASGI servers give header names in lower case; only the few the checks read are decoded.
+        headers = {key.decode(): value.decode("latin-1") for key, value in scope["headers"] if key in _READ}
+        return headers, self.policy.client_of(headers.get("authorization")) if self.policy.tokens else None
+
+    def _check_headers(self, scope: Scope, headers: dict[str, str], client: int | None) -> _Refusal | None:
+        """Host/Origin (403), token (401), declared size (413), one session id (400): the checks that need no body."""
+        if sum(key == _SESSION for key, _ in scope["headers"]) > 1:
+            # Which one would count? The SDK reads the first, session binding the last: neither may be trusted.
+            return 400, "more than one Mcp-Session-Id header", []
+        if not self.policy.host_allowed(headers.get("host")):
+            return 403, "Host header not allowed (DNS-rebinding protection): add it to [http] allowed_hosts", []
+        if not self.policy.origin_allowed(headers.get("origin")):
+            return 403, "Origin not allowed (DNS-rebinding protection): add it to [http] allowed_origins", []
+        metrics_open = not self.policy.metrics_auth and scope["path"].rstrip("/") == METRICS_PATH
+        if self.policy.tokens and client is None and not metrics_open:
+            if "authorization" not in headers:
+                problem = "this server needs a bearer token: send 'Authorization: Bearer <token>'"
+                return 401, problem, [(b"www-authenticate", REALM.encode())]
+            challenge = f'{REALM}, error="invalid_token"'.encode()
+            return 401, "the bearer token was not accepted", [(b"www-authenticate", challenge)]
+        declared = headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > self.policy.max_body_bytes:
+            return 413, self._too_large(), []
+        return None
+
+    def _check_rate(self, key: str) -> _Refusal | None:
+        wait = self.limiter.take(key, time.monotonic())
+        if wait <= 0:
+            return None
+        seconds = str(max(1, math.ceil(wait)))
+        message = (
+            f"rate limit of {self.policy.rate_limit:g} requests/s ([http] rate_limit) exceeded: retry in {seconds} s"
+        )
+        return 429, message, [(b"retry-after", seconds.encode())]
+
+    def _too_large(self) -> str:
+        return f"the request body is larger than the {self.policy.max_body_bytes} byte limit ([http] max_body_bytes)"
+
+    def _is_mcp(self, scope: Scope) -> bool:
+        return self.mcp_path is not None and scope["path"].rstrip("/") == self.mcp_path
+
+    def _binding(self, send: Send, client: int) -> Send:
+        """`send`, recording which token opened the session a response announces."""
+
+        async def record(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                session = next((value for key, value in message.get("headers", []) if key.lower() == _SESSION), None)
+                if session is not None:
+                    self.session_owners[session.decode("latin-1")] = client
+            await send(message)
+
+        return record
+
+    async def _refuse(self, scope: Scope, send: Send, status: int, message: str, extra: _Headers | None = None) -> None:
+        path = scope["path"]
+        logger.info("refused %s %s: HTTP %d, %s", scope["method"], path, status, message)
+        payload: object
+        if self._is_mcp(scope):
+            code = _SERVER_ERROR if status == 429 else _INVALID_REQUEST
+            payload = {"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": message}}
+        elif path == "/v1" or path.startswith("/v1/"):
+            kind, code_name = _OPENAI_TYPES[status]
+            payload = {"error": {"message": message, "type": kind, "param": None, "code": code_name}}
+        else:
+            payload = {"error": message}
+        body = json.dumps(payload, separators=(",", ":")).encode()  # compact, as the SDK writes its errors
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *(extra or [])]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+
+@dataclass(slots=True)
+class _Bucket:
+    tokens: float
+    stamp: float
+
+
+class RateLimiter:
+    """Token buckets per client key: `burst` requests at once, refilled at `rate` per second (0: no limit)."""
+
+    def __init__(self, rate: float, burst: int, max_clients: int = 10_000) -> None:
+        self.rate = rate
+        self.burst = burst
+        self.buckets: LRUCache[str, _Bucket] = LRUCache(maxsize=max_clients)
+
+    def take(self, key: str, now: float) -> float:
+        """Spend one request of `key`'s bucket: 0 when allowed, else the seconds until one is available."""
+        if self.rate <= 0:
+            return 0.0
+        bucket = self.buckets.get(key)
+        if bucket is None:
+            bucket = self.buckets[key] = _Bucket(float(self.burst), now)
+        bucket.tokens = min(float(self.burst), bucket.tokens + (now - bucket.stamp) * self.rate)
+        bucket.stamp = now
+        if bucket.tokens >= 1:
+            bucket.tokens -= 1
+            return 0.0
+        return (1 - bucket.tokens) / self.rate
+
+
+def _client_key(scope: Scope, client: int | None) -> str:
+    if client is not None:
+        return f"token:{client}"
+    peer = scope.get("client")
+    return f"ip:{peer[0] if peer else 'unknown'}"
+
+
+async def _read_body(receive: Receive, limit: int) -> list[Message] | None:
+    """The request's messages up to the end of its body, or None once it passes `limit` bytes."""
+    messages: list[Message] = []
+    size = 0
+    while True:
+        message = await receive()
+        messages.append(message)
+        if message["type"] != "http.request":
+            return messages
+        size += len(message.get("body", b""))
+        if size > limit:
+            return None
+        if not message.get("more_body", False):
+            return messages
+
+
+def _replaying(messages: list[Message], receive: Receive) -> Receive:
+    """A `receive` that gives back the messages already read, then reads on."""
+    pending = list(messages)
+
+    async def replay() -> Message:
+        return pending.pop(0) if pending else await receive()
+
+    return replay

@@ -1,0 +1,239 @@
+"""The stdio half of the fast path: lines a `StdioBatchEdge` hands over before the SDK reads them.
+
+`StdioFastFront.take(line)` answers a `tools/call` line itself when `FastPath.route` accepts it,
+and its response line is written straight to stdout. Where it can be, the call is launched right
+there (`FastPath.launch`) and answered from the upstream's wire, with no task at all; otherwise, or
+once something needs one, it runs in a task of the front's task group. A `notifications/cancelled`
+naming such a call cancels it (the upstream hears of it, the client gets no response, as on the
+SDK path). Every other line goes on to the SDK.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+from mcpmux.mux.fast_path import FastCall, FastPath, Flight, decode, sampling_declared
+from mcpmux.server.stdio_batch import StdioBatchEdge
+from mcpmux.upstream.supervisor import ProgressFn
+from mcpmux.wire.batch_array import id_key
+from mcpmux.wire.json_bytes import line
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _Running:
+    """A fast-path call in flight: its cancel scope, and its flight when it was launched."""
+
+    scope: anyio.CancelScope
+    flight: Flight | None = None
+    ended: bool = False
+
+    def cancel(self) -> None:
+        self.scope.cancel()
+        if self.flight is not None:
+            self.flight.wake()  # a launched call with no task yet gets one, to tell the upstream
+
+
+class StdioFastFront:
+    """Takes fast-path calls off the lines of the one client on `edge`; calls run in `tasks`.
+
+    Call `close()` before cancelling `tasks`: launched calls without a task get one then.
+    """
+
+    def __init__(self, fast: FastPath, edge: StdioBatchEdge, tasks: TaskGroup, callers: dict[str, Any]) -> None:
+        """`callers`: `Frontend`'s calls in flight per upstream, where upstream logs are delivered."""
+        self.fast = fast
+        self._edge = edge
+        self._tasks = tasks
+        self._callers = callers
+        self._running: dict[str, _Running] = {}
+        self._relays: dict[str, _LogRelay] = {}
+        """Per upstream with calls of this client in flight: where its logs reach the client."""
+        self._declares_sampling = False
+        self._outbox: list[bytes] = []
+        self._writing = False
+
+    def take(self, line: str) -> bool:
+        """True when the fast path took `line` (the SDK must not see it); it takes only well-formed messages.
+
+        Called from the read callback of the client's wire (`mcpmux.wire.stdio_lines.read_lines`), so it never waits.
+        """
+        if '"tools/call"' in line:
+            message = decode(line)
+            call = self.fast.route(message, self._edge.protocol_version, self._declares_sampling)
+            if call is None:
+                return False
+            key = id_key(call.request_id)
+            if key in self._running:
+                return False  # a duplicate id in flight: the SDK path answers that as it always has
+            self._start(call, key)
+            return True
+        if '"notifications/cancelled"' in line:
+            message = decode(line)
+            if not isinstance(message, dict) or message.get("jsonrpc") != "2.0" or "id" in message:
+                return False  # not a well-formed notification: the SDK path words the refusal
+            params = message.get("params")
+            running = self._running.get(id_key(params.get("requestId"))) if isinstance(params, dict) else None
+            if running is None:
+                return False
+            running.cancel()
+            return True
+        if '"initialize"' in line:
+            message = decode(line)
+            if isinstance(message, dict) and message.get("method") == "initialize":
+                params = message.get("params")
+                capabilities = params.get("capabilities") if isinstance(params, dict) else None
+                self._declares_sampling = sampling_declared(capabilities)
+        return False
+
+    def close(self) -> None:
+        """Give every launched call still without a task its task (which the caller then cancels)."""
+        for running in list(self._running.values()):
+            if running.flight is not None:
+                running.flight.wake()
+
+    def _start(self, call: FastCall, key: str) -> None:
+        """Launch the call right here when it can be (`FastPath.launch`), else start its task."""
+        running = self._running[key] = _Running(anyio.CancelScope())
+        self._hold_relay(call)
+
+        def deliver_now(response: dict[str, Any]) -> bool:
+            if running.scope.cancel_called or not self._write_now(response):
+                return False  # a cancelled request gets no response at all
+            self._forget(call, key, running)  # answered: a cancellation for this id is too late
+            return True
+
+        def escalate() -> None:
+            try:
+                self._tasks.start_soon(self._serve, call, key, running)
+            except RuntimeError:  # the task group is gone (its front ended abnormally): nobody to answer
+                assert running.flight is not None
+                self.fast.abandon(call, running.flight)
+                self._forget(call, key, running)
+
+        try:
+            flight = self.fast.launch(call, deliver_now, escalate)
+        except BaseException:
+            self._forget(call, key, running)
+            raise
+        if flight is None:
+            self._tasks.start_soon(self._serve, call, key, running)
+            return
+        running.flight = flight
+
+    async def _serve(self, call: FastCall, key: str, running: _Running) -> None:
+        progress = self._progress_relay(call.progress_token) if call.progress_token is not None else None
+
+        async def deliver(response: dict[str, Any]) -> None:
+            if not running.scope.cancel_called:  # a request cancelled before its answer gets none at all
+                await self._write(response)
+
+        try:
+            with running.scope:
+                await self.fast.answer(call, progress, deliver=deliver, flight=running.flight)
+        finally:
+            self._forget(call, key, running)
+
+    def _forget(self, call: FastCall, key: str, running: _Running) -> None:
+        """The call is over for this front (answered, or its task ended): once."""
+        if running.ended:
+            return
+        running.ended = True
+        if self._running.get(key) is running:  # the id may be in use again by a newer call
+            del self._running[key]
+        relay = self._relays[call.upstream.name]
+        relay.calls -= 1
+        if call.version not in MODERN_PROTOCOL_VERSIONS:
+            relay.legacy_calls -= 1
+        if relay.calls == 0:
+            del self._relays[call.upstream.name]
+            relay.callers.pop(relay, None)
+
+    def _hold_relay(self, call: FastCall) -> None:
+        """Registered like the SDK path registers a client's session: the upstream's logs meanwhile
+        reach this client, once each however many of its calls are in flight there."""
+        relay = self._relays.get(call.upstream.name)
+        if relay is None:
+            callers = self._callers.get(call.upstream.name)
+            if callers is None:
+                callers = self._callers[call.upstream.name] = weakref.WeakKeyDictionary()
+            relay = self._relays[call.upstream.name] = _LogRelay(self, callers)
+        relay.calls += 1
+        if call.version not in MODERN_PROTOCOL_VERSIONS:
+            relay.legacy_calls += 1
+        relay.callers[relay] = call.request_id
+
+    def _progress_relay(self, token: Any) -> ProgressFn:
+        async def relay(progress: float, total: float | None, message: str | None) -> None:
+            params: dict[str, Any] = {"progressToken": token, "progress": progress}
+            if total is not None:
+                params["total"] = total
+            if message is not None:
+                params["message"] = message
+            await self._write({"jsonrpc": "2.0", "method": "notifications/progress", "params": params})
+
+        return relay
+
+    def _write_now(self, message: dict[str, Any]) -> bool:
+        """Write one line at once, from synchronous code, when no line is queued and the wire takes it now."""
+        if self._writing:
+            return False
+        return self._edge.write_line_now(line(message))
+
+    async def _write(self, message: dict[str, Any]) -> None:
+        """Queue one line; the first writer writes every line queued meanwhile in one go.
+
+        Calls answered together share one write (one system call, or one thread hop where the wire
+        cannot be polled).
+        """
+        self._outbox.append(line(message))
+        if self._writing:
+            return
+        self._writing = True
+        try:
+            with anyio.CancelScope(shield=True):  # the lines queued are other calls' too
+                while self._outbox:
+                    lines, self._outbox = self._outbox, []
+                    await self._edge.write_line(b"".join(lines))
+        finally:
+            self._writing = False
+
+
+class _LogRelay:
+    """Stands in for the client's SDK session in `Frontend`'s callers of one upstream, while the client
+    has fast-path calls in flight there: it is told the upstream's logs.
+
+    The logs go out while at least one of those calls is a 2025 one: a 2025 client hears every level,
+    as from the SDK path; a 2026 request did not opt in (those that do take the SDK path), so it
+    hears none. It never carries sampling requests.
+    """
+
+    client_capabilities = None
+    can_send_request = False
+
+    def __init__(self, front: StdioFastFront, callers: Any) -> None:
+        self._front = front
+        self.callers = callers
+        """The callers of the upstream it is registered with."""
+        self.calls = 0
+        """This client's calls in flight on that upstream."""
+        self.legacy_calls = 0
+        """Those of them made in a 2025 revision: only those hear the upstream's logs."""
+
+    async def send_log_message(
+        self, level: str, data: Any, logger: str | None = None, related_request_id: Any = None
+    ) -> None:
+        if not self.legacy_calls:
+            return
+        params: dict[str, Any] = {"level": level, "data": data}
+        if logger is not None:
+            params["logger"] = logger
+        await self._front._write({"jsonrpc": "2.0", "method": "notifications/message", "params": params})

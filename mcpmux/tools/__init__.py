@@ -1,0 +1,1 @@
+"""mcpmux's own tools: the meta-tools and the local inference tools."""

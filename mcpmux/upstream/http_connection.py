@@ -1,0 +1,293 @@
+"""One keep-alive HTTP/1.1 connection of the fast path's HTTP client (`mcpmux.upstream.http_lane`).
+
+A `Connection` carries one request at a time (no pipelining) and turns its response into JSON-RPC
+messages, handed to its `Pool` as they arrive; an error the response stands for is worded as the
+SDK's streamable HTTP transport words it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import Any, Protocol, cast
+from urllib.parse import urlsplit
+
+import mcp_types as types
+from mcp_types.jsonrpc import CONNECTION_CLOSED
+from pydantic import ValidationError
+from pydantic_core import from_json
+
+from mcpmux.wire.http_response import Event, EventStream, Head, HttpWireError, ResponseReader
+
+LINGER = 1.0
+"""Seconds a connection whose call is answered waits for the rest of its event stream before it is closed."""
+MAX_EVENT_SIZE = 1024 * 1024  # as the SDK's transport
+RESEND_WINDOW = 0.05
+"""A reused connection that ends this soon after a request went out on it, before any byte of answer
+and not closed by mcpmux, was closed idle by the server as the request crossed it: the server read
+none of it, and only then is a request sent again. Later, the server may have acted on it."""
+
+
+class Pool(Protocol):
+    """What a connection tells the client that owns it."""
+
+    session_id: str | None
+
+    def deliver(self, message: dict[str, Any]) -> None: ...
+    def carrying(self, request_id: str, connection: Connection | None) -> None: ...
+    def rest(self, connection: Connection) -> None: ...
+    def forget(self, connection: Connection) -> None: ...
+    def resend(self, request_id: str, data: bytes) -> None: ...
+
+
+class Exchange:
+    """One request on a connection and what has arrived of its response."""
+
+    __slots__ = ("answered", "body", "data", "events", "head", "request_id", "resend", "sent_at", "unread")
+
+    def __init__(self, request_id: str | None, data: bytes, resend: bool) -> None:
+        self.request_id = request_id
+        self.data = data
+        self.resend = resend
+        """Whether the pool sends it again itself if it went unread (nobody awaits `unread`)."""
+        self.sent_at = time.monotonic()
+        self.unread: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        """True when the connection ended with the request unread (send it again); False once that cannot be."""
+        self.head: Head | None = None
+        self.body = bytearray()
+        self.events: EventStream | None = None
+        self.answered = request_id is None
+
+
+class Connection(asyncio.Protocol):
+    def __init__(self, pool: Pool) -> None:
+        self.pool = pool
+        self.transport: asyncio.Transport | None = None
+        self.reader = ResponseReader(self._head, self._body, self._end)
+        self.exchange: Exchange | None = None
+        self.used = 0
+        self.idle_since = 0.0
+        self.dropped = False
+        self._linger: asyncio.TimerHandle | None = None
+        self._arrived: list[dict[str, Any]] | None = None
+        """While a read is parsed: the messages it carried, handed to the pool once it is (`data_received`)."""
+
+    def start(self, request_id: str | None, data: bytes, *, resend: bool = False) -> Exchange:
+        assert self.transport is not None
+        self.exchange = exchange = Exchange(request_id, data, resend)
+        self.used += 1
+        self.reader.expect_next()
+        if request_id is not None:
+            self.pool.carrying(request_id, self)
+        self.transport.write(data)
+        return exchange
+
+    def reusable(self) -> bool:
+        """Open as far as the event loop knows. A server's close it has not read yet is not seen (asyncio's
+        transports lend no socket that can peek): a request it meets unread is sent again (`RESEND_WINDOW`)."""
+        transport = self.transport
+        return not self.dropped and transport is not None and not transport.is_closing()
+
+    def drop(self) -> None:
+        """Close it now (a 2026 cancellation, a broken response, shutdown); what it carried is not sent again."""
+        self.dropped = True
+        if self.transport is not None:
+            self.transport.abort()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's are not asyncio.Transport subclasses
+
+    def data_received(self, data: bytes) -> None:
+        """Parse what was read; the messages it carried go to the pool after that, once the
+        connection has rested if their response ended: an answer that frees a slot at the gate lets
+        the next call go out on this very connection, with no task to open another."""
+        exchange = self.exchange
+        if exchange is not None and not exchange.unread.done():
+            exchange.unread.set_result(False)
+        arrived: list[dict[str, Any]] = []
+        self._arrived = arrived
+        try:
+            self.reader.feed(data)
+        except HttpWireError as err:
+            self._fail(f"the upstream's response was not valid HTTP: {err}")
+            self.drop()
+        finally:
+            self._arrived = None
+            for message in arrived:
+                self.pool.deliver(message)
+
+    def eof_received(self) -> bool:
+        with contextlib.suppress(HttpWireError):  # connection_lost, right after this, fails what was unfinished
+            self.reader.eof()
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._linger is not None:
+            self._linger.cancel()
+        self.pool.forget(self)
+        exchange = self.exchange
+        if exchange is None:
+            return
+        unread = (
+            self.used > 1
+            and not self.dropped
+            and not self.reader.started
+            and not exchange.answered
+            and time.monotonic() - exchange.sent_at < RESEND_WINDOW
+        )
+        if not unread:
+            self._fail("Connection closed")
+        self._finish(exchange)
+        if not exchange.unread.done():
+            exchange.unread.set_result(unread)
+        if unread and exchange.resend and exchange.request_id is not None:
+            self.pool.resend(exchange.request_id, exchange.data)
+
+    def _head(self, head: Head) -> None:
+        exchange = self.exchange
+        if exchange is None:
+            raise HttpWireError("a response arrived that no request asked for")
+        exchange.head = head
+        if head.status == 202 or not 200 <= head.status < 300:
+            return
+        kind = head.content_type()
+        if kind == "text/event-stream":
+            exchange.events = EventStream(self._event, MAX_EVENT_SIZE)
+        elif kind != "application/json" and not exchange.answered:
+            self._fail(
+                f"Unexpected content type: {head.headers.get('content-type', '').lower()}", types.INVALID_REQUEST
+            )
+
+    def _body(self, piece: bytes) -> None:
+        exchange = self.exchange
+        if exchange is None or exchange.answered:
+            return
+        if exchange.events is not None:
+            exchange.events.feed(piece)
+        else:
+            exchange.body += piece
+
+    def _end(self) -> None:
+        exchange = self.exchange
+        if exchange is None:
+            return
+        head = exchange.head
+        if head is not None and not exchange.answered:
+            if head.status == 202:
+                self._fail("server answered a request with 202 Accepted", types.INVALID_REQUEST)
+            elif 300 <= head.status < 400:
+                self._fail(_unfollowed(head.headers.get("location", "")), types.INVALID_REQUEST)
+            elif head.status >= 400:
+                self._http_error(head.status)
+            elif exchange.events is None:
+                message = self._parsed(bytes(exchange.body), "JSON response")
+                if message is not None:
+                    exchange.answered = True
+                    self._deliver(message)
+            else:
+                self._fail("SSE stream ended without a response")
+        self._finish(exchange)
+        if head is not None and head.keep_alive and not self.dropped:
+            self.pool.rest(self)
+        else:
+            self.drop()
+
+    def _event(self, event: Event) -> None:
+        exchange = self.exchange
+        if exchange is None or exchange.answered or event.event != "message" or not event.data:
+            return
+        message = self._parsed(event.data, "SSE message")
+        if message is None:
+            self.drop()  # as the SDK's transport, which stops reading the stream (at 2026, a cancellation)
+            return
+        if "method" not in message:
+            message["id"] = exchange.request_id  # as the SDK's transport: the answer is the request's
+            exchange.answered = True
+            self._linger = asyncio.get_running_loop().call_later(LINGER, self._overstayed)
+        self._deliver(message)
+
+    def _parsed(self, data: str | bytes, what: str) -> dict[str, Any] | None:
+        """A JSON-RPC message as raw JSON; None (and the request failed, as the SDK words it) if it is none."""
+        try:
+            message = from_json(data)
+        except ValueError as err:
+            self._fail(f"Failed to parse {what}: {err}", types.PARSE_ERROR)
+            return None
+        if not _is_jsonrpc(message):
+            self._fail(f"Failed to parse {what}: not a JSON-RPC message", types.PARSE_ERROR)
+            return None
+        return cast(dict[str, Any], message)
+
+    def _http_error(self, status: int) -> None:
+        """An error status; a JSON-RPC error in its body is the answer, as on the SDK's transport."""
+        exchange = self.exchange
+        assert exchange is not None
+        assert exchange.head is not None
+        if exchange.head.content_type() == "application/json":
+            error = _error_in(bytes(exchange.body))
+            if error is not None:
+                self._fail(str(error["message"]), error=error)
+                return
+        if status == 404:
+            if self.pool.session_id is None:
+                self._fail("Not Found", types.METHOD_NOT_FOUND)
+            else:
+                self._fail("Session terminated", types.INVALID_REQUEST)
+        else:
+            self._fail("Server returned an error response", types.INTERNAL_ERROR)
+
+    def _fail(self, message: str, code: int = CONNECTION_CLOSED, error: dict[str, Any] | None = None) -> None:
+        """Answer the request with an error, once."""
+        exchange = self.exchange
+        if exchange is None or exchange.answered:
+            return
+        exchange.answered = True
+        error = error or {"code": code, "message": message}
+        self._deliver({"jsonrpc": "2.0", "id": exchange.request_id, "error": error})
+
+    def _deliver(self, message: dict[str, Any]) -> None:
+        if self._arrived is not None:
+            self._arrived.append(message)  # `data_received` hands it on
+        else:
+            self.pool.deliver(message)
+
+    def _finish(self, exchange: Exchange) -> None:
+        self.exchange = None
+        if self._linger is not None:
+            self._linger.cancel()
+            self._linger = None
+        if exchange.request_id is not None:
+            self.pool.carrying(exchange.request_id, None)
+
+    def _overstayed(self) -> None:
+        """An answered call's stream did not end in time: its connection goes (a 2026 server reads it as a cancel)."""
+        self._linger = None
+        if self.exchange is not None:
+            self.drop()
+
+
+def _is_jsonrpc(message: object) -> bool:
+    return (
+        isinstance(message, dict)
+        and message.get("jsonrpc") == "2.0"
+        and ("method" in message or "result" in message or "error" in message)
+    )
+
+
+def _error_in(body: bytes) -> dict[str, Any] | None:
+    """The JSON-RPC error an error response's body carries, if it is one (as the SDK's transport reads it)."""
+    try:
+        message = from_json(body)
+        if not isinstance(message, dict) or message.get("jsonrpc") != "2.0" or "result" in message:
+            return None
+        return types.ErrorData.model_validate(message.get("error")).model_dump(mode="json", exclude_none=True)
+    except (ValueError, ValidationError):
+        return None
+
+
+def _unfollowed(location: str) -> str:
+    """The SDK transport's words for a redirect it does not follow (query and credentials left out)."""
+    parts = urlsplit(location)
+    where = f"{parts.scheme}://{parts.hostname}{f':{parts.port}' if parts.port else ''}{parts.path}"
+    return f"Redirect to {where} not followed; use that URL as the endpoint if it is the intended server"

@@ -1,0 +1,371 @@
+"""One upstream MCP server: connect over stdio or streamable HTTP, supervise, restart, and call it.
+
+`Upstream.run()` is the supervisor, owned by the Mux's task group. It connects, fetches the
+listing, watches the connection and the server's list_changed signals, and when the connection is
+lost (a crashed child, an HTTP server gone, an expired session) reconnects with exponential backoff:
+`restart_initial_backoff` doubling up to `restart_max_backoff` seconds, reset after each successful
+connection, retried for as long as mcpmux runs. While it is down, calls fail at once with
+`UpstreamUnavailableError`; the last known listing stays in the catalog.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+import math
+import os
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Protocol
+
+import anyio
+import httpx2
+import mcp_types as types
+from anyio.abc import TaskGroup
+from mcp import Client
+from mcp.client.session import SamplingFnT
+from mcp.shared.exceptions import MCPError
+from mcp_types.jsonrpc import CONNECTION_CLOSED
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+from mcpmux.core.config import MuxSettings, ServerConfig
+from mcpmux.core.output_schema import result_error, sdk_problem
+from mcpmux.errors import UpstreamError, UpstreamTimeoutError, UpstreamUnavailableError
+from mcpmux.upstream.http_transport import http_transport
+from mcpmux.upstream.lane import UpstreamLane
+from mcpmux.upstream.session_io import Listing, WatchedTransport, fetch_listing, listen_for_changes
+from mcpmux.upstream.stdio_transport import stdio_transport
+
+logger = logging.getLogger(__name__)
+
+# What the SDK's stdio_client passes to a child when told nothing (mirrored for `env_passthrough = "minimal"`).
+_MINIMAL_ENV = ("HOME", "LOGNAME", "PATH", "SHELL", "TERM", "USER")
+
+
+class ProgressFn(Protocol):
+    """Receives an upstream's progress notifications for one request."""
+
+    async def __call__(self, progress: float, total: float | None, message: str | None) -> None: ...
+
+
+class UpstreamState(StrEnum):
+    STARTING = "starting"
+    READY = "ready"
+    DOWN = "down"
+    STOPPED = "stopped"
+
+
+@dataclass(slots=True)
+class UpstreamEvents:
+    """What an upstream tells its owner."""
+
+    listing_changed: Callable[[str], Awaitable[None]]
+    log: Callable[[str, types.LoggingMessageNotificationParams], Awaitable[None]]
+    # Answers this upstream's sampling/createMessage (both eras); None declares no sampling capability.
+    sampling: SamplingFnT | None = None
+
+
+@dataclass(slots=True)
+class UpstreamStatus:
+    name: str
+    transport: str
+    state: UpstreamState
+    protocol_version: str | None
+    restarts: int
+    last_error: str | None
+    tools: int
+    resources: int
+    prompts: int
+
+
+@dataclass(slots=True)
+class _Health:
+    lost: anyio.Event = field(default_factory=anyio.Event)
+
+
+class Upstream:
+    """A supervised connection to one upstream server."""
+
+    def __init__(self, name: str, config: ServerConfig, settings: MuxSettings, events: UpstreamEvents) -> None:
+        self.name = name
+        self.config = config
+        self.settings = settings
+        self.events = events
+        self.listing = Listing()
+        self.state = UpstreamState.STARTING
+        self.restarts = 0
+        self.last_error: str | None = None
+        self.settled = anyio.Event()  # set after the first connection attempt succeeds or fails
+        self._client: Client | None = None
+        self.lane: UpstreamLane | None = None
+        """Raw `tools/call` requests on the current connection (`mcpmux.mux.fast_path`); None while down."""
+        self._health = _Health()
+        self._client_changed = anyio.Event()
+        self._refreshing: anyio.Event | None = None
+
+    @property
+    def timeout(self) -> float:
+        return self.config.timeout or self.settings.call_timeout
+
+    def allows_tool(self, tool: str) -> bool:
+        allowed = any(fnmatch.fnmatchcase(tool, glob) for glob in self.config.allow_tools)
+        return allowed and not any(fnmatch.fnmatchcase(tool, glob) for glob in self.config.deny_tools)
+
+    def status(self) -> UpstreamStatus:
+        client = self._client
+        return UpstreamStatus(
+            name=self.name,
+            transport=self.config.transport,
+            state=self.state,
+            protocol_version=client.protocol_version if client is not None else None,
+            restarts=self.restarts,
+            last_error=self.last_error,
+            tools=len(self.listing.tools),
+            resources=len(self.listing.resources) + len(self.listing.resource_templates),
+            prompts=len(self.listing.prompts),
+        )
+
+    async def run(self) -> None:
+        """Connect and keep connected until cancelled."""
+        failures = 0
+        try:
+            while True:
+                try:
+                    async with self._connect() as client:
+                        failures = 0
+                        await self._serve(client)
+                except Exception as err:  # any failure of one upstream must stay with that upstream
+                    failures += 1
+                    self.last_error = _describe_failure(err, self.config)
+                finally:
+                    self._set_client(None)
+                self.state = UpstreamState.DOWN
+                self.settled.set()
+                if failures:
+                    # A lost connection that had worked is re-established at once; repeated failures back off.
+                    backoff = min(
+                        self.settings.restart_initial_backoff * 2 ** (failures - 1), self.settings.restart_max_backoff
+                    )
+                    logger.warning("upstream %r: %s; retrying in %.1fs", self.name, self.last_error, backoff)
+                    await anyio.sleep(backoff)
+                self.restarts += 1
+        finally:
+            self.state = UpstreamState.STOPPED
+
+    async def _serve(self, client: Client) -> None:
+        async with anyio.create_task_group() as tasks:
+            if client.protocol_version in MODERN_PROTOCOL_VERSIONS:
+                # Subscribe before listing, so that no change can fall between the two.
+                await tasks.start(listen_for_changes, client, self._refresh)
+            self.listing = await fetch_listing(client)
+            self.state = UpstreamState.READY
+            self.last_error = None
+            self._set_client(client)
+            self.settled.set()
+            logger.info("upstream %r ready (%s, %d tools)", self.name, client.protocol_version, len(self.listing.tools))
+            await self.events.listing_changed(self.name)
+            await self._health.lost.wait()
+            tasks.cancel_scope.cancel()
+        self.last_error = "connection lost"
+
+    def _mark_lost(self) -> None:
+        """The session is gone: no new request may use it, and the supervisor reconnects."""
+        self._health.lost.set()
+        self.state = UpstreamState.DOWN
+        self._set_client(None)
+
+    def _set_client(self, client: Client | None) -> None:
+        self._client = client
+        self._client_changed.set()
+        self._client_changed = anyio.Event()
+
+    def refresh_if_stale(self, tasks: TaskGroup) -> anyio.Event | None:
+        """Start refetching the listing, in `tasks`, if the server's `ttlMs` says it is stale.
+
+        Returns an event set when the refetch ends (None when the listing is fresh). A refetch already
+        running is shared, not repeated: a stuck upstream gets one listing request at a time.
+        """
+        if self._client is None or anyio.current_time() < self.listing.expires_at:
+            return None
+        if self._refreshing is None:
+            self._refreshing = anyio.Event()
+            tasks.start_soon(self._refresh_stale, name=f"refresh {self.name}")
+        return self._refreshing
+
+    async def _refresh_stale(self) -> None:
+        try:
+            with anyio.fail_after(self.timeout):
+                await self._refresh()
+        except (MCPError, TimeoutError) as err:  # failures keep the last known listing
+            logger.warning("upstream %r: could not refresh its stale listing: %s", self.name, err)
+        finally:
+            done, self._refreshing = self._refreshing, None
+            if done is not None:
+                done.set()
+
+    async def _refresh(self) -> None:
+        client = self._client
+        if client is None:
+            return
+        old, self.listing = self.listing, await fetch_listing(client)
+        if _offer(self.listing) != _offer(old):  # a re-fetch that changed nothing must not echo to clients
+            await self.events.listing_changed(self.name)
+
+    @asynccontextmanager
+    async def _connect(self) -> AsyncIterator[Client]:
+        self._health = _Health()
+        health = self._health
+        lane = UpstreamLane()
+        config = self.config
+        if config.transport == "stdio":
+            child = stdio_transport(config.command or "", list(config.args), self._child_env(), config.cwd, lane)
+            transport = WatchedTransport(child, health.lost, lane)
+        else:
+            endpoint = http_transport(config.url or "", dict(config.headers), lane)
+            transport = WatchedTransport(endpoint, health.lost, lane)
+        client = Client(
+            transport,
+            mode=self.config.protocol,
+            logging_callback=self._on_log,
+            sampling_callback=self.events.sampling,
+            log_level="debug",  # 2026 servers log only to requests that opt in; mcpmux relays what clients want
+            message_handler=self._on_message,
+            cache=None,
+        )
+        # The deadline covers the process start and handshake only; it is lifted once connected.
+        with anyio.CancelScope(deadline=anyio.current_time() + self.settings.startup_timeout) as scope:
+            async with client:
+                scope.deadline = math.inf
+                self.lane = lane
+                try:
+                    yield client
+                finally:
+                    self.lane = None
+        if scope.cancelled_caught:
+            raise TimeoutError
+
+    def _child_env(self) -> dict[str, str]:
+        mode = self.settings.env_passthrough
+        if mode == "all":
+            env = dict(os.environ)
+        else:
+            globs = _MINIMAL_ENV if mode == "minimal" else mode
+            env = {key: value for key, value in os.environ.items() if any(fnmatch.fnmatchcase(key, g) for g in globs)}
+        env.update(self.config.env)
+        return env
+
+    async def _on_log(self, params: types.LoggingMessageNotificationParams) -> None:
+        await self.events.log(self.name, params)
+
+    async def _on_message(self, message: Any) -> None:
+        if isinstance(message, Exception):
+            logger.warning("upstream %r sent something that is not MCP: %s", self.name, message)
+        elif isinstance(
+            message,
+            types.ToolListChangedNotification
+            | types.PromptListChangedNotification
+            | types.ResourceListChangedNotification,
+        ):
+            await self._refresh()
+
+    @property
+    def client(self) -> Client | None:
+        """The live session's client; None while the upstream is not connected."""
+        return self._client
+
+    async def request(
+        self,
+        what: str,
+        send: Callable[[Client], Awaitable[Any]],
+        sent_on: Client | None = None,
+        deadline: float | None = None,
+    ) -> Any:
+        """Run one request against the live session, with this upstream's timeout and error wording.
+
+        A session the server no longer knows (HTTP 404) is re-initialized and the request sent once more:
+        the server never saw it, so that is safe. A connection lost mid-request is not retried, since
+        the server may have acted on it. `sent_on`: the session a request already went out on (a
+        launched fast-path call); `send` then only waits for it there, until `deadline` (on
+        `anyio.current_time()`'s clock: its timeout ran from the sending), and sends it anew only
+        on the new session after an expired one.
+        """
+        stale: Client | None = None
+        for attempt in (1, 2):
+            client = sent_on if sent_on is not None else await self._live_client(what, stale)
+            try:
+                limit = self.timeout if deadline is None else max(deadline - anyio.current_time(), 0.0)
+                with anyio.fail_after(limit):
+                    return await send(client)
+            except TimeoutError:
+                raise UpstreamTimeoutError(
+                    f"upstream {self.name!r} did not answer {what} within {self.timeout:g}s "
+                    f"(raise `timeout` for this server in the config if it is just slow)"
+                ) from None
+            except MCPError as err:
+                if _session_expired(err) and attempt == 1:
+                    logger.info("upstream %r: session expired; re-initializing", self.name)
+                    if client is self._client:  # not a later connection: that one is fine
+                        self._mark_lost()
+                    stale, sent_on = client, None  # a launched request is sent anew, by `send`
+                    continue
+                if err.code == CONNECTION_CLOSED:
+                    if sent_on is None or sent_on is self._client:  # not a later connection: that one is fine
+                        self._mark_lost()
+                    raise UpstreamUnavailableError(
+                        f"upstream {self.name!r} lost its connection during {what} (the server exited or "
+                        "dropped it); mcpmux is reconnecting, retry shortly"
+                    ) from None
+                raise UpstreamError(err.error.message, err.error.code, err.error.data) from None
+            except RuntimeError as err:
+                problem = sdk_problem(err)
+                if problem is None:
+                    raise
+                raise result_error(self.name, what, problem) from None
+        raise AssertionError("unreachable")
+
+    async def _live_client(self, what: str, stale: Client | None = None) -> Client:
+        """The connected client; waits only while the first connection, or a reconnection, is under way."""
+        if self.state == UpstreamState.STARTING or stale is not None:
+            with anyio.move_on_after(self.timeout):
+                while self._client is None or self._client is stale:
+                    await self._client_changed.wait()
+        client = self._client
+        if client is None or client is stale:
+            reason = f": {self.last_error}" if self.last_error else ""
+            raise UpstreamUnavailableError(
+                f"upstream {self.name!r} is {self.state.value}{reason}; cannot run {what} "
+                "(mcpmux retries the connection with backoff; see `mcpmux tools` for its status)"
+            )
+        return client
+
+
+# How servers word "I no longer know your session" (HTTP 404): the SDK server, its client's stand-in, others.
+_EXPIRED = re.compile(r"session (not found|terminated|has been terminated|expired|is no longer valid)", re.IGNORECASE)
+
+
+def _offer(listing: Listing) -> tuple[object, ...]:
+    return (listing.tools, listing.resources, listing.resource_templates, listing.prompts)
+
+
+def _session_expired(err: MCPError) -> bool:
+    return err.error.code == types.INVALID_REQUEST and _EXPIRED.search(err.error.message) is not None
+
+
+def _describe_failure(err: BaseException, config: ServerConfig) -> str:
+    if isinstance(err, TimeoutError):
+        return "did not complete the MCP handshake in time"
+    if isinstance(err, FileNotFoundError | PermissionError) and config.transport == "stdio":
+        return f"cannot run command {config.command!r}: {err.strerror} (check the path or PATH)"
+    if isinstance(err, BaseExceptionGroup) and len(err.exceptions) == 1:
+        return _describe_failure(err.exceptions[0], config)
+    if isinstance(err, httpx2.ConnectError):
+        return f"cannot connect to {config.url}: {err}"
+    if isinstance(err, MCPError) and err.error.code == CONNECTION_CLOSED and config.transport == "stdio":
+        return (
+            f"command {config.command!r} closed its stdio before the MCP handshake ended (it may have exited: "
+            "its own error, if any, is on mcpmux's stderr; try running the command by hand)"
+        )
+    return f"{type(err).__name__}: {err}" if str(err) else type(err).__name__

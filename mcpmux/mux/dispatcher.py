@@ -44,7 +44,8 @@ from mcpmux.core.config import MuxSettings
 from mcpmux.core.metrics import CallObserver, outcome_of
 from mcpmux.core.server_policy import BatchForm
 from mcpmux.errors import error_result
-from mcpmux.upstream.supervisor import ProgressFn, Upstream
+from mcpmux.upstream.lane import ProgressFn
+from mcpmux.upstream.supervisor import Upstream
 
 BatchItem = tuple[str, dict[str, Any], Any]  # (key of the other arguments, the other arguments, the varying value)
 logger = logging.getLogger(__name__)

@@ -34,7 +34,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager, nullcontext
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import mcp_types as types
 from mcp import Client
@@ -60,12 +60,9 @@ from mcpmux.errors import (
     error_result,
 )
 from mcpmux.mux.multiplexer import Mux
-from mcpmux.upstream.lane import LaneFlight
-from mcpmux.upstream.supervisor import ProgressFn, Upstream, UpstreamState
+from mcpmux.upstream.lane import LaneFlight, ProgressFn
+from mcpmux.upstream.supervisor import Upstream, UpstreamState
 from mcpmux.wire.plain_result import SERVER_INFO, is_plain
-
-if TYPE_CHECKING:
-    from mcpmux.server.frontend import Frontend
 
 logger = logging.getLogger(__name__)
 
@@ -175,11 +172,6 @@ class FastPath:
 
     def __post_init__(self) -> None:
         self.mux.on_catalog_changed(self._forget)
-
-    @classmethod
-    def of(cls, frontend: Frontend) -> FastPath:
-        """The fast path for a frontend's mux; 2026 results get that frontend's `serverInfo` stamp."""
-        return cls(frontend.mux, frontend.server.server_info_stamp)
 
     async def _forget(self) -> None:
         self._eligible.clear()

@@ -43,7 +43,8 @@ from mcpmux.mux.catalog import Catalog, Route
 from mcpmux.mux.dispatcher import UpstreamDispatcher
 from mcpmux.mux.reload import ReloadReport, UpstreamLifetime, reload_mux
 from mcpmux.tools.base import Caller, LocalTool
-from mcpmux.upstream.supervisor import ProgressFn, Upstream, UpstreamEvents, UpstreamState, UpstreamStatus
+from mcpmux.upstream.lane import ProgressFn
+from mcpmux.upstream.supervisor import Upstream, UpstreamEvents, UpstreamState, UpstreamStatus
 
 if TYPE_CHECKING:
     from mcpmux.inference.serving.service import InferenceService

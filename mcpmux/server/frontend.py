@@ -141,6 +141,10 @@ class Frontend:
         self._connections.add(session._connection)
         return session
 
+    def _fast_path(self) -> FastPath:
+        """A fast path for this front's mux; 2026 results get this front's `serverInfo` stamp."""
+        return FastPath(self.mux, self.server.server_info_stamp)
+
     def _client_id(self, session: ServerSession) -> str:
         """A random id per client connection: the scope of its private cache entries."""
         return self._client_ids.setdefault(session._connection, uuid.uuid4().hex)
@@ -303,7 +307,7 @@ class Frontend:
             async with anyio.create_task_group() as fast_calls:
                 front = None
                 if self.mux.config.mux.fast_path:
-                    front = StdioFastFront(FastPath.of(self), edge, fast_calls, self._callers)
+                    front = StdioFastFront(self._fast_path(), edge, fast_calls, self._callers)
                     edge.take = front.take
                 try:
                     async with stdio_server(edge.stdin, edge.stdout) as (read_stream, write_stream):
@@ -332,7 +336,7 @@ class Frontend:
         app.router.routes.append(metrics_route(self.mux.metrics.registry))
         if not self.mux.config.mux.fast_path:
             return HttpEdge(app, policy=policy, mcp_path=path), None
-        fast = FastPathMiddleware(app, FastPath.of(self), self.server.session_manager, path=path)
+        fast = FastPathMiddleware(app, self._fast_path(), self.server.session_manager, path=path)
         edge = HttpEdge(fast, policy=policy, mcp_path=path)  # outermost: in front of every route
         return edge, HttpFastFront(fast, edge)
 

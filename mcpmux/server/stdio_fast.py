@@ -21,7 +21,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from mcpmux.mux.fast_path import FastCall, FastPath, Flight, decode, sampling_declared
 from mcpmux.server.stdio_batch import StdioBatchEdge
-from mcpmux.upstream.supervisor import ProgressFn
+from mcpmux.upstream.lane import ProgressFn
 from mcpmux.wire.batch_array import id_key
 from mcpmux.wire.json_bytes import line
 

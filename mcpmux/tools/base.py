@@ -8,7 +8,7 @@ from typing import Any
 
 import mcp_types as types
 
-from mcpmux.upstream.supervisor import ProgressFn
+from mcpmux.upstream.lane import ProgressFn
 
 
 @dataclass(frozen=True, slots=True)

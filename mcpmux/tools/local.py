@@ -20,7 +20,7 @@ from mcpmux.errors import error_result
 from mcpmux.inference.engine.config import SamplingParams
 from mcpmux.inference.errors import EngineError
 from mcpmux.tools.base import Caller, LocalTool
-from mcpmux.upstream.supervisor import ProgressFn
+from mcpmux.upstream.lane import ProgressFn
 
 if TYPE_CHECKING:
     from mcpmux.inference.serving.service import InferenceService

@@ -25,7 +25,7 @@ from mcpmux.errors import MuxError, UpstreamError, error_result
 from mcpmux.tools.base import Caller, LocalTool
 from mcpmux.tools.meta_refs import BadReferenceError, StepOutput, check_refs, resolve_refs
 from mcpmux.tools.meta_schemas import BATCH_TOOL, MAX_CALLS, MAX_CONCURRENT, MAX_STEPS, PARALLEL_TOOL, PIPELINE_TOOL
-from mcpmux.upstream.supervisor import ProgressFn
+from mcpmux.upstream.lane import ProgressFn
 
 if TYPE_CHECKING:
     from mcpmux.mux.multiplexer import Mux

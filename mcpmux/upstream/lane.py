@@ -26,7 +26,7 @@ import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import anyio
 import mcp_types as types
@@ -36,10 +36,13 @@ from mcp.shared.message import ClientMessageMetadata, SessionMessage
 from mcp_types.jsonrpc import CONNECTION_CLOSED
 from pydantic import ValidationError
 
-if TYPE_CHECKING:  # upstream.py imports this module
-    from mcpmux.upstream.supervisor import ProgressFn
-
 logger = logging.getLogger(__name__)
+
+
+class ProgressFn(Protocol):
+    """Receives an upstream's progress notifications for one request."""
+
+    async def __call__(self, progress: float, total: float | None, message: str | None) -> None: ...
 
 
 # A courtesy cancel must not hang a caller whose upstream stopped reading.

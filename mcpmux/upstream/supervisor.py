@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any
 
 import anyio
 import httpx2
@@ -43,12 +43,6 @@ logger = logging.getLogger(__name__)
 
 # What the SDK's stdio_client passes to a child when told nothing (mirrored for `env_passthrough = "minimal"`).
 _MINIMAL_ENV = ("HOME", "LOGNAME", "PATH", "SHELL", "TERM", "USER")
-
-
-class ProgressFn(Protocol):
-    """Receives an upstream's progress notifications for one request."""
-
-    async def __call__(self, progress: float, total: float | None, message: str | None) -> None: ...
 
 
 class UpstreamState(StrEnum):

@@ -1,4 +1,4 @@
-"""A minimal MCP server for the overhead benchmark: an `echo` tool, and optionally K inert others.
+"""A minimal MCP server for the overhead benchmark: three echo tools, and optionally K inert others.
 
     python benchmarks/echo_upstream.py stdio [--tools K]
     python benchmarks/echo_upstream.py http PORT [--tools K]
@@ -7,6 +7,14 @@ Written on the SDK's low-level `Server` so that the upstream's own cost per call
 SDK allows (no argument validation, no structured output, no logging), and with
 `get_tool_input_schema` set, so that a 2026-07-28 HTTP call does not run `tools/list` to check its
 `Mcp-Param` headers: what the benchmark then sees on top of a direct call is the multiplexer.
+
+The three echo tools answer alike (the `text` argument, back, after `sleep_ms` milliseconds if
+given) and differ only in what they declare, so that each reaches a different rule of a multiplexer:
+
+- `echo`: no annotations;
+- `echo_ro`: annotated `readOnlyHint: true, idempotentHint: true`;
+- `echo_cached`: no annotations, for a multiplexer configured to cache it by name.
+
 `--tools K` adds K more tools (`tool_0` ...) with realistic schemas, to grow the catalog mcpmux
 aggregates without changing what `echo` costs here.
 """
@@ -23,11 +31,20 @@ import uvicorn
 from mcp.server.lowlevel.server import NotificationOptions, Server
 from mcp.server.stdio import stdio_server
 
-ECHO_TOOL = types.Tool(
-    name="echo",
-    description="Return the text unchanged.",
-    input_schema={"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
-)
+ECHO_SCHEMA = {
+    "type": "object",
+    "properties": {"text": {"type": "string"}, "sleep_ms": {"type": "number", "description": "wait this long first"}},
+    "required": ["text"],
+}
+READ_ONLY = types.ToolAnnotations(read_only_hint=True, idempotent_hint=True)
+ECHO_TOOLS = [
+    types.Tool(name="echo", description="Return the text unchanged.", input_schema=ECHO_SCHEMA),
+    types.Tool(
+        name="echo_ro", description="Return the text unchanged.", input_schema=ECHO_SCHEMA, annotations=READ_ONLY
+    ),
+    types.Tool(name="echo_cached", description="Return the text unchanged.", input_schema=ECHO_SCHEMA),
+]
+ECHO_NAMES = frozenset(tool.name for tool in ECHO_TOOLS)
 
 
 def _inert_tool(index: int) -> types.Tool:
@@ -44,18 +61,21 @@ def _inert_tool(index: int) -> types.Tool:
 
 
 def build_server(extra_tools: int = 0) -> Server[Any]:
-    """The echo server: `tools/list` (echo + `extra_tools` inert tools) and `tools/call` (echo only)."""
-    tools = [ECHO_TOOL, *(_inert_tool(i) for i in range(extra_tools))]
+    """The echo server: `tools/list` (the echo tools + `extra_tools` inert tools) and `tools/call` (echo tools only)."""
+    tools = [*ECHO_TOOLS, *(_inert_tool(i) for i in range(extra_tools))]
     schemas = {tool.name: tool.input_schema for tool in tools}
 
     async def list_tools(ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
         return types.ListToolsResult(tools=tools)
 
     async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
-        if params.name != "echo":
+        if params.name not in ECHO_NAMES:
             text = f"tool {params.name!r} only pads the catalog; call 'echo'"
             return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=True)
-        text = str((params.arguments or {}).get("text", ""))
+        arguments = params.arguments or {}
+        if sleep_ms := arguments.get("sleep_ms"):
+            await anyio.sleep(float(sleep_ms) / 1000)
+        text = str(arguments.get("text", ""))
         return types.CallToolResult(content=[types.TextContent(type="text", text=text)])
 
     def input_schema(name: str) -> Mapping[str, Any] | None:

@@ -139,8 +139,9 @@ async def _serve(args: argparse.Namespace, config: Config) -> int:
     if args.openai_only:
         return await _serve_openai_only(args, config)
     host = args.host or config.http.host
-    # Read (and a non-loopback bind without tokens refused) before any upstream starts.
+    # Read (a non-loopback bind without tokens refused) and bound before any upstream starts.
     edge = prepare_edge(config, host, args.allow_unauthenticated_remote) if args.transport == "http" else None
+    sock = bind(host, config.http.port if args.port is None else args.port) if edge is not None else None
     async with Mux(config) as mux, anyio.create_task_group() as tasks:
         frontend = Frontend(mux)
         _freeze_startup_heap()
@@ -155,8 +156,7 @@ async def _serve(args: argparse.Namespace, config: Config) -> int:
                 await frontend.serve_stdio()
                 serving.cancel_scope.cancel()  # stdin closed: no client is left to answer
         else:
-            assert edge is not None
-            sock = bind(host, config.http.port if args.port is None else args.port)
+            assert edge is not None and sock is not None
             _announce_http(host, sock.getsockname()[1], config)
             drained = anyio.Event()
             tasks.start_soon(_drain_when_stopped, mux, stop, skip, drained.set)

@@ -393,13 +393,21 @@ class _UvicornServer(uvicorn.Server):
 
 
 def bind(host: str, port: int) -> socket.socket:
-    """A listening TCP socket; port 0 picks a free one (read it back with `getsockname()`)."""
+    """A listening TCP socket; port 0 picks a free one (read it back with `getsockname()`). Raises
+    `MuxError` saying what to do when the address cannot be had (in use, not this host's)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY only then, and without it Nagle plus delayed
     # ACKs hold each response back by ~40 ms.
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
+    try:
+        sock.bind((host, port))
+    except OSError as err:
+        sock.close()
+        raise MuxError(
+            f"cannot listen on {host}:{port}: {err.strerror}; pass another --port (or [http] port), "
+            "or stop what holds that one"
+        ) from None
     sock.listen(1024)
     sock.setblocking(False)
     return sock

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 import anyio
 from cachetools import LRUCache
+from mcp.server.streamable_http import REQUEST_CANCELLED
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.shared.inbound import ERROR_CODE_HTTP_STATUS, find_duplicated_routing_header
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
@@ -37,7 +38,8 @@ logger = logging.getLogger(__name__)
 
 MAX_BODY = 4 * 1024 * 1024
 """Bodies above this go to the SDK, which applies its own limit."""
-REQUEST_CANCELLED = -32800  # what the SDK answers a cancelled request with on a 2025 session
+CANCELLED_ERROR = {"code": REQUEST_CANCELLED, "message": "Request cancelled"}
+"""What the SDK answers a cancelled request with on a 2025 session (`mcp.server.streamable_http`)."""
 
 
 class Cancellable(Protocol):
@@ -152,8 +154,7 @@ class FastPathMiddleware:
                 if key is not None:
                     self.running.pop(key, None)
             if cancelled.cancelled_caught:
-                cancelled_error = {"code": REQUEST_CANCELLED, "message": "Request cancelled"}
-                response = {"jsonrpc": "2.0", "id": call.request_id, "error": cancelled_error}
+                response = {"jsonrpc": "2.0", "id": call.request_id, "error": CANCELLED_ERROR}
             tasks.cancel_scope.cancel()
         return response
 

@@ -36,7 +36,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from mcpmux.mux.fast_path import FastCall, FastPath, Flight
 from mcpmux.server.http_edge import HttpEdge
-from mcpmux.server.http_fast import REQUEST_CANCELLED, FastPathMiddleware, session_of
+from mcpmux.server.http_fast import CANCELLED_ERROR, FastPathMiddleware, session_of
 from mcpmux.server.http_keepalive import IdleConnections
 from mcpmux.wire.batch_array import id_key
 from mcpmux.wire.json_bytes import dumps
@@ -156,7 +156,7 @@ class HttpFastFront:
         # Cancelled (a 2025 session's notifications/cancelled), even if the call ended before it could
         # notice: the result was withheld, so the request gets the SDK's -32800 (respond writes once).
         if running.cancelled and not running.gone:
-            error = {"code": REQUEST_CANCELLED, "message": "Request cancelled"}
+            error = CANCELLED_ERROR
         if error is not None:
             response = {"jsonrpc": "2.0", "id": running.call.request_id, "error": error}
             running.protocol.respond(running.cycle, response, running.call.version in MODERN_PROTOCOL_VERSIONS)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -169,3 +170,17 @@ async def test_third_party_servers_through_mcpmux(tmp_path: Path) -> None:
                     progress_callback=on_progress,
                 )
             assert progress == [1, 2, 3]
+
+
+def test_a_port_in_use_is_one_line_before_any_upstream_starts(tmp_path: Path) -> None:
+    config = write_config(tmp_path / "c.json", {"alpha": demo("alpha")})
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        served = run("serve", "--config", str(config), "--transport", "http", "--port", str(port))
+    assert served.returncode == 2
+    assert served.stderr.strip() == (
+        f"mcpmux: cannot listen on 127.0.0.1:{port}: Address already in use; pass another --port "
+        "(or [http] port), or stop what holds that one"
+    )

@@ -111,6 +111,12 @@ class MuxSettings(_Model):
     """Parent environment given to stdio servers: everything, the SDK's minimal set, or these names/globs."""
     meta_tools: bool = True
     """Serve the meta-tools `mux_parallel`, `mux_batch` and `mux_pipeline` next to the upstream tools."""
+    tool_search: Literal["auto", "on", "off"] = "auto"
+    """Search mode: tools/list shows only mcpmux's own tools and `pinned_tools`; the rest are found with
+    `mux_search_tools` and called with `mux_call_tool`. "auto": when more than `tool_search_threshold` tools."""
+    tool_search_threshold: int = Field(default=40, ge=0)
+    pinned_tools: list[str] = Field(default_factory=list)
+    """Public tool name globs listed in search mode too, e.g. ["git__*", "time__get_current_time"]."""
     fast_path: bool = True
     """Relay plain `tools/call` requests as raw JSON-RPC, skipping the SDK's sessions (docs/fastpath.md)."""
     reload: bool = True

@@ -48,6 +48,7 @@ from mcpmux.upstream.supervisor import Upstream, UpstreamEvents, UpstreamState, 
 
 if TYPE_CHECKING:
     from mcpmux.inference.serving.service import InferenceService
+    from mcpmux.tools.search import ToolSearch
 
 logger = logging.getLogger(__name__)
 
@@ -94,6 +95,13 @@ class Mux:
 
             for local in meta_tools(self):
                 self.add_local_tool(local)
+        self.tool_search: ToolSearch | None = None
+        if config.mux.tool_search != "off":
+            from mcpmux.tools.search import ToolSearch  # imported here: search imports this module
+
+            self.tool_search = ToolSearch(self)
+            for local in self.tool_search.local_tools():
+                self.add_local_tool(local)
         if config.inference.backend != "off":
             from mcpmux.tools.local import inference_tools  # imported here: local_tools imports this module
 
@@ -114,6 +122,8 @@ class Mux:
                 self._lifetimes[name] = await UpstreamLifetime.start(self._tasks, upstream, self.dispatchers[name])
             # The model loads while the upstreams connect.
             await self._start_inference()
+            if self.tool_search is not None:
+                self.tool_search.start(self._tasks)  # indexes while the upstreams connect
             with anyio.move_on_after(self.config.mux.startup_timeout):
                 for upstream in self.upstreams.values():
                     await upstream.settled.wait()
@@ -239,6 +249,11 @@ class Mux:
 
     def list_tools(self) -> list[types.Tool]:
         return [local.tool for local in self.local_tools.values()] + self.catalog.tools
+
+    def listed_tools(self) -> list[types.Tool]:
+        """What tools/list shows clients: every tool, or in search mode mcpmux's own and the pinned ones."""
+        tools = self.list_tools()
+        return self.tool_search.listing(tools) if self.tool_search is not None else tools
 
     def input_schema(self, name: str) -> dict[str, Any] | None:
         """The input schema of a listed tool, found without building the whole list."""

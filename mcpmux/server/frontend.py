@@ -158,7 +158,7 @@ class Frontend:
         return _page(items(), params.cursor if params is not None else None, self.page_size)
 
     async def _list_tools(self, ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
-        tools, next_cursor = await self._list_page(ctx, params, self.mux.list_tools)
+        tools, next_cursor = await self._list_page(ctx, params, self.mux.listed_tools)
         return types.ListToolsResult(tools=tools, next_cursor=next_cursor)
 
     async def _list_prompts(self, ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListPromptsResult:

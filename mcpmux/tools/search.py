@@ -1,0 +1,345 @@
+"""Tool search: `mux_search_tools` and `mux_call_tool`, and what `tools/list` shows in search mode.
+
+With many servers behind mcpmux, listing every tool costs a model tens of thousands of tokens a turn.
+In search mode (`[mux] tool_search = "on"`, or `"auto"` once the catalog has more than
+`tool_search_threshold` tools) `tools/list` shows only mcpmux's own `mux_*` tools and the tools
+matching `[mux] pinned_tools`; the model finds the rest with `mux_search_tools` and calls them with
+`mux_call_tool` (or directly: every catalog tool stays callable by name).
+
+The index (`search_index.ToolIndex`) follows the catalog: it is built when the `Mux` starts and
+brought up to date, in the Mux's task group, after every catalog change (list_changed, reconnect,
+reload); only tools whose text changed are embedded again, and embeddings are kept on disk. While
+embeddings are off (`[inference] backend = "off"`, `[inference.embeddings] model = ""`), still
+loading, or failing, search ranks by BM25 alone, and says so once in the log.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import logging
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import mcp_types as types
+from anyio.abc import TaskGroup
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from mcpmux.errors import UnknownToolError, UnlistedToolError, error_result
+from mcpmux.tools.base import Caller, LocalTool
+from mcpmux.tools.meta import META_TOOL_NAMES
+from mcpmux.tools.search_index import EmbeddingCache, EmbedFn, Hit, ToolDoc, ToolIndex, default_cache_dir
+from mcpmux.upstream.lane import ProgressFn
+
+if TYPE_CHECKING:
+    from mcpmux.mux.multiplexer import Mux
+
+logger = logging.getLogger(__name__)
+
+MAX_RESULTS = 50
+QUERY_EMBED_TIMEOUT = 2.0
+"""Seconds a search waits for its query's embedding before ranking by BM25 alone."""
+
+_TOOL_ITEM = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "description": "The tool's full name, for mux_call_tool or a direct call."},
+        "description": {"type": "string"},
+        "inputSchema": {"type": "object", "description": "The JSON schema its arguments must match."},
+        "score": {"type": "number", "description": "Relevance; higher is better, comparable within one answer."},
+    },
+    "required": ["name", "description", "inputSchema", "score"],
+}
+
+SEARCH_TOOL = types.Tool(
+    name="mux_search_tools",
+    title="Find tools",
+    description=(
+        "Search the tools of all connected servers; most are not listed until found. Describe the task in "
+        "plain words, one task per search, naming the action and the thing it acts on (e.g. 'create an "
+        "issue in a GitHub repository', 'read a local file', 'current time in a timezone'), not a guessed "
+        "tool name. Returns the best matches, best first, each with its input schema; then call one with "
+        "mux_call_tool. If none fits, search again with other words (synonyms, the service's name) before "
+        "giving up. `servers` narrows the search to servers whose names match these globs."
+    ),
+    input_schema={
+        "type": "object",
+        "properties": {
+            "query": {"type": "string", "minLength": 1, "description": "The task, in plain words."},
+            "limit": {
+                "type": "integer",
+                "minimum": 1,
+                "maximum": MAX_RESULTS,
+                "default": 5,
+                "description": "How many tools to return.",
+            },
+            "servers": {
+                "type": "array",
+                "items": {"type": "string"},
+                "description": "Only tools of servers matching these globs, e.g. ['github', 'git*'].",
+            },
+        },
+        "required": ["query"],
+        "additionalProperties": False,
+    },
+    output_schema={
+        "type": "object",
+        "properties": {"tools": {"type": "array", "items": _TOOL_ITEM}},
+        "required": ["tools"],
+    },
+    annotations=types.ToolAnnotations(
+        title="Find tools", read_only_hint=True, idempotent_hint=True, open_world_hint=False
+    ),
+)
+
+CALL_TOOL = types.Tool(
+    name="mux_call_tool",
+    title="Call a tool by name",
+    description=(
+        "Call any tool of the connected servers by its exact name, including tools not listed here (find "
+        "them with mux_search_tools first). `arguments` must match that tool's input schema. The answer is "
+        "the tool's own result, with the same limits and errors as a direct call."
+    ),
+    input_schema={
+        "type": "object",
+        "properties": {
+            "tool": {
+                "type": "string",
+                "minLength": 1,
+                "description": "The tool's full name as mux_search_tools gave it, e.g. 'github__create_issue'.",
+            },
+            "arguments": {"type": "object", "default": {}, "description": "The tool's arguments."},
+        },
+        "required": ["tool"],
+        "additionalProperties": False,
+    },
+    annotations=types.ToolAnnotations(title="Call a tool by name", read_only_hint=False, open_world_hint=True),
+)
+
+SEARCH_TOOL_NAMES = frozenset({SEARCH_TOOL.name, CALL_TOOL.name})
+OWN_TOOL_NAMES = SEARCH_TOOL_NAMES | META_TOOL_NAMES
+"""mcpmux's own tools: always listed in search mode, never in the index."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _SearchArgs(_Strict):
+    query: str = Field(min_length=1)
+    limit: int = Field(default=5, ge=1, le=MAX_RESULTS)
+    servers: list[str] | None = None
+
+
+class _CallArgs(_Strict):
+    tool: str = Field(min_length=1)
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+def embedding_identity(mux: Mux) -> str:
+    """What names the vectors in the disk cache: the backend, the model, and a remote server's URL."""
+    inference = mux.config.inference
+    where = inference.remote.base_url if inference.backend == "openai" and inference.remote is not None else ""
+    return f"{inference.backend}|{inference.embeddings.model}|{where}"
+
+
+class ToolSearch:
+    """The search index over one `Mux`'s catalog, its two tools, and the listing of search mode."""
+
+    def __init__(self, mux: Mux) -> None:
+        self.mux = mux
+        self.index = ToolIndex(EmbeddingCache(default_cache_dir(), embedding_identity(mux)))
+        self._seen: tuple[int, int] | None = None  # (id of the catalog's tool list, number of local tools)
+        self._wanted = anyio.Event()
+        self._started = False
+        self._said_bm25_only = False
+        self.query_timeout = QUERY_EMBED_TIMEOUT
+        self.indexed = anyio.Event()
+        """Set while the index is up to date with the catalog (embedded, or BM25 alone); a catalog change
+        replaces it with a new, unset event."""
+        mux.on_catalog_changed(self._catalog_changed)
+
+    def local_tools(self) -> list[LocalTool]:
+        return [LocalTool(SEARCH_TOOL, self._search_tool), LocalTool(CALL_TOOL, self._call_tool)]
+
+    # -- what tools/list shows -----------------------------------------------------------------------
+
+    def searchable(self, tools: list[types.Tool]) -> int:
+        return sum(1 for tool in tools if tool.name not in OWN_TOOL_NAMES)
+
+    def search_mode(self, tools: list[types.Tool] | None = None) -> bool:
+        """Whether tools/list shows only mcpmux's own tools and the pinned ones."""
+        settings = self.mux.config.mux
+        if settings.tool_search == "on":
+            return True
+        if settings.tool_search == "off":
+            return False
+        return self.searchable(tools if tools is not None else self.mux.list_tools()) > settings.tool_search_threshold
+
+    def listing(self, tools: list[types.Tool]) -> list[types.Tool]:
+        """`tools` (the whole catalog) as tools/list shows it."""
+        if not self.search_mode(tools):
+            return [tool for tool in tools if tool.name not in SEARCH_TOOL_NAMES]
+        pinned = self.mux.config.mux.pinned_tools
+        return [
+            tool
+            for tool in tools
+            if tool.name in OWN_TOOL_NAMES or any(fnmatch.fnmatchcase(tool.name, glob) for glob in pinned)
+        ]
+
+    # -- keeping the index current -------------------------------------------------------------------
+
+    def start(self, tasks: TaskGroup) -> None:
+        """Build the index now and keep it current, in `tasks` (the Mux's task group)."""
+        if not self._started:
+            self._started = True
+            tasks.start_soon(self._keep_current, name="tool search index")
+
+    async def _catalog_changed(self) -> None:
+        self._want()
+
+    def _want(self) -> None:
+        if self.indexed.is_set():
+            self.indexed = anyio.Event()
+        self._wanted.set()
+
+    def sync(self) -> None:
+        """Bring BM25 up to date with the catalog if it changed (cheap: a rebuild of the word index)."""
+        seen = (id(self.mux.catalog.tools), len(self.mux.local_tools))
+        if seen == self._seen:
+            return
+        self._seen = seen
+        self.index.update([self._doc(tool) for tool in self.mux.list_tools() if tool.name not in OWN_TOOL_NAMES])
+        if self.index.missing:
+            self._want()
+
+    def _doc(self, tool: types.Tool) -> ToolDoc:
+        name = tool.name
+        if name in self.mux.local_tools:
+            server, _, short = name.rpartition(self.mux.config.mux.separator)
+            server = server or "mcpmux"
+        else:
+            route = self.mux.catalog.resolve_tool(name)
+            server, short = route.upstream, route.name
+        title = tool.title or (tool.annotations.title if tool.annotations is not None else None) or ""
+        return ToolDoc(name, server, short, title, tool.description or "", tool.input_schema)
+
+    def _embedder(self) -> EmbedFn | None:
+        service = self.mux.inference
+        if service is None or not service.embedding_model:
+            return None
+        return service.embed
+
+    def _bm25_only(self, why: str) -> None:
+        if not self._said_bm25_only:
+            self._said_bm25_only = True
+            logger.warning("tool search ranks by BM25 alone: %s", why)
+
+    async def _keep_current(self) -> None:
+        if self.mux.config.inference.backend == "off":
+            self._bm25_only('[inference] backend is "off" (set it to "local" or "openai" to add embeddings)')
+        elif not self.mux.config.inference.embeddings.model:
+            self._bm25_only('[inference.embeddings] model is "" (set it, e.g. "builtin:all-minilm-l6-v2")')
+        while True:
+            self._wanted = anyio.Event()
+            self.sync()
+            embed = self._embedder()
+            if embed is not None and self.index.missing:
+                try:
+                    count = await self.index.embed_missing(embed)
+                except Exception as err:  # search keeps working on BM25; retried after the next change
+                    if self.mux.sampling.service is not None:  # not merely shutting down
+                        failure = f"{type(err).__name__}: {err}"
+                        self._bm25_only(f"the embedding model failed ({failure}); retried on the next catalog change")
+                else:
+                    logger.info("tool search: %d tools indexed, %d newly embedded", len(self.index.docs), count)
+            if not self._wanted.is_set():
+                self.indexed.set()
+            await self._wanted.wait()
+
+    # -- searching -----------------------------------------------------------------------------------
+
+    async def search(self, query: str, limit: int = 5, servers: list[str] | None = None) -> list[Hit]:
+        """The best `limit` catalog tools for `query`, best first (hybrid when embeddings are ready)."""
+        self.sync()
+        vector = None
+        embed = self._embedder()
+        if embed is not None and self.index.dense_ready:
+            try:
+                with anyio.fail_after(self.query_timeout):
+                    vector = (await embed([query]))[0]
+            except Exception as err:
+                self._bm25_only(f"the query's embedding failed ({type(err).__name__}: {err})")
+
+        def allowed(doc: ToolDoc) -> bool:
+            return any(fnmatch.fnmatchcase(doc.server, glob) for glob in servers or ())
+
+        return self.index.search(query, limit, vector, allowed if servers is not None else None)
+
+    def method(self) -> str:
+        return "BM25 + embeddings" if self.index.dense_ready and self._embedder() is not None else "BM25"
+
+    async def _search_tool(
+        self, arguments: dict[str, Any], progress: ProgressFn | None, caller: Caller
+    ) -> types.CallToolResult:
+        try:
+            args = _SearchArgs.model_validate(arguments)
+        except ValidationError as err:
+            return _malformed(SEARCH_TOOL.name, err)
+        hits = await self.search(args.query, args.limit, args.servers)
+        items = [
+            {
+                "name": hit.doc.name,
+                "description": hit.doc.description,
+                "inputSchema": hit.doc.input_schema,
+                "score": round(hit.score, 6),
+            }
+            for hit in hits
+        ]
+        return types.CallToolResult(
+            content=[types.TextContent(type="text", text=self._text(args, items))],
+            structured_content={"tools": items},
+        )
+
+    def _text(self, args: _SearchArgs, items: list[dict[str, Any]]) -> str:
+        scope = f" on servers {', '.join(args.servers)}" if args.servers is not None else ""
+        if not items:
+            return (
+                f"{SEARCH_TOOL.name}: no tool matches {args.query!r}{scope} ({len(self.index.docs)} tools searched); "
+                "search again with other words" + (", or fewer `servers` globs" if args.servers is not None else "")
+            )
+        lines = [
+            f"{SEARCH_TOOL.name}: {len(items)} tools for {args.query!r}{scope}, best first ({self.method()}). "
+            f'Call one with {CALL_TOOL.name} {{"tool": "<name>", "arguments": {{...}}}}.'
+        ]
+        for rank, item in enumerate(items, 1):
+            summary = " ".join(item["description"].split())
+            lines.append(f"{rank}. {item['name']} (score {item['score']:.4f}): {summary}")
+            lines.append(f"   input: {json.dumps(item['inputSchema'], separators=(',', ':'))}")
+        return "\n".join(lines)
+
+    async def _call_tool(
+        self, arguments: dict[str, Any], progress: ProgressFn | None, caller: Caller
+    ) -> types.CallToolResult:
+        try:
+            args = _CallArgs.model_validate(arguments)
+        except ValidationError as err:
+            return _malformed(CALL_TOOL.name, err)
+        if args.tool in OWN_TOOL_NAMES:
+            return error_result(f"{CALL_TOOL.name}: {args.tool} is one of mcpmux's own tools; call it directly")
+        try:
+            return await self.mux.call_tool(
+                args.tool, args.arguments, progress=progress, client=caller.client, client_name=caller.name
+            )
+        except UnlistedToolError as err:
+            return error_result(f"{CALL_TOOL.name}: {err}")
+        except UnknownToolError as err:
+            return error_result(f"{CALL_TOOL.name}: {err}. Find the exact name with {SEARCH_TOOL.name}.")
+
+
+def _malformed(tool: str, err: ValidationError) -> types.CallToolResult:
+    problems = "; ".join(
+        f"{'.'.join(str(part) for part in problem['loc']) or '(arguments)'}: {problem['msg']}"
+        for problem in err.errors()
+    )
+    return error_result(f"{tool}: the request is malformed: {problems}. See the tool's input schema.")

@@ -1,0 +1,296 @@
+"""The ranking behind `mux_search_tools`: BM25 over the words of each tool, dense embeddings, fused.
+
+- **BM25** (`bm25s`) over a tool's name (split at `__`, `_`, `-`, `.` and camelCase), title,
+  description, and its arguments' names and descriptions; lowercased, English stop words dropped,
+  plurals and `-ing`/`-ed` folded.
+- **Dense**: one embedding per tool (the embedded MiniLM or the remote backend's model) of
+  "name: title. description. Arguments: ...", compared by cosine with the query's embedding.
+- **Fusion**: reciprocal rank fusion, `score = sum(1 / (RRF_K + rank))` over the two rankings
+  (BM25 counts only tools sharing a word with the query). Without embeddings, BM25 ranks alone.
+
+Embeddings are cached on disk by content hash (the model and the text embedded), one small file
+each, so a restart or a catalog change embeds only what is new. `ToolIndex.update` is cheap (BM25
+is rebuilt, embeddings kept by hash); `embed_missing` embeds what changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import tempfile
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import bm25s
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+EmbedFn = Callable[[list[str]], Awaitable[list[list[float]]]]
+RRF_K = 60
+"""The usual constant of reciprocal rank fusion (Cormack et al. 2009): ranks past ~60 weigh little."""
+DENSE_DEPTH = 50
+"""How many of the nearest tools by embedding take part in the fusion."""
+
+_WORD = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|\d+")
+_STOP_WORDS = (
+    "a an and are as at be by can do does for from get gets has have how i in into is it its me my of on "
+    "or our please so some that the their them then there these this to us using use was we what when "
+    "which with you your"
+)
+_STOP = frozenset(_STOP_WORDS.split())
+
+
+def words(text: str) -> list[str]:
+    """`text` as BM25 terms: identifiers split, lowercased, stop words and single letters out, plurals and
+    -ing/-ed folded."""
+    out = []
+    for raw in _WORD.findall(text):
+        word = raw.lower()
+        if len(word) < 2 or word in _STOP:
+            continue
+        out.append(_fold(word))
+    return out
+
+
+def _fold(word: str) -> str:
+    if len(word) <= 3:
+        return word
+    if word.endswith("ies") and len(word) > 4:
+        return word[:-3] + "y"
+    if word.endswith(("sses", "shes", "ches", "xes", "zes")):
+        return word[:-2]
+    if word.endswith("s") and not word.endswith(("ss", "us", "is")):
+        return word[:-1]
+    if word.endswith("ing") and len(word) > 5:
+        return word[:-3]
+    if word.endswith("ed") and len(word) > 4:
+        return word[:-2]
+    return word
+
+
+@dataclass(frozen=True, slots=True)
+class ToolDoc:
+    """One searchable tool: its public name, the server it comes from, and the definition shown."""
+
+    name: str
+    server: str
+    short: str
+    """The tool's own name on its server (the public name without the server prefix)."""
+    title: str
+    description: str
+    input_schema: dict[str, Any]
+
+    @property
+    def arguments(self) -> list[tuple[str, str]]:
+        """(name, description) of each top-level argument."""
+        properties = self.input_schema.get("properties")
+        if not isinstance(properties, dict):
+            return []
+        return [
+            (str(name), str(spec.get("description", "")) if isinstance(spec, dict) else "")
+            for name, spec in properties.items()
+        ]
+
+    def keyword_text(self) -> str:
+        args = " ".join(f"{name} {text}" for name, text in self.arguments)
+        return f"{self.name} {self.title} {self.description} {args}"
+
+    def dense_text(self) -> str:
+        """What is embedded: the readable name, what it does, and what it takes."""
+        readable = " ".join(part for part in re.split(r"[_\-.]+", self.short) if part)
+        head = f"{readable} ({self.server})" + (f": {self.title}" if self.title else "")
+        args = ", ".join(name for name, _ in self.arguments)
+        return f"{head}. {self.description.strip()}" + (f" Arguments: {args}." if args else "")
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    doc: ToolDoc
+    score: float
+
+
+def default_cache_dir() -> Path:
+    """`$MCPMUX_HOME/cache/tool-embeddings`, else `$XDG_CACHE_HOME/mcpmux/tool-embeddings`
+    (`~/.cache/mcpmux/tool-embeddings`)."""
+    home = os.environ.get("MCPMUX_HOME")
+    if home:
+        return Path(home).expanduser() / "cache" / "tool-embeddings"
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache).expanduser() / "mcpmux" / "tool-embeddings"
+
+
+class EmbeddingCache:
+    """Vectors on disk, one file per (model, text) hash; writes are atomic, so processes may share it."""
+
+    def __init__(self, folder: Path | None, model: str) -> None:
+        self.model = model
+        self.folder = folder / hashlib.sha256(model.encode()).hexdigest()[:16] if folder is not None else None
+        self._broken = False
+
+    def key(self, text: str) -> str:
+        return hashlib.sha256(f"{self.model}\0{text}".encode()).hexdigest()[:32]
+
+    def get(self, key: str) -> np.ndarray | None:
+        if self.folder is None:
+            return None
+        try:
+            vector = np.fromfile(self.folder / f"{key}.f32", dtype=np.float32)
+        except OSError:
+            return None
+        return vector if vector.size else None
+
+    def put(self, key: str, vector: np.ndarray) -> None:
+        if self.folder is None or self._broken:
+            return
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            meta = self.folder / "model.json"
+            if not meta.exists():
+                meta.write_text(json.dumps({"model": self.model}))
+            fd, tmp = tempfile.mkstemp(dir=self.folder, suffix=".tmp")
+            with os.fdopen(fd, "wb") as out:
+                out.write(vector.astype(np.float32).tobytes())
+            os.replace(tmp, self.folder / f"{key}.f32")
+        except OSError as err:  # a read-only home must not break search: it only costs a re-embed next start
+            self._broken = True
+            logger.warning(
+                "tool search: cannot write the embedding cache in %s (%s); embeddings are recomputed at each "
+                "start. Set MCPMUX_HOME to a writable folder to keep them.",
+                self.folder,
+                err.strerror or err,
+            )
+
+
+class ToolIndex:
+    """BM25 and dense rankings over a set of tools, fused."""
+
+    def __init__(self, cache: EmbeddingCache | None = None) -> None:
+        self.cache = cache
+        self.docs: list[ToolDoc] = []
+        self._keys: list[str] = []
+        self._bm25: bm25s.BM25 | None = None
+        self._vectors: dict[str, np.ndarray] = {}  # content key -> unit vector
+        self._matrix: np.ndarray | None = None  # rows follow self.docs, when every doc has a vector
+        self.embedded_texts = 0
+        """Texts sent to the embedding model so far (not found in memory or on disk)."""
+
+    # -- building ----------------------------------------------------------------------------------
+
+    def update(self, docs: Sequence[ToolDoc]) -> None:
+        """Index exactly `docs`: BM25 is rebuilt (milliseconds); known embeddings are kept by content."""
+        self.docs = list(docs)
+        self._keys = [self._key(doc) for doc in self.docs]
+        corpus = [words(doc.keyword_text()) or ["_"] for doc in self.docs]
+        if corpus:
+            bm25 = bm25s.BM25()
+            bm25.index(corpus, show_progress=False)
+            self._bm25 = bm25
+        else:
+            self._bm25 = None
+        keep = set(self._keys)
+        self._vectors = {key: vector for key, vector in self._vectors.items() if key in keep}
+        if self.cache is not None:
+            for key in self._keys:
+                if key not in self._vectors:
+                    cached = self.cache.get(key)
+                    if cached is not None:
+                        self._vectors[key] = cached
+        self._assemble()
+
+    def _key(self, doc: ToolDoc) -> str:
+        text = doc.dense_text()
+        return self.cache.key(text) if self.cache is not None else hashlib.sha256(text.encode()).hexdigest()[:32]
+
+    @property
+    def missing(self) -> list[ToolDoc]:
+        """Tools without an embedding yet."""
+        return [doc for doc, key in zip(self.docs, self._keys, strict=True) if key not in self._vectors]
+
+    @property
+    def dense_ready(self) -> bool:
+        return self._matrix is not None
+
+    async def embed_missing(self, embed: EmbedFn) -> int:
+        """Embed the tools that have no vector (neither in memory nor on disk); returns how many."""
+        todo = [(doc, key) for doc, key in zip(self.docs, self._keys, strict=True) if key not in self._vectors]
+        if not todo:
+            return 0
+        vectors = await embed([doc.dense_text() for doc, _ in todo])
+        for (_, key), vector in zip(todo, vectors, strict=True):
+            unit = _unit(np.asarray(vector, dtype=np.float32))
+            self._vectors[key] = unit
+            if self.cache is not None:
+                self.cache.put(key, unit)
+        self.embedded_texts += len(todo)
+        self._assemble()
+        return len(todo)
+
+    def _assemble(self) -> None:
+        if self.docs and all(key in self._vectors for key in self._keys):
+            self._matrix = np.stack([self._vectors[key] for key in self._keys])
+        else:
+            self._matrix = None
+
+    # -- searching ---------------------------------------------------------------------------------
+
+    def keyword_scores(self, query: str) -> np.ndarray:
+        terms = words(query)
+        if self._bm25 is None or not terms:
+            return np.zeros(len(self.docs), dtype=np.float32)
+        return np.asarray(self._bm25.get_scores(terms), dtype=np.float32)
+
+    def dense_scores(self, query_vector: Sequence[float]) -> np.ndarray | None:
+        if self._matrix is None:
+            return None
+        return np.asarray(self._matrix @ _unit(np.asarray(query_vector, dtype=np.float32)))
+
+    def search(
+        self,
+        query: str,
+        limit: int,
+        query_vector: Sequence[float] | None = None,
+        allowed: Callable[[ToolDoc], bool] | None = None,
+        method: str = "hybrid",
+    ) -> list[Hit]:
+        """The best `limit` tools for `query`, best first. `method`: "hybrid", "bm25" or "dense"
+        (dense and hybrid need `query_vector` and every tool embedded; else BM25 alone)."""
+        if not self.docs:
+            return []
+        mask = np.array([allowed(doc) for doc in self.docs]) if allowed is not None else np.ones(len(self.docs), bool)
+        keyword = self.keyword_scores(query) if method != "dense" else None
+        dense = self.dense_scores(query_vector) if query_vector is not None and method != "bm25" else None
+        if dense is None:
+            if keyword is None:
+                keyword = self.keyword_scores(query)
+            return self._top(np.where(mask & (keyword > 0), keyword, -np.inf), limit)
+        if keyword is None:
+            return self._top(np.where(mask, dense, -np.inf), limit)
+        fused = np.zeros(len(self.docs), dtype=np.float64)
+        for ranking in (
+            _ranking(np.where(mask & (keyword > 0), keyword, -np.inf)),
+            _ranking(np.where(mask, dense, -np.inf), DENSE_DEPTH),
+        ):
+            for rank, index in enumerate(ranking):
+                fused[index] += 1.0 / (RRF_K + rank + 1)
+        return self._top(np.where(mask & (fused > 0), fused, -np.inf), limit)
+
+    def _top(self, scores: np.ndarray, limit: int) -> list[Hit]:
+        return [Hit(self.docs[index], float(scores[index])) for index in _ranking(scores, limit)]
+
+
+def _ranking(scores: np.ndarray, depth: int | None = None) -> list[int]:
+    """Indices of the finite scores, best first (ties: catalog order), at most `depth`."""
+    order = np.argsort(-scores, kind="stable")
+    order = order[np.isfinite(scores[order])]
+    return [int(index) for index in (order if depth is None else order[:depth])]
+
+
+def _unit(vector: np.ndarray) -> np.ndarray:
+    norm = float(np.linalg.norm(vector))
+    return vector / norm if norm > 0 else vector

@@ -1,0 +1,235 @@
+"""Tool search (`mux_search_tools`, `mux_call_tool`, search mode) through real clients and real upstreams.
+
+The client tests run `mcpmux serve` over stdio with inference off (BM25 alone: the embedding model
+would cost tens of seconds of CPU per process here); the hybrid ranking and the embedding cache are
+tested in-process with the real MiniLM.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from mcp import Client
+
+from mcpmux.core.config import config_from_dict
+from mcpmux.mux.multiplexer import Mux
+from tests.e2e.conftest import demo, mux_over_stdio, text_of, write_config
+
+pytestmark = pytest.mark.anyio
+
+TIME_SERVER = {"command": sys.executable, "args": ["-m", "mcp_server_time", "--local-timezone", "UTC"]}
+OWN = {"mux_parallel", "mux_batch", "mux_pipeline", "mux_search_tools", "mux_call_tool"}
+
+
+@pytest.fixture(scope="module")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """MCPMUX_HOME in a temporary folder, so the embedding cache of one test run starts empty."""
+    folder = tmp_path_factory.mktemp("mcpmux-home")
+    before = os.environ.get("MCPMUX_HOME")
+    os.environ["MCPMUX_HOME"] = str(folder)
+    yield folder
+    if before is None:
+        del os.environ["MCPMUX_HOME"]
+    else:
+        os.environ["MCPMUX_HOME"] = before
+
+
+@pytest.fixture(scope="module")
+async def client(tmp_path_factory: pytest.TempPathFactory, home: Path) -> AsyncIterator[Client]:
+    config = write_config(
+        tmp_path_factory.mktemp("search") / "mcp.json",
+        {"alpha": demo("alpha"), "beta": demo("beta"), "time": TIME_SERVER},
+        tool_search="on",
+        pinned_tools=["alpha__ec*"],
+    )
+    raw = config.read_text().replace('"mux"', '"inference": {"backend": "off"}, "mux"')
+    config.write_text(raw)
+    async with mux_over_stdio(config) as connected:
+        yield connected
+
+
+def _names(result: Any) -> list[str]:
+    return [item["name"] for item in (result.structured_content or {})["tools"]]
+
+
+async def test_search_mode_lists_only_mcpmuxs_own_tools_and_the_pinned_ones(client: Client) -> None:
+    tools = {tool.name: tool for tool in (await client.list_tools()).tools}
+    assert set(tools) == OWN | {"alpha__echo"}
+    search = tools["mux_search_tools"]
+    assert search.output_schema is not None
+    assert search.output_schema["properties"]["tools"]["items"]["required"] == [
+        "name",
+        "description",
+        "inputSchema",
+        "score",
+    ]
+    assert search.input_schema["properties"]["limit"]["maximum"] == 50
+    assert len(search.description or "") < 700  # short enough to list on every turn
+
+
+async def test_search_answers_in_the_documented_shape_best_first(client: Client) -> None:
+    result = await client.call_tool("mux_search_tools", {"query": "current time in Tokyo", "limit": 3})
+    assert not result.is_error
+    tools = (result.structured_content or {})["tools"]
+    assert len(tools) <= 3
+    assert tools[0]["name"] == "time__get_current_time"
+    assert set(tools[0]) == {"name", "description", "inputSchema", "score"}
+    assert "timezone" in tools[0]["inputSchema"]["properties"]
+    scores = [item["score"] for item in tools]
+    assert scores == sorted(scores, reverse=True)
+    text = text_of(result)
+    assert "1. time__get_current_time" in text
+    assert "mux_call_tool" in text
+    assert '"timezone"' in text  # the schema is in the text too, for clients that show only text
+
+
+async def test_servers_globs_narrow_the_search(client: Client) -> None:
+    everywhere = await client.call_tool("mux_search_tools", {"query": "add two integers", "limit": 10})
+    assert {"alpha__add", "beta__add"} <= set(_names(everywhere))
+    only_beta = await client.call_tool("mux_search_tools", {"query": "add two integers", "servers": ["be*"]})
+    assert _names(only_beta)[0] == "beta__add"
+    assert all(name.startswith("beta__") for name in _names(only_beta))
+
+
+async def test_a_query_matching_nothing_says_what_to_do(client: Client) -> None:
+    result = await client.call_tool("mux_search_tools", {"query": "zyxxy quuxifier"})
+    assert not result.is_error
+    assert (result.structured_content or {})["tools"] == []
+    assert "search again with other words" in text_of(result)
+
+
+async def test_malformed_search_requests_name_the_field(client: Client) -> None:
+    result = await client.call_tool("mux_search_tools", {"query": "time", "limit": 0})
+    assert result.is_error
+    assert "limit" in text_of(result)
+    result = await client.call_tool("mux_search_tools", {"limit": 3})
+    assert result.is_error
+    assert "query" in text_of(result)
+
+
+async def test_call_tool_calls_an_unlisted_tool_like_a_direct_call(client: Client) -> None:
+    through = await client.call_tool("mux_call_tool", {"tool": "alpha__add", "arguments": {"a": 20, "b": 22}})
+    direct = await client.call_tool("alpha__add", {"a": 20, "b": 22})
+    assert not through.is_error
+    assert through.structured_content == direct.structured_content == {"result": 42}
+    failed = await client.call_tool("mux_call_tool", {"tool": "alpha__fail", "arguments": {"reason": "on purpose"}})
+    assert failed.is_error
+    assert text_of(failed) == text_of(await client.call_tool("alpha__fail", {"reason": "on purpose"}))
+
+
+async def test_call_tool_words_its_refusals(client: Client) -> None:
+    unknown = await client.call_tool("mux_call_tool", {"tool": "alpha__ad", "arguments": {}})
+    assert unknown.is_error
+    assert "unknown tool 'alpha__ad'" in text_of(unknown)
+    assert "alpha__add" in text_of(unknown)  # the catalog's suggestion
+    assert "mux_search_tools" in text_of(unknown)
+    meta = await client.call_tool("mux_call_tool", {"tool": "mux_search_tools", "arguments": {"query": "x"}})
+    assert meta.is_error
+    assert "call it directly" in text_of(meta)
+    bad = await client.call_tool("mux_call_tool", {"arguments": {}})
+    assert bad.is_error
+    assert "tool" in text_of(bad)
+
+
+async def test_a_tool_added_upstream_is_found_after_list_changed(client: Client) -> None:
+    await client.call_tool("alpha__add_tool", {"name": "reticulate_splines"})
+    with anyio.fail_after(20):
+        while True:
+            result = await client.call_tool("mux_search_tools", {"query": "reticulate splines", "limit": 1})
+            if _names(result) == ["alpha__reticulate_splines"]:
+                break
+            await anyio.sleep(0.1)
+    called = await client.call_tool("mux_call_tool", {"tool": "alpha__reticulate_splines"})
+    assert text_of(called) == "reticulate_splines works"
+
+
+# -- in-process: modes, the real embedding model, the cache ---------------------------------------------
+
+
+def _config(**mux: Any) -> Any:
+    return config_from_dict(
+        {"mcpServers": {"alpha": demo("alpha"), "time": TIME_SERVER}, "inference": {"backend": "off"}, "mux": mux}
+    )
+
+
+async def test_auto_mode_turns_on_past_the_threshold(home: Path) -> None:
+    async with Mux(_config(tool_search="auto", tool_search_threshold=5)) as mux:
+        assert {tool.name for tool in mux.listed_tools()} == OWN
+    async with Mux(_config(tool_search="auto")) as mux:  # 40: the demo and time servers list fewer
+        listed = {tool.name for tool in mux.listed_tools()}
+        assert "alpha__echo" in listed
+        assert "time__get_current_time" in listed
+        assert not listed & {"mux_search_tools", "mux_call_tool"}
+        # Below the threshold the search tools are not listed, yet they still answer.
+        result = await mux.call_tool("mux_search_tools", {"query": "current time"})
+        assert (result.structured_content or {})["tools"][0]["name"] == "time__get_current_time"
+
+
+async def test_off_serves_neither_search_tool(home: Path) -> None:
+    async with Mux(_config(tool_search="off")) as mux:
+        assert mux.tool_search is None
+        assert not {tool.name for tool in mux.list_tools()} & {"mux_search_tools", "mux_call_tool"}
+
+
+async def test_bm25_alone_is_logged_once_when_embeddings_are_off(home: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="mcpmux.tools.search")
+    async with Mux(_config(tool_search="on")) as mux:
+        assert mux.tool_search is not None
+        with anyio.fail_after(10):
+            await mux.tool_search.indexed.wait()
+        await mux.tool_search.search("time")
+        await mux.tool_search.search("echo")
+        assert mux.tool_search.method() == "BM25"
+    said = [record.getMessage() for record in caplog.records if "BM25 alone" in record.getMessage()]
+    assert len(said) == 1
+    assert '[inference] backend is "off"' in said[0]
+
+
+@pytest.mark.slow
+async def test_hybrid_ranking_with_the_real_minilm_and_a_warm_restart(home: Path) -> None:
+    """The embedded MiniLM embeds the catalog once; a second start finds every vector on disk."""
+    config = config_from_dict(
+        {
+            "mcpServers": {"alpha": demo("alpha"), "time": TIME_SERVER},
+            "inference": {"backend": "local"},
+            "mux": {"tool_search": "on"},
+        }
+    )
+    async with Mux(config) as mux:
+        search = mux.tool_search
+        assert search is not None
+        search.query_timeout = 120.0  # the first query may wait for the model on a loaded machine
+        with anyio.fail_after(240):
+            await search.indexed.wait()
+        assert search.index.dense_ready
+        assert search.index.embedded_texts == len(search.index.docs) > 10
+        assert search.method() == "BM25 + embeddings"
+        # Worded away from the descriptions: BM25 alone finds nothing, the embeddings find the tool.
+        for query, best in [("will it rain in Berlin tomorrow", "alpha__get_weather"), ("plus 3 and 4", "alpha__add")]:
+            assert search.index.search(query, 3, method="bm25") == []
+            assert (await search.search(query, 3))[0].doc.name.startswith(best), query
+        hits = await search.search("sum two integers", 3)
+        assert hits[0].doc.name == "alpha__add"
+        result = await mux.call_tool("mux_search_tools", {"query": "weather forecast for a city", "limit": 2})
+        assert (result.structured_content or {})["tools"][0]["name"].startswith("alpha__get_weather")
+        assert "(BM25 + embeddings)" in text_of(result)
+    async with Mux(config) as mux:
+        search = mux.tool_search
+        assert search is not None
+        with anyio.fail_after(240):
+            await search.indexed.wait()
+        assert search.index.dense_ready
+        assert search.index.embedded_texts == 0  # all from the disk cache
+    assert list((home / "cache" / "tool-embeddings").rglob("*.f32"))

@@ -114,7 +114,8 @@ def test_priority_batch_form_and_sampling_come_from_the_server_config() -> None:
     assert plan.batch is not None
     assert plan.batch.batch_tool == "get_many"
     assert plan.asks_client
-    assert not _plan({"sampling": {"policy": "local"}}).asks_client
+    assert not _plan({"sampling": {"policy": "local"}, "elicitation": {"policy": "decline"}}).asks_client
+    assert _plan({"sampling": {"policy": "local"}}).asks_client  # the upstream may still ask the client to elicit
     assert _plan({}).asks_client  # the default policy, client-then-local, asks the client first
 
 

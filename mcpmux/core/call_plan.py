@@ -13,8 +13,8 @@ Every front and both ways of serving a call (the SDK path's `UpstreamDispatcher`
   globs and `[servers.X.cache] enabled = false` turn both off.
 - **batch**: the list form (`[[servers.X.batch]]`) it merges into, if any.
 - **priority**: its `[servers.X.priorities]` entry.
-- **asks_client**: whether its upstream may ask the calling client for sampling; the call then goes
-  where that request can be answered.
+- **asks_client**: whether its upstream may ask the calling client for sampling or elicitation; the
+  call then goes where that request can be answered.
 - **slow**: why it cannot be relayed raw (None: it can); such a call is served through the SDK.
 """
 
@@ -82,7 +82,7 @@ def plan_tool(tool: str, listed: types.Tool | None, server: ServerConfig, mux: M
         coalesce=cache is not None or (repeatable and not denied),
         batch=batch,
         priority=priority_for(server.priorities, tool),
-        asks_client=server.sampling.asks_client,
+        asks_client=server.sampling.asks_client or server.elicitation.policy == "client",
         slow=None,
     )
     slow = _slow_reason(plan, listed, mux)

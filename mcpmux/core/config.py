@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from mcpmux.core.server_policy import BatchForm, CacheSettings, LimitSettings
+from mcpmux.core.server_policy import BatchForm, CacheSettings, ElicitationSettings, LimitSettings, RootEntry
 from mcpmux.errors import ConfigError
 from mcpmux.inference.serving.settings import InferenceSettings, SamplingSettings
 
@@ -56,6 +56,9 @@ class ServerConfig(_Model):
     cache: CacheSettings = Field(default_factory=CacheSettings)
     batch: list[BatchForm] = Field(default_factory=list)
     sampling: SamplingSettings = Field(default_factory=SamplingSettings)
+    elicitation: ElicitationSettings = Field(default_factory=ElicitationSettings)
+    roots: list[RootEntry] | None = None
+    """What `roots/list` from this upstream gets when no client's roots apply; None takes `[mux] roots`."""
 
     @model_validator(mode="before")
     @classmethod
@@ -125,6 +128,8 @@ class MuxSettings(_Model):
     """Seconds SIGTERM/SIGINT lets calls in flight finish before cancelling them."""
     sampling_round_timeout: float = Field(default=30.0, gt=0)
     """Seconds a 2026 client has to answer an input-required sampling round (docs/sampling_forward.md)."""
+    roots: list[RootEntry] = Field(default_factory=list)
+    """What `roots/list` from an upstream gets when no client's roots apply (`[servers.X] roots` wins)."""
 
     @field_validator("separator")
     @classmethod

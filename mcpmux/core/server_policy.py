@@ -24,15 +24,23 @@ tool = "get_weather"
 batch_tool = "get_weather_many"
 argument = "location"           # the single form's argument that varies ...
 list_argument = "locations"     # ... passed in order as this list to the batch form
+
+[servers.weather.elicitation]   # the upstream's elicitation/create (form and url modes)
+policy = "client"               # "client": the client whose call caused it; "decline": always declined
+timeout = 300.0                 # seconds the client has to answer before the upstream gets an error
+
+[servers.weather]
+roots = ["file:///home/me/project"]   # answers roots/list when no client's roots apply ([mux] roots too)
 ```
 """
 
 from __future__ import annotations
 
 import fnmatch
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class _Model(BaseModel):
@@ -57,6 +65,36 @@ class CacheSettings(_Model):
     deny: list[str] = Field(default_factory=list)
     ttl: float = Field(default=30.0, gt=0)
     scope: Literal["shared", "client"] = "shared"
+
+
+class ElicitationSettings(_Model):
+    policy: Literal["client", "decline"] = "client"
+    """`client`: forwarded to the client whose call caused it (declined when it cannot answer); `decline`: declined."""
+    timeout: float = Field(default=300.0, gt=0)
+    """Seconds a client has to answer a forwarded elicitation (a person reads and types)."""
+
+
+class RootEntry(_Model):
+    """One root mcpmux answers `roots/list` with: a `file://` URI, and a name for people."""
+
+    uri: str
+    name: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_string(cls, data: Any) -> Any:
+        if isinstance(data, str):
+            return {"uri": data}
+        return data
+
+    @field_validator("uri")
+    @classmethod
+    def _check_uri(cls, value: str) -> str:
+        if value.startswith("/"):
+            return Path(value).as_uri()
+        if not value.startswith("file://"):
+            raise ValueError(f"a root must be a file:// URI or an absolute path, got {value!r}")
+        return value
 
 
 class BatchForm(_Model):

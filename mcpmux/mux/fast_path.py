@@ -595,11 +595,14 @@ def decode(data: str | bytes) -> Any:
 
 
 def sampling_declared(capabilities: object) -> bool:
-    """Whether a client's capabilities (raw JSON) declare sampling. A malformed value counts as yes:
-    its calls then take the SDK path, which words any refusal."""
+    """Whether a client's capabilities (raw JSON) declare sampling or elicitation, which an upstream may
+    ask of the calling client (`mcpmux.server.client_relay`). A malformed value counts as yes: its
+    calls then take the SDK path, which words any refusal."""
     if capabilities is None:
         return False
-    return not isinstance(capabilities, dict) or capabilities.get("sampling") is not None
+    if not isinstance(capabilities, dict):
+        return True
+    return capabilities.get("sampling") is not None or capabilities.get("elicitation") is not None
 
 
 def _dump(error: types.ErrorData) -> dict[str, Any]:

@@ -40,6 +40,7 @@ from mcpmux.errors import (
 )
 from mcpmux.inference.serving.sampling_bridge import SamplingBridge
 from mcpmux.mux.catalog import Catalog, Route
+from mcpmux.mux.client_requests import ClientRequests
 from mcpmux.mux.dispatcher import UpstreamDispatcher
 from mcpmux.mux.reload import ReloadReport, UpstreamLifetime, reload_mux
 from mcpmux.tools.base import Caller, LocalTool
@@ -69,6 +70,8 @@ class Mux:
         self._events = UpstreamEvents(listing_changed=self._on_listing_changed, log=self._on_log)
         # Upstream sampling requests go to the bridge, which answers under each server's policy.
         self.sampling = SamplingBridge()
+        # Upstream elicitation and roots requests, answered under each server's settings.
+        self.client_requests = ClientRequests()
         self.inference: InferenceService | None = None  # started on entry when [inference] backend != "off"
         self.upstreams: dict[str, Upstream] = {}
         self.cache: ResultCache[types.CallToolResult] = ResultCache(
@@ -183,7 +186,19 @@ class Mux:
         return await self.calls.drain(grace, skip)
 
     def _add_upstream(self, name: str, server: ServerConfig) -> None:
-        events = replace(self._events, sampling=self.sampling.callback(name, server.sampling))
+        requests = self.client_requests
+        events = replace(
+            self._events,
+            sampling=self.sampling.callback(name, server.sampling),
+            sampling_tools=server.sampling.asks_client,
+            elicitation=requests.elicitation_callback(name, server.elicitation),
+            list_roots=requests.roots_callback(
+                name,
+                server.roots if server.roots is not None else self.config.mux.roots,
+                server.timeout or self.config.mux.call_timeout,
+            ),
+            elicitation_complete=requests.elicitation_complete,
+        )
         upstream = Upstream(name, server, self.config.mux, events)
         self.upstreams[name] = upstream
         self.dispatchers[name] = UpstreamDispatcher(
@@ -226,6 +241,11 @@ class Mux:
         self.catalog.rebuild(self.upstreams.values(), self.local_tools)
         for listener in list(self._change_listeners):
             await listener()
+
+    async def roots_changed(self) -> None:
+        """A client's roots changed (or a client with roots connected): every upstream is told."""
+        for upstream in list(self.upstreams.values()):
+            await upstream.roots_changed()
 
     async def _on_log(self, upstream: str, params: types.LoggingMessageNotificationParams) -> None:
         logger.info("[%s] %s: %s", upstream, params.level, params.data)

@@ -33,7 +33,6 @@ from mcp.server.subscriptions import (
 )
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
-from mcp.shared.message import ServerMessageMetadata
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from sse_starlette.sse import AppStatus
 from starlette.types import ASGIApp
@@ -43,6 +42,7 @@ from mcpmux.core.metrics import metrics_route
 from mcpmux.errors import MuxError, UnknownToolError, UpstreamError
 from mcpmux.mux.fast_path import FastPath
 from mcpmux.mux.multiplexer import Mux
+from mcpmux.server.client_relay import ClientRelay
 from mcpmux.server.edge_policy import EdgePolicy
 from mcpmux.server.http_batch import BatchArrayMiddleware
 from mcpmux.server.http_edge import HttpEdge
@@ -75,6 +75,9 @@ class _MuxServer(Server[Any]):
         return super().create_initialization_options(
             notification_options or everything, experimental_capabilities, extensions
         )
+
+
+_LOG_ORDER: list[types.LoggingLevel] = ["debug", "info", "notice", "warning", "error", "critical", "alert", "emergency"]
 
 
 def _page(items: list[T], cursor: str | None, size: int) -> tuple[list[T], str | None]:
@@ -134,6 +137,18 @@ class Frontend:
         mux.on_catalog_changed(self._announce_changes)
         mux.on_log(self._relay_log)
         mux.sampling.client_sampler = self._sample_via_client
+        # Upstream sampling, elicitation and roots requests go to the client whose call caused them.
+        self.relay = ClientRelay(self._callers, self.rounds, self._connections)
+        requests = mux.client_requests
+        requests.asker, requests.noter = self.relay.ask, self.relay.note
+        requests.complete_listener = self.relay.elicitation_complete
+        # Added here, not passed to the constructor: that warns (logging and roots are deprecated in 2026-07-28).
+        self._log_levels: weakref.WeakKeyDictionary[Connection, types.LoggingLevel] = weakref.WeakKeyDictionary()
+        self.server.add_request_handler("logging/setLevel", types.SetLevelRequestParams, self._set_log_level)
+        self.server.add_notification_handler("notifications/initialized", types.NotificationParams, self._initialized)
+        self.server.add_notification_handler(
+            "notifications/roots/list_changed", types.NotificationParams, self._roots_changed
+        )
 
     def _seen(self, ctx: Any) -> ServerSession:
         session: ServerSession = ctx.session
@@ -197,15 +212,21 @@ class Frontend:
 
             callers[session] = ctx.request_id
             try:
-                return await self.mux.call_tool(
+                result = await self.mux.call_tool(
                     params.name,
                     params.arguments,
                     progress=relay_progress,
                     client=self._client_id(session),
                     client_name=_client_name(session),
                 )
+                notes = self.relay.take_notes(session, ctx.request_id)  # e.g. why an elicitation was declined
+                if notes:
+                    blocks = [types.TextContent(type="text", text=note) for note in notes]
+                    result = result.model_copy(update={"content": [*result.content, *blocks]})
+                return result
             finally:
                 callers.pop(session, None)
+                self.relay.take_notes(session, ctx.request_id)
 
         def parked(call_: ParkedCall) -> Awaitable[types.CallToolResult]:
             return call(lambda: call_.current)
@@ -263,10 +284,15 @@ class Frontend:
         try:
             callers = list(self._callers.get(upstream, {}).items())
             for session, request_id in callers:
-                await session.send_log_message(params.level, params.data, logger=name, related_request_id=request_id)
+                if self._hears(getattr(session, "_connection", None), params.level):
+                    await session.send_log_message(
+                        params.level, params.data, logger=name, related_request_id=request_id
+                    )
             if not callers:
                 for connection in list(self._connections):
-                    if connection.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+                    if connection.protocol_version not in MODERN_PROTOCOL_VERSIONS and self._hears(
+                        connection, params.level
+                    ):
                         await connection.log(params.level, params.data, logger=name)
         except Exception as err:  # see _announce_changes
             logger.debug("could not relay a log message: %s", err)
@@ -274,29 +300,41 @@ class Frontend:
     async def _sample_via_client(
         self, upstream: str, params: types.CreateMessageRequestParams
     ) -> types.CreateMessageResult | types.CreateMessageResultWithTools | None:
-        """Forward an upstream's sampling request to a client whose call on that upstream is in flight.
+        """Forward an upstream's sampling request to the client whose call caused it (`ClientRelay`):
+        a 2025 session by a pushed request, a 2026-07-28 client in its parked call's next round.
+        None when there is no such client."""
+        answer: types.CreateMessageResult | types.CreateMessageResultWithTools | None
+        answer = await self.relay.ask(upstream, types.CreateMessageRequest(params=params), None)
+        return answer
 
-        Nothing in the protocol says which call caused the request, so when several clients have calls
-        in flight the most recent one that declared sampling is asked: a 2025 session by a pushed
-        request, a 2026-07-28 client (no back channel) in its parked call's next input-required round.
-        None when there is no such client.
-        """
-        for session, request_id in reversed(list(self._callers.get(upstream, {}).items())):
-            capabilities = session.client_capabilities
-            if capabilities is None or capabilities.sampling is None:
-                continue
-            parked = self.rounds.call_of(session)
-            if parked is not None:
-                return await parked.ask(params)
-            if not session.can_send_request:
-                continue
-            # The upstream's params go as they are; related_request_id rides the caller's own stream on HTTP.
-            request = types.CreateMessageRequest(params=params)
-            metadata = ServerMessageMetadata(related_request_id=request_id)
-            if params.tools:
-                return await session.send_request(request, types.CreateMessageResultWithTools, metadata=metadata)
-            return await session.send_request(request, types.CreateMessageResult, metadata=metadata)
-        return None
+    # -- logging levels and roots (2025 sessions) ------------------------------------------------
+
+    async def _set_log_level(self, ctx: Any, params: types.SetLevelRequestParams) -> types.EmptyResult:
+        """`logging/setLevel`: this client hears upstream logs at `level` and above (each client its own)."""
+        self._seen(ctx)
+        self._log_levels[ctx.session._connection] = params.level
+        return types.EmptyResult()
+
+    def _hears(self, connection: Connection | None, level: types.LoggingLevel) -> bool:
+        """Whether a client hears a log at `level`: everything until it sets a level with `logging/setLevel`.
+        A fast-path stand-in has no connection: on stdio (one client) it hears at that client's level."""
+        if connection is None:
+            known = list(self._connections)
+            connection = known[0] if len(known) == 1 else None
+        wanted = self._log_levels.get(connection) if connection is not None else None
+        return wanted is None or _LOG_ORDER.index(level) >= _LOG_ORDER.index(wanted)
+
+    async def _initialized(self, ctx: Any, params: types.NotificationParams) -> None:
+        """A 2025 client is ready; one that declared roots may change what upstreams' `roots/list` gets."""
+        session = self._seen(ctx)
+        capabilities = session.client_capabilities
+        if capabilities is not None and capabilities.roots is not None:
+            await self.mux.roots_changed()
+
+    async def _roots_changed(self, ctx: Any, params: types.NotificationParams) -> None:
+        """`notifications/roots/list_changed` from a client: passed on to every upstream."""
+        self._seen(ctx)
+        await self.mux.roots_changed()
 
     # -- transports ------------------------------------------------------------------------------
 

@@ -26,7 +26,7 @@ import httpx2
 import mcp_types as types
 from anyio.abc import TaskGroup
 from mcp import Client
-from mcp.client.session import SamplingFnT
+from mcp.client.session import ElicitationFnT, ListRootsFnT, SamplingFnT
 from mcp.shared.exceptions import MCPError
 from mcp_types.jsonrpc import CONNECTION_CLOSED
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
@@ -60,6 +60,13 @@ class UpstreamEvents:
     log: Callable[[str, types.LoggingMessageNotificationParams], Awaitable[None]]
     # Answers this upstream's sampling/createMessage (both eras); None declares no sampling capability.
     sampling: SamplingFnT | None = None
+    # Declares `sampling.tools` too: the calling client may answer a request that carries tools.
+    sampling_tools: bool = False
+    # Answer elicitation/create (form and url) and roots/list; None declares no such capability.
+    elicitation: ElicitationFnT | None = None
+    list_roots: ListRootsFnT | None = None
+    # `notifications/elicitation/complete` from this upstream (a url-mode elicitation finished).
+    elicitation_complete: Callable[[str, types.ElicitCompleteNotificationParams], Awaitable[None]] | None = None
 
 
 @dataclass(slots=True)
@@ -225,6 +232,11 @@ class Upstream:
             mode=self.config.protocol,
             logging_callback=self._on_log,
             sampling_callback=self.events.sampling,
+            sampling_capabilities=types.SamplingCapability(tools=types.SamplingToolsCapability())
+            if self.events.sampling_tools
+            else None,
+            elicitation_callback=self.events.elicitation,  # declares elicitation, form and url modes
+            list_roots_callback=self.events.list_roots,  # declares roots, with listChanged
             log_level="debug",  # 2026 servers log only to requests that opt in; mcpmux relays what clients want
             message_handler=self._on_message,
             cache=None,
@@ -264,6 +276,18 @@ class Upstream:
             | types.ResourceListChangedNotification,
         ):
             await self._refresh()
+        elif isinstance(message, types.ElicitCompleteNotification) and self.events.elicitation_complete is not None:
+            await self.events.elicitation_complete(self.name, message.params)
+
+    async def roots_changed(self) -> None:
+        """Tell the server the roots mcpmux answers `roots/list` with may have changed (best effort)."""
+        client = self._client
+        if client is None or client.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            return  # 2026-07-28 has no client notifications: roots travel with each request there
+        try:
+            await client.session.send_notification(types.RootsListChangedNotification())
+        except Exception as err:  # a connection going away must not stop the others hearing of it
+            logger.debug("upstream %r: could not send roots/list_changed: %s", self.name, err)
 
     @property
     def client(self) -> Client | None:

@@ -1,0 +1,424 @@
+"""Upstream requests to the client through mcpmux: elicitation (form and url), roots, logging levels.
+
+Real parts only: npm `server-everything` (2025-11-25) through `mcpmux serve` (stdio and HTTP fronts)
+compared with the same server connected directly, by a real `mcp.Client` that declares elicitation
+and roots; and this module run as an SDK 2.3 server (`python -m tests.e2e.test_client_requests`,
+forced to 2025-11-25 with `protocol = "legacy"`) for what server-everything lacks: completion
+notifications, timeouts, configured roots, list_changed counts, log levels.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import mcp_types as types
+import pytest
+from mcp import Client
+from mcp.client.session import ClientRequestContext
+from mcp.client.stdio import StdioServerParameters
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.shared.exceptions import MCPError
+
+from mcpmux import Mux
+from mcpmux.mux.client_requests import REASON_META
+from mcpmux.server.client_relay import can_answer
+from mcpmux.server.edge_policy import EdgePolicy
+from mcpmux.server.frontend import Frontend, bind
+from tests.e2e.conftest import EVERYTHING, ROOT, everything_available, mux_over_http, mux_over_stdio, text_of
+
+# -- the upstream server (this module run with -m) ---------------------------------------------------
+
+upstream = MCPServer("asks-the-client")
+roots_changes: list[int] = []
+SCHEMA: types.ElicitRequestedSchema = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "title": "Name"}},
+    "required": ["name"],
+}
+
+
+@upstream.tool()
+async def form(message: str, ctx: Context) -> dict[str, Any]:
+    """Ask the user a form; return their answer."""
+    answer = await ctx.session.elicit_form(message, SCHEMA, related_request_id=ctx.request_id)
+    return {"action": answer.action, "content": answer.content, "meta": answer.meta}
+
+
+@upstream.tool()
+async def url(address: str, elicitation_id: str, ctx: Context) -> str:
+    """Send the user to a URL, then say the flow completed (notifications/elicitation/complete)."""
+    answer = await ctx.session.elicit_url("Open this to sign in.", address, elicitation_id, ctx.request_id)
+    if answer.action == "accept":
+        await ctx.session.send_elicit_complete(elicitation_id, ctx.request_id)
+    return answer.action
+
+
+@upstream.tool()
+async def roots(ctx: Context) -> list[str]:
+    """The roots the client gives."""
+    listed = await ctx.session.list_roots()
+    return [str(root.uri) for root in listed.roots]
+
+
+@upstream.tool()
+def roots_changed() -> int:
+    """How many notifications/roots/list_changed arrived."""
+    return len(roots_changes)
+
+
+@upstream.tool()
+async def logs(ctx: Context) -> str:
+    """Log once at each of four levels during the call."""
+    for level in ("debug", "info", "warning", "error"):
+        await ctx.session.send_log_message(level, f"at {level}", related_request_id=ctx.request_id)
+    return "logged"
+
+
+async def _count_roots_change(ctx: Any, params: types.NotificationParams) -> None:
+    roots_changes.append(1)
+
+
+upstream._lowlevel_server.add_notification_handler(
+    "notifications/roots/list_changed", types.NotificationParams, _count_roots_change
+)
+
+# -- tests ---------------------------------------------------------------------------------------------
+
+pytestmark = pytest.mark.anyio
+PY = sys.executable
+ROOT_URI = "file:///home/user/project"
+CONFIGURED_ROOT = "file:///srv/configured"
+needs_everything = pytest.mark.skipif(not everything_available(), reason="server-everything is not installed")
+
+
+@pytest.fixture(scope="module")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+class Person:
+    """The client side: answers elicitations (accepting forms with a name, urls as opened) and gives roots."""
+
+    def __init__(self, action: str = "accept", delay: float = 0.0) -> None:
+        self.action = action
+        self.delay = delay
+        self.asked: list[types.ElicitRequestParams] = []
+        self.completed: list[str] = []
+        self.cancelled: list[str] = []
+
+    async def elicit(self, context: ClientRequestContext, params: types.ElicitRequestParams) -> types.ElicitResult:
+        self.asked.append(params)
+        try:
+            await anyio.sleep(self.delay)
+        except anyio.get_cancelled_exc_class():
+            self.cancelled.append(params.message)
+            raise
+        if self.action != "accept":
+            return types.ElicitResult(action=self.action)  # type: ignore[arg-type]
+        if isinstance(params, types.ElicitRequestURLParams):
+            return types.ElicitResult(action="accept")
+        return types.ElicitResult(action="accept", content=_answers(params.requested_schema))
+
+    async def sample(
+        self, context: ClientRequestContext, params: types.CreateMessageRequestParams
+    ) -> types.CreateMessageResult:
+        reply = types.TextContent(type="text", text="a reply")
+        return types.CreateMessageResult(role="assistant", content=reply, model="person", stop_reason="endTurn")
+
+    async def roots(self, context: ClientRequestContext) -> types.ListRootsResult:
+        return types.ListRootsResult(roots=[types.Root(uri=ROOT_URI, name="project")])  # type: ignore[arg-type]
+
+    async def messages(self, message: Any) -> None:
+        if isinstance(message, types.ElicitCompleteNotification):
+            self.completed.append(message.params.elicitation_id)
+
+    def client_args(self) -> dict[str, Any]:
+        return {
+            "elicitation_callback": self.elicit,
+            "sampling_callback": self.sample,
+            "list_roots_callback": self.roots,
+            "message_handler": self.messages,
+        }
+
+
+def _answers(schema: dict[str, Any]) -> dict[str, Any]:
+    """A valid answer for each property of a requested schema (what a person would type)."""
+    out: dict[str, Any] = {}
+    for key, prop in schema.get("properties", {}).items():
+        kind = prop.get("type")
+        if "enum" in prop:
+            out[key] = prop["enum"][0]
+        elif "oneOf" in prop:
+            out[key] = prop["oneOf"][0]["const"]
+        elif kind == "boolean":
+            out[key] = True
+        elif kind in ("number", "integer"):
+            out[key] = prop.get("minimum", 1)
+        elif kind == "array":
+            items = prop.get("items", {})
+            choices = items.get("enum") or [choice["const"] for choice in items.get("anyOf", [])]
+            out[key] = choices[:1]
+        elif prop.get("format") == "email":
+            out[key] = "ada@example.com"
+        elif prop.get("format") == "uri":
+            out[key] = "https://example.com"
+        elif prop.get("format") == "date":
+            out[key] = "1815-12-10"
+        else:
+            out[key] = prop.get("default", "Ada")
+    return out
+
+
+def _everything_table() -> dict[str, Any]:
+    return {"command": "node", "args": [str(EVERYTHING), "stdio"]}
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def _everything_config(folder: Path) -> Path:
+    return _write(
+        folder / "everything.toml",
+        f'[inference]\nbackend = "off"\n[servers.everything]\ncommand = "node"\nargs = ["{EVERYTHING}", "stdio"]\n',
+    )
+
+
+async def _direct_everything(person: Person) -> AsyncIterator[Client]:
+    params = StdioServerParameters(command="node", args=[str(EVERYTHING), "stdio"], env=dict(os.environ))
+    async with Client(params, **person.client_args()) as client:
+        yield client
+
+
+PREFIX = "everything__"
+CAPABILITY_TOOLS = {"get-roots-list", "trigger-elicitation-request", "trigger-url-elicitation"}
+
+
+async def _everything_answers(client: Client, prefix: str) -> dict[str, str]:
+    """What the capability tools of server-everything answer one client (roots, form, url)."""
+    await anyio.sleep(0.5)  # server-everything asks for roots 350 ms after it is initialized
+    out: dict[str, str] = {}
+    out["roots"] = text_of(await client.call_tool(f"{prefix}get-roots-list", {}))
+    out["form"] = text_of(await client.call_tool(f"{prefix}trigger-elicitation-request", {}))
+    arguments = {"url": "https://example.com/login", "elicitationId": "fixed-id"}
+    out["url"] = text_of(await client.call_tool(f"{prefix}trigger-url-elicitation", arguments))
+    return out
+
+
+@needs_everything
+@pytest.mark.parametrize("front", ["stdio", "http"])
+async def test_server_everything_through_mcpmux_equals_direct(tmp_path: Path, front: str) -> None:
+    direct_person, mux_person = Person(), Person()
+    async for direct in _direct_everything(direct_person):
+        direct_tools = {tool.name for tool in (await direct.list_tools()).tools}
+        direct_answers = await _everything_answers(direct, "")
+    assert direct_tools >= CAPABILITY_TOOLS
+    config = _everything_config(tmp_path)
+    if front == "stdio":
+        async with mux_over_stdio(config, mode="legacy", **mux_person.client_args()) as client:
+            mux_tools = {tool.name for tool in (await client.list_tools()).tools}
+            mux_answers = await _everything_answers(client, PREFIX)
+    else:
+        with mux_over_http(config) as address:
+            async with Client(address, mode="legacy", **mux_person.client_args()) as client:
+                mux_tools = {tool.name for tool in (await client.list_tools()).tools}
+                mux_answers = await _everything_answers(client, PREFIX)
+    assert {name.removeprefix(PREFIX) for name in mux_tools if name.startswith(PREFIX)} == direct_tools
+    assert mux_answers == direct_answers
+    assert ROOT_URI in mux_answers["roots"]
+    assert "fixed-id" in mux_answers["url"]
+    # The person was asked the same things, the url elicitation unchanged.
+    assert [p.model_dump() for p in mux_person.asked] == [p.model_dump() for p in direct_person.asked]
+
+
+@needs_everything
+async def test_a_client_without_elicitation_gets_a_decline_the_model_can_read(tmp_path: Path) -> None:
+    async with mux_over_stdio(_everything_config(tmp_path), mode="legacy") as client:
+        result = await client.call_tool(f"{PREFIX}trigger-elicitation-request", {})
+    text = text_of(result)
+    assert "declined" in text.lower()
+    assert "no client with a call in flight on it declared elicitation" in text
+
+
+# -- mcpmux in this process over HTTP, with the SDK server above -----------------------------------------
+
+
+class Served:
+    def __init__(self, mux: Mux, frontend: Frontend, url: str) -> None:
+        self.mux = mux
+        self.frontend = frontend
+        self.url = url
+
+
+def _table(name: str, extra: str = "") -> str:
+    return (
+        f'[servers.{name}]\ncommand = "{PY}"\nargs = ["-m", "tests.e2e.test_client_requests"]\n'
+        f'cwd = "{ROOT}"\nprotocol = "legacy"\n{extra}'
+    )
+
+
+@pytest.fixture(scope="module")
+async def served(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Served]:
+    folder = tmp_path_factory.mktemp("client-requests")
+    config = _write(
+        folder / "mcpmux.toml",
+        "\n".join(
+            [
+                '[inference]\nbackend = "off"\n',
+                _table("asks", f'roots = ["{CONFIGURED_ROOT}"]\n[servers.asks.elicitation]\ntimeout = 1.0\n'),
+                _table("refuses", '[servers.refuses.elicitation]\npolicy = "decline"\n'),
+            ]
+        ),
+    )
+    sock = bind("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    stop = anyio.Event()
+    async with Mux.from_config(config) as mux, anyio.create_task_group() as tasks:
+        frontend = Frontend(mux)
+        tasks.start_soon(frontend.serve_http, sock, EdgePolicy.load(mux.config, "127.0.0.1"), "/mcp", stop)
+        with anyio.fail_after(30):
+            while not _listening(port):
+                await anyio.sleep(0.05)
+        yield Served(mux, frontend, f"http://127.0.0.1:{port}/mcp")
+        stop.set()
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+async def test_form_elicitation_reaches_the_calling_client(served: Served) -> None:
+    person = Person()
+    async with Client(served.url, mode="legacy", **person.client_args()) as client:
+        result = await client.call_tool("asks__form", {"message": "Who are you?"})
+    assert not result.is_error, text_of(result)
+    assert result.structured_content == {"action": "accept", "content": {"name": "Ada"}, "meta": None}
+    assert [p.message for p in person.asked] == ["Who are you?"]
+
+
+async def test_url_elicitation_and_its_completion_reach_the_client(served: Served) -> None:
+    person = Person()
+    async with Client(served.url, mode="legacy", **person.client_args()) as client:
+        result = await client.call_tool("asks__url", {"address": "https://example.com/a", "elicitation_id": "e-1"})
+        with anyio.fail_after(5):
+            while not person.completed:
+                await anyio.sleep(0.02)
+    assert text_of(result) == "accept"
+    assert isinstance(person.asked[0], types.ElicitRequestURLParams)
+    assert person.asked[0].url == "https://example.com/a"
+    assert person.completed == ["e-1"]
+
+
+async def test_a_declining_client_has_the_last_word(served: Served) -> None:
+    person = Person(action="decline")
+    async with Client(served.url, mode="legacy", **person.client_args()) as client:
+        result = await client.call_tool("asks__form", {"message": "Who?"})
+    assert result.structured_content == {"action": "decline", "content": None, "meta": None}
+
+
+async def test_without_the_capability_the_upstream_is_declined_with_a_reason(served: Served) -> None:
+    async with Client(served.url, mode="legacy") as client:  # declares neither elicitation nor roots
+        result = await client.call_tool("asks__form", {"message": "Who?"})
+        roots = await client.call_tool("asks__roots", {})
+    assert result.structured_content is not None
+    assert result.structured_content["action"] == "decline"
+    reason = result.structured_content["meta"][REASON_META]
+    assert "declared elicitation" in reason
+    assert reason in text_of(result)  # the note for the model, after the upstream's own content
+    assert roots.structured_content == {"result": [CONFIGURED_ROOT]}  # [servers.asks] roots
+
+
+@pytest.mark.parametrize(
+    ("declared", "form", "url"),
+    [
+        ({}, False, False),
+        ({"elicitation": {}}, True, False),  # the spec: an empty object is form mode only
+        ({"elicitation": {"form": {}}}, True, False),
+        ({"elicitation": {"url": {}}}, False, True),
+        ({"elicitation": {"form": {}, "url": {}}}, True, True),
+    ],
+)
+def test_which_clients_can_answer_which_elicitation(declared: dict[str, Any], form: bool, url: bool) -> None:
+    capabilities = types.ClientCapabilities.model_validate(declared)
+    form_request = types.ElicitRequest(params=types.ElicitRequestFormParams(message="m", requested_schema=SCHEMA))
+    url_params = types.ElicitRequestURLParams(message="m", url="https://example.com", elicitation_id="e")
+    assert can_answer(capabilities, form_request) is form
+    assert can_answer(capabilities, types.ElicitRequest(params=url_params)) is url
+
+
+async def test_policy_decline_never_asks(served: Served) -> None:
+    person = Person()
+    async with Client(served.url, mode="legacy", **person.client_args()) as client:
+        result = await client.call_tool("refuses__form", {"message": "Who?"})
+    assert person.asked == []
+    assert result.structured_content is not None
+    assert result.structured_content["action"] == "decline"
+    assert 'policy = "decline"' in text_of(result)
+
+
+async def test_a_client_that_does_not_answer_in_time_is_cancelled(served: Served) -> None:
+    person = Person(delay=5.0)  # [servers.asks.elicitation] timeout = 1.0
+    async with Client(served.url, mode="legacy", **person.client_args()) as client:
+        with anyio.fail_after(10), pytest.raises(MCPError) as raised:
+            await client.call_tool("asks__form", {"message": "Slow?"})
+        with anyio.fail_after(5):
+            while not person.cancelled:  # mcpmux withdrew its request: notifications/cancelled
+                await anyio.sleep(0.02)
+    # The upstream got mcpmux's error and raised it: the SDK server answers that with a JSON-RPC error.
+    assert "did not answer the elicitation within 1s" in raised.value.error.message
+    assert person.cancelled == ["Slow?"]
+
+
+async def test_roots_come_from_the_calling_client(served: Served) -> None:
+    person = Person()
+    async with Client(served.url, mode="legacy", **person.client_args()) as client:
+        result = await client.call_tool("asks__roots", {})
+    assert result.structured_content == {"result": [ROOT_URI]}
+
+
+async def test_roots_list_changed_is_passed_on(served: Served) -> None:
+    person = Person()
+    async with Client(served.url, mode="legacy", **person.client_args()) as client:
+        before = (await client.call_tool("asks__roots_changed", {})).structured_content
+        assert before is not None
+        await client.session.send_notification(types.RootsListChangedNotification())
+        with anyio.fail_after(5):
+            while True:
+                after = (await client.call_tool("asks__roots_changed", {})).structured_content
+                assert after is not None
+                if after["result"] > before["result"]:
+                    break
+                await anyio.sleep(0.05)
+
+
+async def test_each_client_hears_logs_at_its_own_level(served: Served) -> None:
+    heard: dict[str, list[str]] = {"warning": [], "all": []}
+
+    def listener(key: str) -> Any:
+        async def on_log(params: types.LoggingMessageNotificationParams) -> None:
+            heard[key].append(params.level)
+
+        return on_log
+
+    async with (
+        Client(served.url, mode="legacy", logging_callback=listener("warning")) as picky,
+        Client(served.url, mode="legacy", logging_callback=listener("all")) as everything,
+    ):
+        await picky.set_logging_level("warning")
+        assert (await picky.call_tool("asks__logs", {})).content
+        assert (await everything.call_tool("asks__logs", {})).content
+    # Logs of a call outside the SDK path's tracking reach every 2025 client (docs/design.md), each at its level.
+    assert set(heard["warning"]) == {"warning", "error"}
+    assert {"debug", "info", "warning", "error"} <= set(heard["all"])
+
+
+if __name__ == "__main__":
+    upstream.run("stdio")

@@ -6,6 +6,14 @@
 - `SingleFlight`: identical concurrent keys share one call.
 - `ResultCache`: TTL + LRU result cache with scopes, tags and prefix invalidation (`CachePolicy`).
 - `canonical_json` / `call_key`: equal JSON arguments give equal keys.
+
+One clock: the queue, gate, batcher, flush rules and single-flight read time only through
+`anyio.current_time()`, the running event loop's clock, and wait only through anyio (sleeps,
+events, cancel scopes with deadlines); none of them calls `time.*` itself. Deadlines are absolute
+times on that clock. Tests therefore take no clock argument: they run on a virtual-time event
+loop (see tests/batching/virtual_time.py) and the whole layer follows it. The one exception is
+`ResultCache`, which is synchronous and usable outside a loop: it reads its `clock=` argument,
+default `time.monotonic` (the clock asyncio's loop itself reads), and tests pass one they advance.
 """
 
 from mcpmux.batching.batcher import BatcherStats, BatchFn, DynamicBatcher

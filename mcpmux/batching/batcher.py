@@ -33,7 +33,7 @@ from mcpmux.batching.errors import BatchResultError, ClosedError, DeadlineExceed
 from mcpmux.batching.flush import CostModel, FlushDecision, RecentArrivals, decide_adaptive, decide_fixed
 from mcpmux.batching.policy import BatchPolicy
 from mcpmux.batching.queue import AgingQueue, QueueEntry
-from mcpmux.batching.signal import Signal
+from mcpmux.batching.signal import Signal, wake_time
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -206,7 +206,7 @@ class DynamicBatcher(Generic[T, R]):
                 if entries:
                     return entries
                 continue
-            recheck_at = now + decision.recheck_in if decision.recheck_in is not None else None
+            recheck_at = wake_time(now, decision.recheck_in) if decision.recheck_in is not None else None
             await self._queue.wait_changed(recheck_at)
 
     def _decide(self, n: int, oldest_wait: float, now: float) -> FlushDecision:

@@ -8,6 +8,12 @@ entries for `invalidate_tag`. Each entry may carry its own TTL (e.g. a server's 
 Errors are never cached: `get_or_compute` stores only what `compute` returns, never what it
 raises, and `ttl_for` can refuse a returned value (e.g. an error-shaped result) with TTL 0.
 `None` is never stored, because `get` uses it to mean a miss.
+
+Clock: the cache is synchronous and may be used outside an event loop, so it does not read
+anyio's clock; it reads `clock` (default `time.monotonic`, which is also what asyncio's loop
+reads, so on the real loop the cache and the rest of this package see the same time). A test
+passes a clock it advances by hand (or `anyio.current_time` to follow a virtual-time loop)
+instead of sleeping through a TTL.
 """
 
 from __future__ import annotations
@@ -67,10 +73,8 @@ class _Stored(Generic[V]):
 class _CountingCache(TLRUCache):
     """TLRUCache that counts LRU evictions (expiry is not an eviction)."""
 
-    def __init__(self, maxsize: int, getsizeof: Callable[[Any], int] | None) -> None:
-        super().__init__(
-            maxsize, ttu=lambda _key, stored, now: now + stored.ttl, timer=time.monotonic, getsizeof=getsizeof
-        )
+    def __init__(self, maxsize: int, getsizeof: Callable[[Any], int] | None, clock: Callable[[], float]) -> None:
+        super().__init__(maxsize, ttu=lambda _key, stored, now: now + stored.ttl, timer=clock, getsizeof=getsizeof)
         self.evictions = 0
 
     def popitem(self) -> Any:
@@ -79,20 +83,31 @@ class _CountingCache(TLRUCache):
 
 
 class ResultCache(Generic[V]):
-    """TTL + LRU cache of call results with scopes, tags, prefix invalidation and hit/miss counters."""
+    """TTL + LRU cache of call results with scopes, tags, prefix invalidation and hit/miss counters.
+
+    `clock` is what TTLs are measured on: a function returning seconds that never go backwards,
+    default `time.monotonic` (see the module docstring). An entry put at time ``t`` with TTL ``ttl``
+    is served while ``clock() < t + ttl`` and gone from ``clock() >= t + ttl`` on.
+    """
 
     def __init__(
-        self, policy: CachePolicy | None = None, *, sizeof: Callable[[V], int] | None = None, name: str = "cache"
+        self,
+        policy: CachePolicy | None = None,
+        *,
+        sizeof: Callable[[V], int] | None = None,
+        name: str = "cache",
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.policy = policy if policy is not None else CachePolicy()
         self.name = name
+        self.clock = clock
         if self.policy.max_bytes is not None and sizeof is None:
             raise ValueError(f"cache {name!r} has max_bytes={self.policy.max_bytes} but no sizeof to measure entries")
         self._sizeof = sizeof
         if self.policy.max_bytes is not None:
-            self._data = _CountingCache(self.policy.max_bytes, lambda stored: stored.size)
+            self._data = _CountingCache(self.policy.max_bytes, lambda stored: stored.size, clock)
         else:
-            self._data = _CountingCache(self.policy.max_entries, None)
+            self._data = _CountingCache(self.policy.max_entries, None, clock)
         self._hits = 0
         self._misses = 0
         self._stores = 0

@@ -93,7 +93,10 @@ class RecentArrivals:
         return self.times[0] + self.horizon - now if self.times else None
 
     def _expire(self, now: float) -> None:
-        while self.times and self.times[0] <= now - self.horizon:
+        # The same sum as `changes_in`, so an arrival still counted always leaves the window strictly
+        # later than `now` (``t <= now - horizon`` can disagree with it in the last bit, and a wait of
+        # 0 s until the count drops would then spin).
+        while self.times and self.times[0] + self.horizon <= now:
             self.times.popleft()
 
 

@@ -25,7 +25,7 @@ import anyio
 from mcpmux.batching.errors import DeadlineExceededError, RejectedError
 from mcpmux.batching.policy import GatePolicy
 from mcpmux.batching.queue import AgingQueue, QueueEntry
-from mcpmux.batching.signal import Signal
+from mcpmux.batching.signal import Signal, wake_time
 
 
 @dataclass(slots=True, eq=False)
@@ -219,4 +219,4 @@ class AdmissionGate:
     def _next_token_at(self, now: float) -> float | None:
         if self.policy.rate is None or self._tokens >= 1:
             return None
-        return now + (1 - self._tokens) / self.policy.rate
+        return wake_time(now, (1 - self._tokens) / self.policy.rate)

@@ -11,8 +11,10 @@ that arrived less than ``(P - p) * I`` seconds after it. So however steady a str
 higher-priority items is, an item waits at most ``(P - p) * I`` plus the time to serve what was
 already queued before that point. ``aging_interval=None`` gives strict priority (which can starve).
 
-All times are seconds; deadlines are absolute times on anyio's clock (`anyio.current_time()`);
-`deadline_in` makes one from a relative timeout.
+All times are seconds; deadlines are absolute times on anyio's clock (`anyio.current_time()`),
+which is the running event loop's clock; `deadline_in` makes one from a relative timeout. It is
+the only clock the queue, gate and batcher read (and they wait only through anyio), so running
+them on a virtual-time event loop puts every deadline, delay and rate on virtual time.
 """
 
 from __future__ import annotations

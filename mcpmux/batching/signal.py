@@ -1,8 +1,22 @@
-"""`Signal`: a reusable wake-up for anyio tasks that may be built outside an event loop."""
+"""`Signal`: a reusable wake-up for anyio tasks that may be built outside an event loop; `wake_time`: when to wake."""
 
 from __future__ import annotations
 
+import math
+
 import anyio
+
+
+def wake_time(now: float, delay: float) -> float:
+    """The absolute time `delay` seconds after `now`, strictly after `now` whenever `delay > 0`.
+
+    A positive delay that is only a float rounding residue (say 5e-18 s left of a 5 ms window
+    measured at t = 0.08) adds nothing to `now`: waking "then" would find the same state and wait
+    again at once, a spin that only a moving clock ends (and a virtual-time loop's clock moves only
+    when the loop is idle). The next float after `now` is the shortest wait that lets time move.
+    """
+    at = now + delay
+    return math.nextafter(now, math.inf) if delay > 0 and at <= now else at
 
 
 class Signal:

@@ -18,7 +18,10 @@ from mcpmux.batching import (
     QueueFullError,
     QueuePolicy,
 )
-from mcpmux.batching.signal import Signal
+from mcpmux.batching.signal import Signal, wake_time
+from tests.batching.virtual_time import run_virtual
+
+# These tests run on virtual time (conftest.py): the times they assert are exact, up to float rounding.
 
 
 @dataclass
@@ -27,12 +30,14 @@ class Upstream:
 
     latency: float = 0.0
     batches: list[list[int]] = field(default_factory=list)
+    started_at: list[float] = field(default_factory=list)
     running: int = 0
     peak_running: int = 0
     batch_started: Signal = field(default_factory=Signal)
 
     async def __call__(self, items: list[int]) -> Sequence[int | BaseException]:
         self.batches.append(list(items))
+        self.started_at.append(anyio.current_time())
         self.batch_started.fire()
         self.running += 1
         self.peak_running = max(self.peak_running, self.running)
@@ -69,9 +74,12 @@ async def submit_all(batcher: DynamicBatcher[int, int], items: list[int]) -> dic
 async def test_flushes_at_max_batch_size_and_each_caller_gets_its_own_result() -> None:
     upstream = Upstream(latency=0.01)
     async with DynamicBatcher(upstream, BatchPolicy(max_batch_size=4, max_delay=1.0)) as batcher:
+        start = anyio.current_time()
         results = await submit_all(batcher, list(range(8)))
     assert results == {i: 2 * i for i in range(8)}
-    assert [len(b) for b in upstream.batches] == [4, 4]  # no 1 s delay: full batches go at once
+    assert [len(b) for b in upstream.batches] == [4, 4]
+    # No 1 s delay: full batches go at once, the second as soon as the first frees the only slot.
+    assert [t - start for t in upstream.started_at] == pytest.approx([0.0, 0.01], rel=1e-9)
     assert batcher.stats().size_histogram == {4: 2}
 
 
@@ -84,7 +92,28 @@ async def test_flushes_a_partial_batch_after_max_delay() -> None:
         waited = anyio.current_time() - started
     assert results == {1: 2, 2: 4, 3: 6}
     assert upstream.batches == [[1, 2, 3]]
-    assert 0.025 <= waited < 0.5
+    assert waited == pytest.approx(0.03, rel=1e-9)  # sent when the oldest had waited max_delay, not before
+
+
+@pytest.mark.timeout(60)  # the bug this guards against spins without end on virtual time: fail, not hang
+def test_a_wait_whose_last_bit_is_a_rounding_residue_still_ends() -> None:
+    """Submitted at t = 0.006 with a 5 ms window: woken at 0.011, the oldest has waited 5 ms less about
+    1e-18 s, a rest too small to add to the clock. The batcher must let time move, not look again at once."""
+    upstream = Upstream()
+
+    async def main() -> None:
+        async with DynamicBatcher(upstream, BatchPolicy(max_batch_size=100, max_delay=0.005)) as batcher:
+            await anyio.sleep(0.006)
+            assert await batcher.submit(1) == 2
+
+    run_virtual(main)  # a fresh loop: its clock starts at 0, so the figures above are the ones met
+    assert upstream.started_at == [pytest.approx(0.011, rel=1e-9)]
+
+
+def test_wake_time_is_strictly_later_for_any_positive_delay() -> None:
+    assert wake_time(0.08, 5e-18) > 0.08  # 0.08 + 5e-18 == 0.08 in floats
+    assert wake_time(0.08, 0.01) == 0.08 + 0.01
+    assert wake_time(0.08, 0.0) == 0.08
 
 
 @pytest.mark.anyio
@@ -92,10 +121,12 @@ async def test_sends_the_largest_reachable_preferred_size_at_once() -> None:
     upstream = Upstream()
     policy = BatchPolicy(max_batch_size=16, max_delay=0.05, preferred_sizes=(2, 4))
     async with DynamicBatcher(upstream, policy) as batcher:
+        start = anyio.current_time()
         results = await submit_all(batcher, list(range(7)))
     assert len(results) == 7
     # 7 waiting: 4 (largest preferred reachable) now, then 2 now, then the last 1 after max_delay.
     assert [len(b) for b in upstream.batches] == [4, 2, 1]
+    assert [t - start for t in upstream.started_at] == pytest.approx([0.0, 0.0, 0.05], rel=1e-9)
 
 
 @pytest.mark.anyio
@@ -167,20 +198,22 @@ async def test_deadline_answers_promptly_while_queued_and_while_running() -> Non
     upstream = Upstream(latency=0.2)
     async with DynamicBatcher(upstream, BatchPolicy(max_batch_size=1, max_delay=0.0), name="slow") as batcher:
         outcome: dict[int, BaseException] = {}
+        answered_at: dict[int, float] = {}
 
         async def one(item: int) -> None:
             try:
                 await batcher.submit(item, deadline=anyio.current_time() + 0.05)
             except DeadlineExceededError as exc:
                 outcome[item] = exc
+                answered_at[item] = anyio.current_time() - started
 
         started = anyio.current_time()
         async with anyio.create_task_group() as tg:
             tg.start_soon(one, 1)  # sent at once, its batch outlives the deadline
             await anyio.sleep(0.001)
             tg.start_soon(one, 2)  # waits behind it in the queue
-        waited = anyio.current_time() - started
-    assert waited < 0.15  # answered at the deadline, not when the 0.2 s batch ended
+    # Each answered at its own deadline, not when the 0.2 s batch ended.
+    assert answered_at == {1: pytest.approx(0.05, rel=1e-9), 2: pytest.approx(0.051, rel=1e-9)}
     assert "in a batch still running" in str(outcome[1])
     assert "waiting in the queue" in str(outcome[2])
     assert upstream.batches == [[1]]  # the queued item was never sent
@@ -192,8 +225,10 @@ async def test_default_timeout_applies_to_items_without_a_deadline() -> None:
     upstream = Upstream(latency=0.2)
     policy = BatchPolicy(max_batch_size=1, queue=QueuePolicy(default_timeout=0.03))
     async with DynamicBatcher(upstream, policy) as batcher:
+        start = anyio.current_time()
         with pytest.raises(DeadlineExceededError, match=r"timeout=0\.030s"):
             await batcher.submit(1)
+        assert anyio.current_time() - start == pytest.approx(0.03, rel=1e-9)
 
 
 @pytest.mark.anyio
@@ -255,9 +290,12 @@ async def test_concurrent_batches_are_capped() -> None:
     upstream = Upstream(latency=0.02)
     policy = BatchPolicy(max_batch_size=2, max_delay=0.0, max_concurrent_batches=3)
     async with DynamicBatcher(upstream, policy) as batcher:
+        start = anyio.current_time()
         results = await submit_all(batcher, list(range(20)))
+        took = anyio.current_time() - start
     assert results == {i: 2 * i for i in range(20)}
     assert upstream.peak_running == 3
+    assert took == pytest.approx(4 * 0.02, rel=1e-9)  # 10 batches, 3 at a time: 4 rounds, no slot left idle
     stats = batcher.stats()
     assert (stats.items, stats.queue_depth, stats.in_flight_batches) == (20, 0, 0)
     assert stats.mean_batch_size == 2.0

@@ -2,27 +2,64 @@
 
 from __future__ import annotations
 
-import anyio
+import math
+import time
+
 import pytest
 
 from mcpmux.batching import CachePolicy, ResultCache, call_key
+
+
+class ManualClock:
+    """A clock for `ResultCache(clock=...)` that moves only when the test says so."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def just_before(t: float) -> float:
+    """The last float before `t`: the latest moment an entry with expiry `t` is still served."""
+    return math.nextafter(t, -math.inf)
 
 
 def key(tool: str, **args: object) -> tuple[str, ...]:
     return ("weather", *call_key(tool, args))
 
 
-@pytest.mark.anyio
-async def test_entries_expire_after_their_ttl_and_a_per_entry_ttl_wins() -> None:
-    cache: ResultCache[str] = ResultCache(CachePolicy(ttl=0.03))
+def test_entries_expire_after_their_ttl_and_a_per_entry_ttl_wins() -> None:
+    clock = ManualClock()
+    cache: ResultCache[str] = ResultCache(CachePolicy(ttl=0.03), clock=clock)
     cache.put(key("now", city="Paris"), "sunny")
     cache.put(key("now", city="Oslo"), "snow", ttl=0.3)  # e.g. the server's ttlMs
-    assert cache.get(key("now", city="Paris")) == "sunny"
-    await anyio.sleep(0.05)
-    assert cache.get(key("now", city="Paris")) is None
+    clock.now = just_before(0.03)
+    assert cache.get(key("now", city="Paris")) == "sunny"  # alive for its whole TTL ...
+    clock.now = 0.03
+    assert cache.get(key("now", city="Paris")) is None  # ... and not an instant longer
     assert cache.get(key("now", city="Oslo")) == "snow"
+    clock.now = just_before(0.3)
+    assert cache.get(key("now", city="Oslo")) == "snow"
+    clock.now = 0.3
+    assert cache.get(key("now", city="Oslo")) is None
     assert not cache.put(key("now", city="Rome"), "rain", ttl=0)  # TTL 0: do not cache
     assert cache.get(key("now", city="Rome")) is None
+    assert cache.stats().entries == 0
+
+
+def test_a_ttl_runs_from_the_put_on_the_clock_it_was_given() -> None:
+    clock = ManualClock()
+    cache: ResultCache[str] = ResultCache(CachePolicy(ttl=10.0), clock=clock)
+    clock.now = 100.0
+    cache.put(("a",), "first")
+    clock.now = 105.0
+    cache.put(("a",), "second")  # a fresh put restarts the TTL
+    clock.now = just_before(115.0)
+    assert cache.get(("a",)) == "second"
+    clock.now = 115.0
+    assert cache.get(("a",)) is None
+    assert ResultCache().clock is time.monotonic  # what mcpmux's own caches use
 
 
 def test_least_recently_used_entry_is_evicted_at_max_entries() -> None:
@@ -97,7 +134,8 @@ async def test_get_or_compute_counts_hits_and_never_caches_errors() -> None:
 
 @pytest.mark.anyio
 async def test_ttl_for_refuses_error_shaped_results_and_honours_result_ttls() -> None:
-    cache: ResultCache[dict[str, object]] = ResultCache(CachePolicy(ttl=60))
+    clock = ManualClock()
+    cache: ResultCache[dict[str, object]] = ResultCache(CachePolicy(ttl=60), clock=clock)
 
     def ttl_for(result: dict[str, object]) -> float | None:
         if result.get("isError"):
@@ -114,8 +152,9 @@ async def test_ttl_for_refuses_error_shaped_results_and_honours_result_ttls() ->
     await cache.get_or_compute(("e",), error_result, ttl_for=ttl_for)
     await cache.get_or_compute(("s",), short_lived, ttl_for=ttl_for)
     assert cache.get(("e",)) is None
-    assert cache.get(("s",)) == {"content": "fresh", "ttlMs": 20}
-    await anyio.sleep(0.03)
+    clock.now = just_before(0.02)
+    assert cache.get(("s",)) == {"content": "fresh", "ttlMs": 20}  # the result's 20 ms, not the default 60 s
+    clock.now = 0.02
     assert cache.get(("s",)) is None
     assert cache.stats().entries == 0
 

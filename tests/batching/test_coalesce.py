@@ -24,11 +24,14 @@ async def test_one_hundred_identical_calls_run_once() -> None:
         async def caller(args: dict[str, object]) -> None:
             results.append(await flights.call(call_key("read", args), read_file))
 
+        start = anyio.current_time()
         async with anyio.create_task_group() as tg:
             for k in range(100):
                 # Same arguments written in different key orders: still one key.
                 tg.start_soon(caller, {"path": "/a", "lines": 3} if k % 2 else {"lines": 3.0, "path": "/a"})
+        took = anyio.current_time() - start
     assert executions == 1
+    assert took == pytest.approx(0.02, rel=1e-9)  # everyone answered when the one call ended (virtual time)
     assert results == ["contents"] * 100
     stats = flights.stats()
     assert (stats.executions, stats.shared, stats.in_flight) == (1, 99, 0)
@@ -103,20 +106,24 @@ async def _never_called() -> int:
 @pytest.mark.anyio
 async def test_the_call_is_cancelled_when_its_last_waiter_leaves() -> None:
     cancelled = anyio.Event()
+    cancelled_at: list[float] = []
 
     async def hangs() -> int:
         try:
             await anyio.sleep(10)
         finally:
+            cancelled_at.append(anyio.current_time())
             cancelled.set()
         return 0
 
     async with SingleFlight[str, int]() as flights:
+        start = anyio.current_time()
         with anyio.move_on_after(0.01):
             await flights.call("k", hangs)
         with anyio.fail_after(1):
             await cancelled.wait()
         assert flights.stats().in_flight == 0
+    assert cancelled_at == [pytest.approx(start + 0.01, rel=1e-9)]  # as the waiter left (virtual time)
 
 
 @pytest.mark.anyio

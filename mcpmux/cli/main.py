@@ -1,4 +1,4 @@
-"""`mcpmux serve | tools | call | check`. Logs go to stderr; stdout carries results (and, for stdio, MCP)."""
+"""`mcpmux serve | tools | call | search | check`. Logs go to stderr; stdout carries results (and, for stdio, MCP)."""
 
 from __future__ import annotations
 
@@ -34,6 +34,7 @@ EXAMPLES = """examples:
                                                          wrap one server, no config file
   mcpmux tools --config ~/Library/Application\\ Support/Claude/claude_desktop_config.json
   mcpmux call --config mcpmux.toml time__get_current_time '{"timezone": "UTC"}'
+  mcpmux search --config mcpmux.toml "open an issue on GitHub"   rank the tools for a task
   mcpmux check --config .vscode/mcp.json
   mcpmux status --url http://127.0.0.1:8765              summary of a running HTTP server's /metrics
 
@@ -104,6 +105,10 @@ def _parser() -> argparse.ArgumentParser:
     call = commands.add_parser("call", help="call one tool and print its result as JSON")
     call.add_argument("tool")
     call.add_argument("arguments", nargs="?", default="{}", help="the arguments as a JSON object")
+    search = commands.add_parser("search", help="rank the catalog's tools for a task, as mux_search_tools does")
+    search.add_argument("query", help="the task in plain words")
+    search.add_argument("--limit", "-n", type=int, default=10, help="how many tools to print (1 to 50, default 10)")
+    search.add_argument("--servers", nargs="+", default=None, metavar="GLOB", help="only servers matching these")
     commands.add_parser("check", help="validate the config and print the resolved upstreams")
     for sub in commands.choices.values():
         sub.add_argument("--config", "-c", default=None, help="config file (TOML or client JSON)")
@@ -275,6 +280,33 @@ async def _call(args: argparse.Namespace, config: Config) -> int:
     return 0
 
 
+async def _search(args: argparse.Namespace, config: Config) -> int:
+    """Print the best tools for `args.query`, best first: score, name, first line of the description."""
+    if not 1 <= args.limit <= 50:
+        raise MuxError(f"--limit must be between 1 and 50, got {args.limit}")
+    if config.mux.tool_search == "off":  # the command searches whatever the served mode is
+        config = config.model_copy(update={"mux": config.mux.model_copy(update={"tool_search": "on"})})
+    async with Mux(config) as mux:
+        search = mux.tool_search
+        assert search is not None
+        search.query_timeout = SEARCH_INDEX_WAIT
+        with anyio.move_on_after(SEARCH_INDEX_WAIT):  # a cold start embeds the catalog first
+            await search.indexed.wait()
+        hits = await search.search(args.query, args.limit, args.servers)
+        method = search.method()
+        failed = [s.name for s in mux.status() if s.state.value != "ready"]
+    for hit in hits:
+        summary = hit.doc.description.strip().splitlines()[0] if hit.doc.description.strip() else ""
+        print(f"{hit.score:.4f}\t{hit.doc.name}\t{summary}")
+    down = f"; not connected: {', '.join(failed)}" if failed else ""
+    print(f"mcpmux: {len(hits)} of {len(search.index.docs)} tools, ranked by {method}{down}", file=sys.stderr)
+    return 0 if hits else 1
+
+
+SEARCH_INDEX_WAIT = 120.0
+"""Seconds `mcpmux search` waits for the catalog's embeddings (a first run loads the model) before BM25 alone."""
+
+
 async def _check(args: argparse.Namespace, config: Config) -> int:
     print(f"{config.source}: OK, {len(config.servers)} server(s)")
     for name, server in config.servers.items():
@@ -284,4 +316,4 @@ async def _check(args: argparse.Namespace, config: Config) -> int:
     return 0
 
 
-_COMMANDS = {"serve": _serve, "tools": _tools, "call": _call, "check": _check}
+_COMMANDS = {"serve": _serve, "tools": _tools, "call": _call, "search": _search, "check": _check}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -233,3 +234,26 @@ async def test_hybrid_ranking_with_the_real_minilm_and_a_warm_restart(home: Path
         assert search.index.dense_ready
         assert search.index.embedded_texts == 0  # all from the disk cache
     assert list((home / "cache" / "tool-embeddings").rglob("*.f32"))
+
+
+def test_the_search_command_prints_ranked_tools(tmp_path: Path, home: Path) -> None:
+    config = write_config(tmp_path / "mcp.json", {"alpha": demo("alpha"), "time": TIME_SERVER})
+    config.write_text(config.read_text().replace('"mux"', '"inference": {"backend": "off"}, "mux"'))
+    command = [sys.executable, "-m", "mcpmux", "search", "--config", str(config)]
+    done = subprocess.run(
+        [*command, "current time in a timezone", "-n", "2"], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) == 2
+    score, name, summary = lines[0].split("\t")
+    assert name == "time__get_current_time"
+    assert float(score) > 0
+    assert "timezone" in summary.lower()
+    assert "ranked by BM25" in done.stderr
+    nothing = subprocess.run([*command, "zyxxy quuxifier"], capture_output=True, text=True, timeout=120)
+    assert nothing.returncode == 1
+    assert nothing.stdout == ""
+    bad = subprocess.run([*command, "time", "--limit", "0"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2
+    assert "--limit must be between 1 and 50, got 0" in bad.stderr

@@ -91,6 +91,7 @@ class Mux:
         self.local_tools: dict[str, LocalTool] = {}
         self._change_listeners: list[ChangeListener] = []
         self._log_listeners: list[LogListener] = []
+        self._resource_listeners: list[Callable[[str, str], Awaitable[None]]] = []
         self._stack = AsyncExitStack()
         self._tasks: TaskGroup | None = None
         if config.mux.meta_tools:
@@ -198,6 +199,7 @@ class Mux:
                 server.timeout or self.config.mux.call_timeout,
             ),
             elicitation_complete=requests.elicitation_complete,
+            resource_updated=self._on_resource_updated,
         )
         upstream = Upstream(name, server, self.config.mux, events)
         self.upstreams[name] = upstream
@@ -241,6 +243,28 @@ class Mux:
         self.catalog.rebuild(self.upstreams.values(), self.local_tools)
         for listener in list(self._change_listeners):
             await listener()
+
+    def on_resource_updated(self, listener: Callable[[str, str], Awaitable[None]]) -> None:
+        """Call `listener(upstream, uri)` for every `notifications/resources/updated` an upstream sends."""
+        self._resource_listeners.append(listener)
+
+    async def _on_resource_updated(self, upstream: str, uri: str) -> None:
+        for listener in list(self._resource_listeners):
+            await listener(upstream, uri)
+
+    async def subscribe_resource(self, uri: str) -> None:
+        """Subscribe the upstream that lists `uri` to it (kept across its restarts); `UnknownToolError` if none does."""
+        owner = self.catalog.resolve_resource(uri)
+        await self.upstreams[owner].subscribe(uri)
+
+    async def unsubscribe_resource(self, uri: str) -> None:
+        try:
+            owner = self.catalog.resolve_resource(uri)
+        except UnknownToolError:  # no longer listed: nothing to unsubscribe from
+            return
+        upstream = self.upstreams.get(owner)
+        if upstream is not None:
+            await upstream.unsubscribe(uri)
 
     async def roots_changed(self) -> None:
         """A client's roots changed (or a client with roots connected): every upstream is told."""

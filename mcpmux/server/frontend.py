@@ -49,6 +49,7 @@ from mcpmux.server.http_edge import HttpEdge
 from mcpmux.server.http_fast import FastPathMiddleware
 from mcpmux.server.http_fast_front import HttpFastFront, protocol_class
 from mcpmux.server.input_rounds import InputRounds, ParkedCall, parks
+from mcpmux.server.resource_subscriptions import ResourceSubscriptions
 from mcpmux.server.stdio_batch import StdioBatchEdge, claimed_stdio
 from mcpmux.server.stdio_fast import StdioFastFront
 
@@ -149,6 +150,12 @@ class Frontend:
         self.server.add_notification_handler(
             "notifications/roots/list_changed", types.NotificationParams, self._roots_changed
         )
+        # 2025 resources/subscribe: updates reach only the clients subscribed to the URI.
+        self.subscriptions = ResourceSubscriptions(mux)
+        mux.on_resource_updated(self.subscriptions.updated)
+        mux.on_catalog_changed(self.subscriptions.renew)
+        self.server.add_request_handler("resources/subscribe", types.SubscribeRequestParams, self._subscribe)
+        self.server.add_request_handler("resources/unsubscribe", types.UnsubscribeRequestParams, self._unsubscribe)
 
     def _seen(self, ctx: Any) -> ServerSession:
         session: ServerSession = ctx.session
@@ -330,6 +337,22 @@ class Frontend:
         capabilities = session.client_capabilities
         if capabilities is not None and capabilities.roots is not None:
             await self.mux.roots_changed()
+
+    async def _subscribe(self, ctx: Any, params: types.SubscribeRequestParams) -> types.EmptyResult:
+        session = self._seen(ctx)
+        try:
+            await self.subscriptions.subscribe(session._connection, str(params.uri))
+        except MuxError as err:
+            raise _as_mcp_error(err) from None
+        return types.EmptyResult()
+
+    async def _unsubscribe(self, ctx: Any, params: types.UnsubscribeRequestParams) -> types.EmptyResult:
+        session = self._seen(ctx)
+        try:
+            await self.subscriptions.unsubscribe(session._connection, str(params.uri))
+        except MuxError as err:
+            raise _as_mcp_error(err) from None
+        return types.EmptyResult()
 
     async def _roots_changed(self, ctx: Any, params: types.NotificationParams) -> None:
         """`notifications/roots/list_changed` from a client: passed on to every upstream."""

@@ -67,6 +67,8 @@ class UpstreamEvents:
     list_roots: ListRootsFnT | None = None
     # `notifications/elicitation/complete` from this upstream (a url-mode elicitation finished).
     elicitation_complete: Callable[[str, types.ElicitCompleteNotificationParams], Awaitable[None]] | None = None
+    # `notifications/resources/updated` from this upstream: (upstream, uri).
+    resource_updated: Callable[[str, str], Awaitable[None]] | None = None
 
 
 @dataclass(slots=True)
@@ -106,6 +108,8 @@ class Upstream:
         self._health = _Health()
         self._client_changed = anyio.Event()
         self._refreshing: anyio.Event | None = None
+        self.subscriptions: set[str] = set()
+        """Resource URIs mcpmux's clients subscribed to (2025 `resources/subscribe`): renewed on every connection."""
 
     @property
     def timeout(self) -> float:
@@ -162,6 +166,7 @@ class Upstream:
                 # Subscribe before listing, so that no change can fall between the two.
                 await tasks.start(listen_for_changes, client, self._refresh)
             self.listing = await fetch_listing(client)
+            await self._resubscribe(client)
             self.state = UpstreamState.READY
             self.last_error = None
             self._set_client(client)
@@ -278,6 +283,42 @@ class Upstream:
             await self._refresh()
         elif isinstance(message, types.ElicitCompleteNotification) and self.events.elicitation_complete is not None:
             await self.events.elicitation_complete(self.name, message.params)
+        elif isinstance(message, types.ResourceUpdatedNotification) and self.events.resource_updated is not None:
+            await self.events.resource_updated(self.name, str(message.params.uri))
+
+    async def subscribe(self, uri: str) -> None:
+        """Subscribe to `uri` (2025 `resources/subscribe`), now and on every later connection."""
+        self.subscriptions.add(uri)
+        if self._subscribes_per_uri():
+            try:
+                await self.request(f"subscribe to {uri!r}", lambda client: _subscription(client, uri, subscribe=True))
+            except UpstreamError:  # the server refused it: nothing to renew
+                self.subscriptions.discard(uri)
+                raise
+
+    async def unsubscribe(self, uri: str) -> None:
+        self.subscriptions.discard(uri)
+        if self._subscribes_per_uri():
+            await self.request(f"unsubscribe from {uri!r}", lambda client: _subscription(client, uri, subscribe=False))
+
+    def _subscribes_per_uri(self) -> bool:
+        """Whether the live session takes `resources/subscribe`: a 2025 one whose server declared it."""
+        client = self._client
+        if client is None or client.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            return False
+        resources = client.server_capabilities.resources
+        return resources is not None and bool(resources.subscribe)
+
+    async def _resubscribe(self, client: Client) -> None:
+        """A new connection: the URIs clients subscribed to are subscribed again (a restart lost them)."""
+        resources = client.server_capabilities.resources
+        if client.protocol_version in MODERN_PROTOCOL_VERSIONS or resources is None or not resources.subscribe:
+            return
+        for uri in sorted(self.subscriptions):
+            try:
+                await _subscription(client, uri, subscribe=True)
+            except MCPError as err:  # a URI the restarted server no longer has: its clients hear nothing
+                logger.warning("upstream %r: could not subscribe to %s again: %s", self.name, uri, err.error.message)
 
     async def roots_changed(self) -> None:
         """Tell the server the roots mcpmux answers `roots/list` with may have changed (best effort)."""
@@ -362,6 +403,17 @@ class Upstream:
 
 # How servers word "I no longer know your session" (HTTP 404): the SDK server, its client's stand-in, others.
 _EXPIRED = re.compile(r"session (not found|terminated|has been terminated|expired|is no longer valid)", re.IGNORECASE)
+
+
+async def _subscription(client: Client, uri: str, *, subscribe: bool) -> types.EmptyResult:
+    """`resources/subscribe` or `unsubscribe` on a 2025 session (the `Client` helpers warn: 2026 removed them)."""
+    request: types.SubscribeRequest | types.UnsubscribeRequest
+    if subscribe:
+        request = types.SubscribeRequest(params=types.SubscribeRequestParams(uri=uri))
+    else:
+        request = types.UnsubscribeRequest(params=types.UnsubscribeRequestParams(uri=uri))
+    result: types.EmptyResult = await client.session.send_request(request, types.EmptyResult)
+    return result
 
 
 def _offer(listing: Listing) -> tuple[object, ...]:

@@ -5,18 +5,19 @@ caused a request, so the `Frontend` records the calls in flight on each upstream
 the relay asks the most recent caller that declared what the request needs:
 
 - `sampling/createMessage`: `sampling` (and `sampling.tools` when the request carries tools);
-  a 2026-07-28 client is asked in its parked call's next input-required round
-  (`mcpmux.server.input_rounds`), a 2025 session by a pushed request;
 - `elicitation/create`: `elicitation`, with `url` for a url-mode request (an empty `elicitation`
   object means form mode only, as the spec says);
 - `roots/list`: `roots`; outside any call, the one connected 2025 client that declared roots, if
   there is exactly one.
 
-A pushed request rides the caller's own request (`related_request_id`: its POST's SSE stream on
-HTTP). It waits at most `limit` seconds; on timeout or when the upstream withdraws its request
-the client is sent `notifications/cancelled`. A client without a back channel (2026-07-28, or a
-fast-path stand-in) is passed over. The answer, the client's error (raised as `MCPError`) or None
-(nobody could be asked) goes back to the policy in `mcpmux.mux.client_requests` or the sampling bridge.
+A 2026-07-28 client is asked in its parked call's next input-required round
+(`mcpmux.server.input_rounds`); a 2025 session by a pushed request, which rides the caller's own
+request (`related_request_id`: its POST's SSE stream on HTTP). Either waits at most `limit`
+seconds (sampling rounds: the rounds' own idle timeout); on timeout, or when the upstream withdraws
+its request, a pushed request is cancelled (`notifications/cancelled`). A client without a back
+channel and no parked call (a fast-path stand-in) is passed over. The answer, the client's error
+(raised as `MCPError`) or None (nobody could be asked) goes back to the policy in
+`mcpmux.mux.client_requests` or the sampling bridge.
 """
 
 from __future__ import annotations
@@ -87,10 +88,12 @@ class ClientRelay:
         for session, request_id in reversed(in_flight):
             if not can_answer(session.client_capabilities, request):
                 continue
-            if isinstance(request, types.CreateMessageRequest) and isinstance(session, ServerSession):
-                parked = self._rounds.call_of(session)
-                if parked is not None:
-                    return await parked.ask(request.params)
+            parked = self._rounds.call_of(session) if isinstance(session, ServerSession) else None
+            if parked is not None:  # a 2026-07-28 client: in its parked call's next input-required round
+                if isinstance(request, types.CreateMessageRequest):
+                    return await parked.ask(request)  # the round's own idle timeout applies
+                with anyio.fail_after(limit if limit is not None else float("inf")):
+                    return await parked.ask(request)
             if not session.can_send_request:
                 continue
             metadata = ServerMessageMetadata(related_request_id=request_id)

@@ -38,6 +38,7 @@ from sse_starlette.sse import AppStatus
 from starlette.types import ASGIApp
 
 from mcpmux import __version__
+from mcpmux.core.config import ServerConfig
 from mcpmux.core.metrics import metrics_route
 from mcpmux.errors import MuxError, UnknownToolError, UpstreamError
 from mcpmux.mux.fast_path import FastPath
@@ -97,6 +98,11 @@ def _as_mcp_error(err: MuxError) -> MCPError:
     if isinstance(err, UnknownToolError):
         return MCPError(types.INVALID_PARAMS, str(err))
     return MCPError(types.INTERNAL_ERROR, str(err))
+
+
+def _asks_client(server: ServerConfig) -> bool:
+    """Whether an upstream may ask the calling client for sampling or elicitation (the plan's `asks_client`)."""
+    return server.sampling.asks_client or server.elicitation.policy == "client"
 
 
 def _client_name(session: ServerSession) -> str | None:
@@ -243,7 +249,7 @@ class Frontend:
                 return await self.rounds.resume(params, session)
             held = self.mux.upstreams.get(upstream) if upstream is not None else None
             # A 2026-07-28 client has no back channel: sampling it may answer goes out in input-required rounds.
-            if held is not None and self.rounds.available and parks(session, held.config.sampling.asks_client):
+            if held is not None and self.rounds.available and parks(session, _asks_client(held.config)):
                 return await self.rounds.start(params.name, params.arguments or {}, session, parked)
             return await call(lambda: session)
         except MuxError as err:

@@ -1,13 +1,14 @@
-"""Sampling forwarded to 2026-07-28 clients through input-required rounds.
+"""Sampling and elicitation forwarded to 2026-07-28 clients through input-required rounds.
 
-A 2026-07-28 client has no back channel: mcpmux cannot push `sampling/createMessage` to it. So when
-such a client (one that declared sampling in its request) calls a tool whose upstream may forward
-sampling to the client, the upstream call is *parked*: it runs in a task held by mcpmux, and the
-client's request is answered with the first thing that happens:
+A 2026-07-28 client has no back channel: mcpmux cannot push `sampling/createMessage` or
+`elicitation/create` to it. So when such a client (one that declared sampling or elicitation in its
+request) calls a tool whose upstream may ask the client (the plan's `asks_client`), the upstream
+call is *parked*: it runs in a task held by mcpmux, and the client's request is answered with the
+first thing that happens:
 
 - the upstream's result: returned as the tool result, the call is over;
-- a sampling request from the upstream: returned as an `InputRequiredResult` (keys `sampling-1`,
-  `sampling-2`, ...) with an unguessable `requestState`. The upstream's sampling callback waits.
+- a sampling or elicitation request from the upstream: returned as an `InputRequiredResult` (keys
+  `sampling-1`, `elicitation-2`, ...) with an unguessable `requestState`. The upstream's callback waits.
 
 The client retries the same tool call with `inputResponses` and that `requestState`; the answers wake
 the waiting callbacks and the retry is answered, again, with the next thing that happens. Requests
@@ -41,6 +42,12 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 logger = logging.getLogger(__name__)
 
 SamplingAnswer = types.CreateMessageResult | types.CreateMessageResultWithTools
+_KINDS: dict[type[Any], tuple[str, tuple[type[Any], ...]]] = {
+    types.CreateMessageRequest: ("sampling", (types.CreateMessageResult, types.CreateMessageResultWithTools)),
+    types.ElicitRequest: ("elicitation", (types.ElicitResult,)),
+    types.ListRootsRequest: ("roots", (types.ListRootsResult,)),
+}
+"""Per input request type: its keys' prefix, and the answers it takes."""
 RoundResult = types.CallToolResult | types.InputRequiredResult
 DEFAULT_IDLE_TIMEOUT = 30.0
 """Half the default upstream call timeout: a client that went away is noticed while the upstream still waits."""
@@ -50,15 +57,15 @@ GATHER_SECONDS = 0.01
 
 @dataclass(slots=True, eq=False)
 class _Ask:
-    """One upstream sampling request waiting for the client's answer."""
+    """One upstream request (sampling, elicitation) waiting for the client's answer."""
 
     key: str
-    params: types.CreateMessageRequestParams
+    request: types.InputRequest
     answered: anyio.Event = field(default_factory=anyio.Event)
-    answer: SamplingAnswer | MCPError | None = None
+    answer: types.InputResponse | MCPError | None = None
     withdrawn: bool = False  # the upstream stopped waiting (its own timeout, or the call ended)
 
-    def settle(self, answer: SamplingAnswer | MCPError) -> None:
+    def settle(self, answer: types.InputResponse | MCPError) -> None:
         if not self.answered.is_set():
             self.answer = answer
             self.answered.set()
@@ -98,12 +105,15 @@ class ParkedCall:
         self._collected = anyio.Event()
         self._dropped: str | None = None
 
-    async def ask(self, params: types.CreateMessageRequestParams) -> SamplingAnswer:
-        """Ask the client to sample (in the next round) and wait for its answer; MCPError if the call ends first."""
+    async def ask(self, request: types.InputRequest | types.CreateMessageRequestParams) -> Any:
+        """Ask the client (in the next round) and wait for its answer; MCPError if the call ends first.
+        Sampling params alone stand for their request."""
+        if isinstance(request, types.CreateMessageRequestParams):
+            request = types.CreateMessageRequest(params=request)
         if self._dropped is not None:
             raise MCPError(types.INTERNAL_ERROR, self._dropped)
         self._asked += 1
-        ask = _Ask(f"sampling-{self._asked}", params)
+        ask = _Ask(f"{_KINDS[type(request)][0]}-{self._asked}", request)
         self._send.send_nowait(ask)
         try:
             await ask.answered.wait()
@@ -173,19 +183,21 @@ class ParkedCall:
         return self.current is not None
 
     def answer(self, responses: types.InputResponses) -> None:
-        """Hand the client's answers to the waiting sampling requests; unknown keys are ignored."""
+        """Hand the client's answers to the waiting requests; unknown keys are ignored."""
         for key, response in responses.items():
             ask = self._open.pop(key, None)
             if ask is None:
-                logger.debug("input response %r for tool %r matches no open sampling request", key, self.tool)
-            elif isinstance(response, types.CreateMessageResult | types.CreateMessageResultWithTools):
+                logger.debug("input response %r for tool %r matches no open request", key, self.tool)
+                continue
+            kind, answers = _KINDS[type(ask.request)]
+            if isinstance(response, answers):
                 ask.settle(response)
             else:
                 ask.settle(
                     MCPError(
                         types.INVALID_PARAMS,
-                        f"the client answered sampling request {key!r} with a {type(response).__name__}, "
-                        "not a sampling result",
+                        f"the client answered {kind} request {key!r} with a {type(response).__name__}, "
+                        f"not a {kind} result",
                     )
                 )
 
@@ -217,10 +229,10 @@ class ParkedCall:
 
 
 def parks(session: ServerSession, asks_client: bool) -> bool:
-    """Whether a call runs parked: from a 2026-07-28 client that declared sampling in its request, on an
-    upstream whose sampling policy may forward to the client (`SamplingSettings.asks_client`)."""
+    """Whether a call runs parked: from a 2026-07-28 client that declared sampling or elicitation in its
+    request, on an upstream that may ask the client (the plan's `asks_client`)."""
     capabilities = session.client_capabilities
-    declared = capabilities is not None and capabilities.sampling is not None
+    declared = capabilities is not None and (capabilities.sampling is not None or capabilities.elicitation is not None)
     return declared and session.protocol_version in MODERN_PROTOCOL_VERSIONS and asks_client
 
 
@@ -319,7 +331,7 @@ class InputRounds:
             assert event.result is not None
             return event.result
         call.detach()
-        requests: types.InputRequests = {ask.key: types.CreateMessageRequest(params=ask.params) for ask in event}
+        requests: types.InputRequests = {ask.key: ask.request for ask in event}
         return types.InputRequiredResult(input_requests=requests, request_state=call.token)
 
     def drop(self, call: ParkedCall, reason: str) -> None:

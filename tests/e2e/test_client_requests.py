@@ -14,7 +14,7 @@ import socket
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import anyio
 import mcp_types as types
@@ -22,8 +22,10 @@ import pytest
 from mcp import Client
 from mcp.client.session import ClientRequestContext
 from mcp.client.stdio import StdioServerParameters
-from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.elicitation import AcceptedElicitation, ElicitationResult
+from mcp.server.mcpserver import Context, Elicit, ListRoots, MCPServer, Resolve
 from mcp.shared.exceptions import MCPError
+from pydantic import BaseModel
 
 from mcpmux import Mux
 from mcpmux.mux.client_requests import REASON_META
@@ -78,6 +80,29 @@ async def logs(ctx: Context) -> str:
     for level in ("debug", "info", "warning", "error"):
         await ctx.session.send_log_message(level, f"at {level}", related_request_id=ctx.request_id)
     return "logged"
+
+
+class Name(BaseModel):
+    name: str
+
+
+def ask_name(message: str) -> Elicit[Name]:
+    return Elicit(message, Name)
+
+
+def the_roots() -> ListRoots:
+    return ListRoots()
+
+
+@upstream.tool()
+async def resolved(
+    message: str,
+    answer: Annotated[ElicitationResult[Name], Resolve(ask_name)],
+    listed: Annotated[types.ListRootsResult, Resolve(the_roots)],
+) -> dict[str, Any]:
+    """Ask the user and the client's roots the era's way (pushed in 2025, input-required rounds in 2026)."""
+    name = answer.data.name if isinstance(answer, AcceptedElicitation) else None
+    return {"action": answer.action, "name": name, "roots": [str(root.uri) for root in listed.roots]}
 
 
 async def _count_roots_change(ctx: Any, params: types.NotificationParams) -> None:
@@ -274,6 +299,7 @@ async def served(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Serv
                 '[inference]\nbackend = "off"\n',
                 _table("asks", f'roots = ["{CONFIGURED_ROOT}"]\n[servers.asks.elicitation]\ntimeout = 1.0\n'),
                 _table("refuses", '[servers.refuses.elicitation]\npolicy = "decline"\n'),
+                _table("modern").replace('protocol = "legacy"', 'protocol = "auto"'),
             ]
         ),
     )
@@ -375,6 +401,32 @@ async def test_a_client_that_does_not_answer_in_time_is_cancelled(served: Served
     # The upstream got mcpmux's error and raised it: the SDK server answers that with a JSON-RPC error.
     assert "did not answer the elicitation within 1s" in raised.value.error.message
     assert person.cancelled == ["Slow?"]
+
+
+async def test_a_2026_client_answers_elicitation_and_roots_in_input_required_rounds(served: Served) -> None:
+    person = Person()
+    async with Client(served.url, mode="auto", **person.client_args()) as client:
+        assert client.protocol_version == "2026-07-28"
+        form = await client.call_tool("asks__form", {"message": "Who, in 2026?"})
+        roots = await client.call_tool("asks__roots", {})
+        link = await client.call_tool("asks__url", {"address": "https://example.com/c", "elicitation_id": "e-3"})
+    assert form.structured_content == {"action": "accept", "content": {"name": "Ada"}, "meta": None}
+    assert roots.structured_content == {"result": [ROOT_URI]}
+    assert text_of(link) == "accept"
+    assert [p.message for p in person.asked] == ["Who, in 2026?", "Open this to sign in."]
+
+
+@pytest.mark.parametrize("client_mode", ["legacy", "auto"])
+@pytest.mark.parametrize("name", ["asks", "modern"])
+async def test_every_era_pair_elicits_and_lists_roots(served: Served, name: str, client_mode: str) -> None:
+    eras = {status.name: status.protocol_version for status in served.mux.status()}
+    assert eras[name] == ("2026-07-28" if name == "modern" else "2025-11-25")
+    person = Person()
+    async with Client(served.url, mode=client_mode, **person.client_args()) as client:
+        result = await client.call_tool(f"{name}__resolved", {"message": f"{name} asks"})
+    assert not result.is_error, text_of(result)
+    assert result.structured_content == {"action": "accept", "name": "Ada", "roots": [ROOT_URI]}
+    assert [p.message for p in person.asked] == [f"{name} asks"]
 
 
 async def test_roots_come_from_the_calling_client(served: Served) -> None:

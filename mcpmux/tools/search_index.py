@@ -5,8 +5,12 @@
   plurals and `-ing`/`-ed` folded.
 - **Dense**: one embedding per tool (the embedded MiniLM or the remote backend's model) of
   "name: title. description. Arguments: ...", compared by cosine with the query's embedding.
-- **Fusion**: reciprocal rank fusion, `score = sum(1 / (RRF_K + rank))` over the two rankings
-  (BM25 counts only tools sharing a word with the query). Without embeddings, BM25 ranks alone.
+- **Fusion**: a convex combination, `score = CC_ALPHA * cosine + (1 - CC_ALPHA) * bm25 / max(top
+  bm25, CC_FLOOR)`: the query's best keyword match counts fully only when it is a strong one, so one
+  shared weak word does not outrank a close meaning. Measured by `benchmarks/tool_search.py` on 152
+  labeled queries over 11 real servers' catalogs against reciprocal rank fusion (RRF, k = 60), which
+  ranks by position alone and let lone weak keyword hits win (held-out R@1 0.66 with RRF, 0.78 with
+  this; parameters chosen on the tuning part only). Without embeddings, BM25 ranks alone.
 
 Embeddings are cached on disk by content hash (the model and the text embedded), one small file
 each, so a restart or a catalog change embeds only what is new. `ToolIndex.update` is cheap (BM25
@@ -32,10 +36,14 @@ import numpy as np
 logger = logging.getLogger(__name__)
 
 EmbedFn = Callable[[list[str]], Awaitable[list[list[float]]]]
+CC_ALPHA = 0.7
+"""Weight of the embedding's cosine in the fused score (the rest is BM25's)."""
+CC_FLOOR = 10.0
+"""A BM25 score this high counts as a full keyword match; the query's top score normalizes only above it."""
 RRF_K = 60
-"""The usual constant of reciprocal rank fusion (Cormack et al. 2009): ranks past ~60 weigh little."""
+"""Reciprocal rank fusion's usual constant (Cormack et al. 2009), for `fusion="rrf"`."""
 DENSE_DEPTH = 50
-"""How many of the nearest tools by embedding take part in the fusion."""
+"""How many of the nearest tools by embedding take part in reciprocal rank fusion."""
 
 _WORD = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|\d+")
 _STOP_WORDS = (
@@ -257,9 +265,11 @@ class ToolIndex:
         query_vector: Sequence[float] | None = None,
         allowed: Callable[[ToolDoc], bool] | None = None,
         method: str = "hybrid",
+        fusion: str = "cc",
     ) -> list[Hit]:
         """The best `limit` tools for `query`, best first. `method`: "hybrid", "bm25" or "dense"
-        (dense and hybrid need `query_vector` and every tool embedded; else BM25 alone)."""
+        (dense and hybrid need `query_vector` and every tool embedded; else BM25 alone). `fusion`:
+        "cc" (the convex combination) or "rrf" (reciprocal rank fusion)."""
         if not self.docs:
             return []
         mask = np.array([allowed(doc) for doc in self.docs]) if allowed is not None else np.ones(len(self.docs), bool)
@@ -271,6 +281,11 @@ class ToolIndex:
             return self._top(np.where(mask & (keyword > 0), keyword, -np.inf), limit)
         if keyword is None:
             return self._top(np.where(mask, dense, -np.inf), limit)
+        if fusion == "cc":
+            allowed_keyword = np.where(mask, keyword, 0.0)
+            top = max(float(allowed_keyword.max()), CC_FLOOR)
+            fused_cc = CC_ALPHA * dense + (1 - CC_ALPHA) * allowed_keyword / top
+            return self._top(np.where(mask, fused_cc, -np.inf), limit)
         fused = np.zeros(len(self.docs), dtype=np.float64)
         for ranking in (
             _ranking(np.where(mask & (keyword > 0), keyword, -np.inf)),

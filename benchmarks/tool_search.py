@@ -1,0 +1,259 @@
+"""Tool search quality, latency, index build time and listing size (issue 26).
+
+    python benchmarks/tool_search.py [--sizes 200 2000] [--json OUT]
+
+Data: `tests/data/tool_catalogs.json` (the tool lists of 11 real servers, stored by
+`benchmarks/tool_catalogs.py`) and `tests/data/tool_search_queries.json` (152 labeled queries, each
+naming the one right tool; kinds: keyword, paraphrase (worded away from the description),
+similar-tools (two servers offer the same tool; the query names which); every third query is
+held out and never used to choose a method or a parameter).
+
+Reports R@1, R@5 and MRR for BM25 alone, embeddings alone and the fusions, on the tuning and the
+held-out part apart; search latency p50/p99 (ranking alone and with the query's embedding) at
+each catalog size, grown synthetically by copying the real servers under new names; index build
+time cold (empty embedding cache) and warm (every vector on disk); and the listing's size in
+search mode against the full catalog (tokens estimated as JSON characters / 4).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import numpy as np
+
+from mcpmux.tools.meta_schemas import BATCH_TOOL, PARALLEL_TOOL, PIPELINE_TOOL
+from mcpmux.tools.search import CALL_TOOL, SEARCH_TOOL
+from mcpmux.tools.search_index import RRF_K, EmbeddingCache, ToolDoc, ToolIndex
+
+ROOT = Path(__file__).resolve().parents[1]
+CATALOGS = ROOT / "tests" / "data" / "tool_catalogs.json"
+QUERIES = ROOT / "tests" / "data" / "tool_search_queries.json"
+
+
+def load_docs(copies: int = 1) -> list[ToolDoc]:
+    catalogs: dict[str, list[dict[str, Any]]] = json.loads(CATALOGS.read_text())
+    docs = []
+    for copy in range(copies):
+        for server, tools in catalogs.items():
+            name = server if copy == 0 else f"{server}{copy}"
+            for tool in tools:
+                docs.append(
+                    ToolDoc(
+                        f"{name}__{tool['name']}",
+                        name,
+                        tool["name"],
+                        tool.get("title") or "",
+                        tool.get("description") or "",
+                        tool.get("inputSchema") or {},
+                    )
+                )
+    return docs
+
+
+def grown(size: int) -> list[ToolDoc]:
+    base = len(load_docs())
+    return load_docs(-(-size // base))[:size]
+
+
+class Model:
+    """The embedded MiniLM, called in this thread (no batcher: one caller)."""
+
+    def __init__(self) -> None:
+        from mcpmux.inference.serving.encoder import EmbeddingModel
+
+        self.model = EmbeddingModel("builtin:all-minilm-l6-v2", "cpu")
+
+    async def embed(self, texts: list[str]) -> list[list[float]]:
+        out: list[list[float]] = []
+        for start in range(0, len(texts), 32):
+            out.extend(self.model.embed(texts[start : start + 32]))
+        return out
+
+
+# -- fusion functions compared (the index ships the one that wins on the tuning part) ------------------
+
+
+def rrf(keyword: np.ndarray, dense: np.ndarray, k: int = RRF_K, dense_weight: float = 1.0) -> np.ndarray:
+    fused = np.zeros(len(keyword))
+    for weight, scores, depth in ((1.0, keyword, None), (dense_weight, dense, 50)):
+        order = np.argsort(-scores, kind="stable")
+        if scores is keyword:
+            order = order[keyword[order] > 0]
+        for rank, index in enumerate(order[:depth]):
+            fused[index] += weight / (k + rank + 1)
+    return fused
+
+
+def convex(keyword: np.ndarray, dense: np.ndarray, alpha: float = 0.6, floor: float = 0.0) -> np.ndarray:
+    """alpha * cosine + (1 - alpha) * BM25 / max(BM25 max, floor) (Bruch et al. 2023, convex combination)."""
+    top = max(float(keyword.max()), floor)
+    normed = keyword / top if top > 0 else keyword
+    return alpha * dense + (1 - alpha) * normed
+
+
+def metrics(ranks: list[int]) -> dict[str, float]:
+    """`ranks`: 1-based rank of the right tool per query (0: not found)."""
+    n = len(ranks)
+    return {
+        "R@1": sum(1 for r in ranks if r == 1) / n,
+        "R@5": sum(1 for r in ranks if 0 < r <= 5) / n,
+        "MRR": sum(1 / r for r in ranks if r > 0) / n,
+        "n": n,
+    }
+
+
+def rank_of(scores: np.ndarray, names: list[str], right: str, valid: np.ndarray | None = None) -> int:
+    if valid is not None:
+        scores = np.where(valid, scores, -np.inf)
+    order = np.argsort(-scores, kind="stable")
+    for position, index in enumerate(order[:50], 1):
+        if not np.isfinite(scores[index]):
+            return 0
+        if names[index] == right:
+            return position
+    return 0
+
+
+async def quality(model: Model) -> dict[str, Any]:
+    docs = load_docs()
+    index = ToolIndex()
+    index.update(docs)
+    await index.embed_missing(model.embed)
+    names = [doc.name for doc in docs]
+    queries = json.loads(QUERIES.read_text())
+    vectors = await model.embed([item["query"] for item in queries])
+    methods: dict[str, Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray | None]]] = {
+        "bm25": lambda kw, de: (kw, kw > 0),
+        "dense": lambda kw, de: (de, None),
+        "rrf k=60": lambda kw, de: (rrf(kw, de), None),
+        "rrf k=60 dense x2": lambda kw, de: (rrf(kw, de, dense_weight=2.0), None),
+        "rrf k=10": lambda kw, de: (rrf(kw, de, k=10), None),
+    }
+    for alpha in (0.5, 0.6, 0.7, 0.8):
+        for floor in (0.0, 5.0, 10.0):
+            methods[f"cc a={alpha} floor={floor:g}"] = lambda kw, de, a=alpha, f=floor: (convex(kw, de, a, f), None)
+    results: dict[str, Any] = {}
+    for method, score in methods.items():
+        per: dict[str, list[int]] = {}
+        for item, vector in zip(queries, vectors, strict=True):
+            keyword = index.keyword_scores(item["query"])
+            dense = index.dense_scores(vector)
+            assert dense is not None
+            scores, valid = score(keyword, dense)
+            rank = rank_of(scores, names, item["tool"], valid)
+            for group in (item["split"], f"{item['split']}/{item['kind']}"):
+                per.setdefault(group, []).append(rank)
+        results[method] = {group: metrics(ranks) for group, ranks in sorted(per.items())}
+    per = {}
+    for item, vector in zip(queries, vectors, strict=True):  # what mux_search_tools answers
+        hits = [hit.doc.name for hit in index.search(item["query"], 50, vector)]  # fusion="cc"
+        rank = hits.index(item["tool"]) + 1 if item["tool"] in hits else 0
+        for group in (item["split"], f"{item['split']}/{item['kind']}"):
+            per.setdefault(group, []).append(rank)
+    results["shipped (ToolIndex.search)"] = {group: metrics(ranks) for group, ranks in sorted(per.items())}
+    return results
+
+
+async def latency(model: Model, size: int, rounds: int = 200) -> dict[str, float]:
+    docs = grown(size)
+    with tempfile.TemporaryDirectory() as folder:
+        cold_index = ToolIndex(EmbeddingCache(Path(folder), "bench"))
+        started = time.perf_counter()
+        cold_index.update(docs)
+        await cold_index.embed_missing(model.embed)
+        cold = time.perf_counter() - started
+        warm_index = ToolIndex(EmbeddingCache(Path(folder), "bench"))
+        started = time.perf_counter()
+        warm_index.update(docs)
+        await warm_index.embed_missing(model.embed)
+        warm = time.perf_counter() - started
+        assert warm_index.dense_ready
+    queries = [item["query"] for item in json.loads(QUERIES.read_text())]
+    vectors = await model.embed(queries)
+    rank_ms, total_ms = [], []
+    for round_ in range(rounds):
+        query, vector = queries[round_ % len(queries)], vectors[round_ % len(queries)]
+        started = time.perf_counter()
+        warm_index.search(query, 5, vector)
+        rank_ms.append((time.perf_counter() - started) * 1e3)
+        started = time.perf_counter()
+        fresh = (await model.embed([query]))[0]
+        warm_index.search(query, 5, fresh)
+        total_ms.append((time.perf_counter() - started) * 1e3)
+    return {
+        "tools": len(docs),
+        "build_cold_s": cold,
+        "build_warm_s": warm,
+        "rank_p50_ms": _pct(rank_ms, 50),
+        "rank_p99_ms": _pct(rank_ms, 99),
+        "search_p50_ms": _pct(total_ms, 50),
+        "search_p99_ms": _pct(total_ms, 99),
+    }
+
+
+def _pct(values: list[float], pct: int) -> float:
+    return float(np.percentile(values, pct)) if len(values) > 1 else statistics.fmean(values)
+
+
+def listing_size() -> dict[str, float]:
+    def tokens(tools: list[dict[str, Any]]) -> float:
+        return len(json.dumps({"tools": tools}, separators=(",", ":"))) / 4
+
+    own = [
+        t.model_dump(mode="json", by_alias=True, exclude_none=True)
+        for t in (PARALLEL_TOOL, BATCH_TOOL, PIPELINE_TOOL, SEARCH_TOOL, CALL_TOOL)
+    ]
+    catalog = [{"name": d.name, "description": d.description, "inputSchema": d.input_schema} for d in load_docs()]
+    full = tokens(own[:3] + catalog)
+    search = tokens(own)
+    return {"catalog_tools": len(catalog), "full_tokens": full, "search_mode_tokens": search, "ratio": search / full}
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", type=int, nargs="*", default=[200, 2000])
+    parser.add_argument("--rounds", type=int, default=200)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    model = await anyio.to_thread.run_sync(Model)
+    report: dict[str, Any] = {"quality": await quality(model), "listing": listing_size()}
+    report["latency"] = [await latency(model, size, args.rounds) for size in args.sizes]
+    sys.stdout.write(_table(report))
+    if args.json is not None:
+        args.json.write_text(json.dumps(report, indent=1))
+
+
+def _table(report: dict[str, Any]) -> str:
+    lines = ["method                       | tune R@1 R@5  MRR  | held-out R@1 R@5  MRR"]
+    for method, groups in report["quality"].items():
+        tune, held = groups["tune"], groups["heldout"]
+        lines.append(
+            f"{method:28} | {tune['R@1']:.2f} {tune['R@5']:.2f} {tune['MRR']:.2f} | "
+            f"{held['R@1']:.2f} {held['R@5']:.2f} {held['MRR']:.2f}"
+        )
+    listing = report["listing"]
+    lines.append(
+        f"listing: {listing['search_mode_tokens']:.0f} tokens in search mode vs {listing['full_tokens']:.0f} for "
+        f"{listing['catalog_tools']} tools ({listing['ratio']:.1%})"
+    )
+    for row in report.get("latency", []):
+        lines.append(
+            f"{row['tools']} tools: build cold {row['build_cold_s']:.2f} s, warm {row['build_warm_s'] * 1e3:.0f} ms; "
+            f"rank p50 {row['rank_p50_ms']:.2f} ms p99 {row['rank_p99_ms']:.2f} ms; with query embedding "
+            f"p50 {row['search_p50_ms']:.1f} ms p99 {row['search_p99_ms']:.1f} ms"
+        )
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    anyio.run(main)

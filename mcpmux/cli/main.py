@@ -100,6 +100,9 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="serve HTTP on a non-loopback address with no [http] auth tokens set (docs/security.md)",
     )
+    serve.add_argument(
+        "--profile", default=None, help="serve only what [profiles.NAME] allows: its servers' and tools' globs"
+    )
     serve.add_argument("wrapped", nargs=argparse.REMAINDER, help="-- CMD ARGS...: wrap one stdio server")
     commands.add_parser("tools", help="list the aggregated catalog and each upstream's status")
     call = commands.add_parser("call", help="call one tool and print its result as JSON")
@@ -147,7 +150,7 @@ async def _serve(args: argparse.Namespace, config: Config) -> int:
     # Read (a non-loopback bind without tokens refused) and bound before any upstream starts.
     edge = prepare_edge(config, host, args.allow_unauthenticated_remote) if args.transport == "http" else None
     sock = bind(host, config.http.port if args.port is None else args.port) if edge is not None else None
-    async with Mux(config) as mux, anyio.create_task_group() as tasks:
+    async with Mux(config, profile=args.profile) as mux, anyio.create_task_group() as tasks:
         frontend = Frontend(mux)
         _freeze_startup_heap()
         stop, skip = anyio.Event(), anyio.Event()

@@ -13,6 +13,7 @@ and what was expected, before anything starts.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import re
@@ -172,6 +173,28 @@ class HttpSettings(_Model):
         return value
 
 
+class ProfileSettings(_Model):
+    """`[profiles.NAME]`: the part of the catalog a client served with `mcpmux serve --profile NAME` sees.
+
+    Globs over server names and over public tool names (`server__tool`); deny wins over allow. Tools
+    outside the profile are not listed, not found by search, and unknown when called."""
+
+    servers: list[str] = Field(default_factory=lambda: ["*"])
+    deny_servers: list[str] = Field(default_factory=list)
+    tools: list[str] = Field(default_factory=lambda: ["*"])
+    deny_tools: list[str] = Field(default_factory=list)
+
+    def allows_server(self, name: str) -> bool:
+        return _matches(name, self.servers) and not _matches(name, self.deny_servers)
+
+    def allows_tool(self, public_name: str) -> bool:
+        return _matches(public_name, self.tools) and not _matches(public_name, self.deny_tools)
+
+
+def _matches(name: str, globs: list[str]) -> bool:
+    return any(fnmatch.fnmatchcase(name, glob) for glob in globs)
+
+
 class Config(_Model):
     """The resolved configuration, whatever file format it came from."""
 
@@ -179,6 +202,7 @@ class Config(_Model):
     mux: MuxSettings = Field(default_factory=MuxSettings)
     http: HttpSettings = Field(default_factory=HttpSettings)
     inference: InferenceSettings = Field(default_factory=InferenceSettings)
+    profiles: dict[str, ProfileSettings] = Field(default_factory=dict)
     source: str = "<memory>"
 
     @field_validator("servers")

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 import mcp_types as types
 
+from mcpmux.core.config import ProfileSettings
 from mcpmux.core.naming import public_name
 from mcpmux.errors import UnknownToolError
 from mcpmux.upstream.session_io import Listing
@@ -39,6 +40,8 @@ class Route:
 class Catalog:
     separator: str = "__"
     prefix_single: bool = True
+    profile: ProfileSettings | None = None
+    """Only the servers and tools this profile allows are in the view (`mcpmux serve --profile`)."""
     tools: list[types.Tool] = field(default_factory=list)
     prompts: list[types.Prompt] = field(default_factory=list)
     resources: list[types.Resource] = field(default_factory=list)
@@ -59,11 +62,16 @@ class Catalog:
         self.resources, self._resource_routes = [], {}
         self.resource_templates, self._template_routes = [], []
         taken = set(local_names)
+        profile = self.profile
         for source in sources:
+            if profile is not None and not profile.allows_server(source.name):
+                continue
             for tool in source.listing.tools:
                 if not source.allows_tool(tool.name):
                     continue
                 name = public_name(source.name, tool.name, self.separator, prefix, taken)
+                if profile is not None and not profile.allows_tool(name):
+                    continue
                 taken.add(name)
                 self.tools.append(tool.model_copy(update={"name": name}))
                 self._tool_routes[name] = Route(source.name, tool.name)

@@ -25,11 +25,12 @@ from anyio.abc import TaskGroup
 
 from mcpmux.batching import CachePolicy, ResultCache
 from mcpmux.core.call_tracker import CallCancelledError, CallTracker, TrackedCall
-from mcpmux.core.config import Config, ServerConfig, load_config
+from mcpmux.core.config import Config, ProfileSettings, ServerConfig, load_config
 from mcpmux.core.logs import RequestContext, set_upstream
 from mcpmux.core.metrics import MuxMetrics, outcome_of
 from mcpmux.core.server_policy import priority_for
 from mcpmux.errors import (
+    ConfigError,
     MuxError,
     UnknownToolError,
     UnlistedToolError,
@@ -64,9 +65,12 @@ LogListener = Callable[[str, types.LoggingMessageNotificationParams], Awaitable[
 class Mux:
     """One catalog over many MCP servers, with every call routed to its upstream."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, *, profile: str | None = None) -> None:
+        """`profile`: serve only what `[profiles.NAME]` allows (the catalog, search and calls)."""
         self.config = config
-        self.catalog = Catalog(separator=config.mux.separator, prefix_single=config.mux.prefix_single)
+        self.profile = profile
+        chosen = _profile(config, profile)
+        self.catalog = Catalog(separator=config.mux.separator, prefix_single=config.mux.prefix_single, profile=chosen)
         self._events = UpstreamEvents(listing_changed=self._on_listing_changed, log=self._on_log)
         # Upstream sampling requests go to the bridge, which answers under each server's policy.
         self.sampling = SamplingBridge()
@@ -110,7 +114,8 @@ class Mux:
             from mcpmux.tools.local import inference_tools  # imported here: local_tools imports this module
 
             for local in inference_tools(lambda: self.inference, config.inference.namespace, config.mux.separator):
-                self.add_local_tool(local)
+                if chosen is None or chosen.allows_tool(local.tool.name):
+                    self.add_local_tool(local)
 
     @classmethod
     def from_config(cls, config: str | Path | Config) -> Mux:
@@ -449,3 +454,12 @@ class Mux:
             if any(t.uri_template == uri_template for t in upstream.listing.resource_templates):
                 return name
         raise MuxError(f"no upstream offers the resource template {uri_template!r}")
+
+
+def _profile(config: Config, name: str | None) -> ProfileSettings | None:
+    if name is None:
+        return None
+    if name not in config.profiles:
+        known = ", ".join(sorted(config.profiles)) or "none"
+        raise ConfigError(f"{config.source}: no [profiles.{name}] table (profiles defined: {known})")
+    return config.profiles[name]

@@ -34,6 +34,7 @@ import bm25s
 import numpy as np
 
 logger = logging.getLogger(__name__)
+logging.getLogger("bm25s").setLevel(logging.WARNING)  # bm25s sets DEBUG on import: one line per index build
 
 EmbedFn = Callable[[list[str]], Awaitable[list[list[float]]]]
 CC_ALPHA = 0.7

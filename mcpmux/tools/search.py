@@ -149,7 +149,8 @@ class ToolSearch:
     def __init__(self, mux: Mux) -> None:
         self.mux = mux
         self.index = ToolIndex(EmbeddingCache(default_cache_dir(), embedding_identity(mux)))
-        self._seen: tuple[int, int] | None = None  # (id of the catalog's tool list, number of local tools)
+        # The catalog's tool list as last indexed (held, so its identity cannot be reused) and the local tools' count.
+        self._seen: tuple[list[types.Tool], int] | None = None
         self._wanted = anyio.Event()
         self._started = False
         self._said_bm25_only = False
@@ -205,8 +206,8 @@ class ToolSearch:
 
     def sync(self) -> None:
         """Bring BM25 up to date with the catalog if it changed (cheap: a rebuild of the word index)."""
-        seen = (id(self.mux.catalog.tools), len(self.mux.local_tools))
-        if seen == self._seen:
+        seen = (self.mux.catalog.tools, len(self.mux.local_tools))
+        if self._seen is not None and seen[0] is self._seen[0] and seen[1] == self._seen[1]:
             return
         self._seen = seen
         self.index.update([self._doc(tool) for tool in self.mux.list_tools() if tool.name not in OWN_TOOL_NAMES])

@@ -164,7 +164,8 @@ async def _serve(args: argparse.Namespace, config: Config) -> int:
                 await frontend.serve_stdio()
                 serving.cancel_scope.cancel()  # stdin closed: no client is left to answer
         else:
-            assert edge is not None and sock is not None
+            assert edge is not None
+            assert sock is not None
             _announce_http(host, sock.getsockname()[1], config)
             drained = anyio.Event()
             tasks.start_soon(_drain_when_stopped, mux, stop, skip, drained.set)

@@ -112,6 +112,7 @@ def _parser() -> argparse.ArgumentParser:
     search.add_argument("query", help="the task in plain words")
     search.add_argument("--limit", "-n", type=int, default=10, help="how many tools to print (1 to 50, default 10)")
     search.add_argument("--servers", nargs="+", default=None, metavar="GLOB", help="only servers matching these")
+    search.add_argument("--profile", default=None, help="search only what [profiles.NAME] allows")
     commands.add_parser("check", help="validate the config and print the resolved upstreams")
     for sub in commands.choices.values():
         sub.add_argument("--config", "-c", default=None, help="config file (TOML or client JSON)")
@@ -290,7 +291,7 @@ async def _search(args: argparse.Namespace, config: Config) -> int:
         raise MuxError(f"--limit must be between 1 and 50, got {args.limit}")
     if config.mux.tool_search == "off":  # the command searches whatever the served mode is
         config = config.model_copy(update={"mux": config.mux.model_copy(update={"tool_search": "on"})})
-    async with Mux(config) as mux:
+    async with Mux(config, profile=args.profile) as mux:
         search = mux.tool_search
         assert search is not None
         search.query_timeout = SEARCH_INDEX_WAIT

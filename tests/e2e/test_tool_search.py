@@ -7,6 +7,7 @@ tested in-process with the real MiniLM.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
@@ -254,6 +255,12 @@ def test_the_search_command_prints_ranked_tools(tmp_path: Path, home: Path) -> N
     nothing = subprocess.run([*command, "zyxxy quuxifier"], capture_output=True, text=True, timeout=120)
     assert nothing.returncode == 1
     assert nothing.stdout == ""
+    raw = json.loads(config.read_text())
+    config.write_text(json.dumps({**raw, "profiles": {"no_time": {"deny_servers": ["time"]}}}))
+    profiled = [*command, "current time in a timezone", "--profile", "no_time", "-n", "50"]
+    inside = subprocess.run(profiled, capture_output=True, text=True, timeout=120)
+    assert "time__" not in inside.stdout
+    assert "alpha__" in inside.stdout
     bad = subprocess.run([*command, "time", "--limit", "0"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2
     assert "--limit must be between 1 and 50, got 0" in bad.stderr

@@ -103,6 +103,10 @@ class CallTracker:
         """A context manager around one call (to `upstream`, or to a local tool when None)."""
         return TrackedCall(self, upstream)
 
+    def in_flight(self, upstream: str) -> int:
+        """How many calls to `upstream` are in flight now (tool calls, resource reads, prompts, completions)."""
+        return sum(1 for call in self._calls if call.upstream == upstream)
+
     def refuse(self, upstream: str | None, reason: str) -> None:
         """Refuse new calls to `upstream` (every call when None) and cancel those in flight, with `reason`."""
         self._refusing[upstream] = reason

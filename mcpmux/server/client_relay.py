@@ -1,8 +1,12 @@
 """The server->client request relay: an upstream's sampling, elicitation or roots request to one client.
 
 Upstream sessions are shared by every client, and nothing in the protocol says which client call
-caused a request, so the `Frontend` records the calls in flight on each upstream (`callers`) and
-the relay asks the most recent caller that declared what the request needs:
+caused a request, so the `Frontend` records the calls in flight on each upstream (`callers`), and
+the relay takes the request for one of the calls of the client whose call is the most recent; it
+asks that client if it declared what the request needs (else the policy's fallback applies: another
+client is never asked, so no client sees a question that may be about another's call; and nobody
+is asked while a call the relay cannot see is in flight on that upstream, such as an HTTP fast-path
+call of a client that declared neither sampling nor elicitation):
 
 - `sampling/createMessage`: `sampling` (and `sampling.tools` when the request carries tools);
 - `elicitation/create`: `elicitation`, with `url` for a url-mode request (an empty `elicitation`
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -71,8 +76,16 @@ def _result_type(request: ClientRequest) -> type[Any]:
 class ClientRelay:
     """Finds the client an upstream's request belongs to and asks it (see the module's docstring)."""
 
-    def __init__(self, callers: Callers, rounds: InputRounds, connections: weakref.WeakSet[Connection]) -> None:
+    def __init__(
+        self,
+        callers: Callers,
+        rounds: InputRounds,
+        connections: weakref.WeakSet[Connection],
+        in_flight: Callable[[str], int] | None = None,
+    ) -> None:
         self._callers = callers
+        self._in_flight = in_flight
+        """Every call in flight on an upstream, seen or not by the relay (`CallTracker.in_flight`)."""
         self._rounds = rounds
         self._connections = connections
         # Per client session, per call in flight (request id): notes for the model, added to its result.
@@ -85,10 +98,18 @@ class ClientRelay:
     async def ask(self, upstream: str, request: ClientRequest, limit: float | None) -> Any:
         """The answer of the client `request` belongs to; None when no client can be asked."""
         in_flight = list(self._callers.get(upstream, {}).items())
-        for session, request_id in reversed(in_flight):
-            if not can_answer(session.client_capabilities, request):
+        calls = [(session, request_id) for session, request_id in in_flight if isinstance(session, ServerSession)]
+        seen = sum(getattr(session, "calls", 1) for session, _ in in_flight)  # a stand-in counts its calls
+        if calls and self._in_flight is not None and self._in_flight(upstream) > seen:
+            # Also in flight: a call the relay does not see (an HTTP fast-path call, whose client can answer
+            # nothing; a resource read): the request may be that one's, so no client is asked.
+            return None
+        # The request belongs to the client of the most recent call: never ask another client about it.
+        client = calls[-1][0]._connection if calls else None
+        for session, request_id in reversed(calls):
+            if session._connection is not client or not can_answer(session.client_capabilities, request):
                 continue
-            parked = self._rounds.call_of(session) if isinstance(session, ServerSession) else None
+            parked = self._rounds.call_of(session)
             if parked is not None:  # a 2026-07-28 client: in its parked call's next input-required round
                 if isinstance(request, types.CreateMessageRequest):
                     return await parked.ask(request)  # the round's own idle timeout applies
@@ -101,7 +122,7 @@ class ClientRelay:
                 answer = await session.send_request(request, _result_type(request), metadata=metadata)
             self._remember_url(upstream, request, session)
             return answer
-        if isinstance(request, types.ListRootsRequest) and not any(isinstance(s, ServerSession) for s, _ in in_flight):
+        if isinstance(request, types.ListRootsRequest) and not calls:
             return await self._ask_only_rooted_client(limit)
         return None
 

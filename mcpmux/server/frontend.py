@@ -145,7 +145,7 @@ class Frontend:
         mux.on_log(self._relay_log)
         mux.sampling.client_sampler = self._sample_via_client
         # Upstream sampling, elicitation and roots requests go to the client whose call caused them.
-        self.relay = ClientRelay(self._callers, self.rounds, self._connections)
+        self.relay = ClientRelay(self._callers, self.rounds, self._connections, mux.calls.in_flight)
         requests = mux.client_requests
         requests.asker, requests.noter = self.relay.ask, self.relay.note
         requests.complete_listener = self.relay.elicitation_complete

@@ -28,6 +28,8 @@ from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel
 
 from mcpmux import Mux
+from mcpmux.core.config import config_from_dict
+from mcpmux.errors import ConfigError
 from mcpmux.mux.client_requests import REASON_META
 from mcpmux.server.client_relay import can_answer
 from mcpmux.server.edge_policy import EdgePolicy
@@ -45,11 +47,28 @@ SCHEMA: types.ElicitRequestedSchema = {
 }
 
 
+outcomes: dict[str, str] = {}
+
+
 @upstream.tool()
 async def form(message: str, ctx: Context) -> dict[str, Any]:
-    """Ask the user a form; return their answer."""
-    answer = await ctx.session.elicit_form(message, SCHEMA, related_request_id=ctx.request_id)
+    """Ask the user a form; return their answer (and remember how it ended, by message)."""
+    try:
+        answer = await ctx.session.elicit_form(message, SCHEMA, related_request_id=ctx.request_id)
+    except MCPError as err:
+        outcomes[message] = f"error: {err.error.message}"
+        raise
+    except anyio.get_cancelled_exc_class():
+        outcomes[message] = "cancelled"
+        raise
+    outcomes[message] = answer.action
     return {"action": answer.action, "content": answer.content, "meta": answer.meta}
+
+
+@upstream.tool()
+def form_outcome(message: str) -> str:
+    """How the form elicitation with this message ended ("" while it has not)."""
+    return outcomes.get(message, "")
 
 
 @upstream.tool()
@@ -234,6 +253,7 @@ async def _everything_answers(client: Client, prefix: str) -> dict[str, str]:
     out["form"] = text_of(await client.call_tool(f"{prefix}trigger-elicitation-request", {}))
     arguments = {"url": "https://example.com/login", "elicitationId": "fixed-id"}
     out["url"] = text_of(await client.call_tool(f"{prefix}trigger-url-elicitation", arguments))
+    out["setLevel"] = repr(await client.set_logging_level("warning"))  # -32601 through mcpmux before
     return out
 
 
@@ -319,6 +339,29 @@ async def served(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Serv
 def _listening(port: int) -> bool:
     with socket.socket() as probe:
         return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_roots_and_elicitation_settings_in_the_config() -> None:
+    config = config_from_dict(
+        {
+            "mux": {"roots": ["/srv/data", {"uri": "file:///home/me", "name": "home"}]},
+            "servers": {
+                "own": {"command": "x", "roots": [], "elicitation": {"policy": "decline", "timeout": 5}},
+                "inherits": {"command": "y"},
+            },
+        }
+    )
+    assert [(root.uri, root.name) for root in config.mux.roots] == [
+        ("file:///srv/data", None),
+        ("file:///home/me", "home"),
+    ]
+    assert config.servers["own"].roots == []  # none, not [mux] roots
+    assert config.servers["inherits"].roots is None
+    assert config.servers["own"].elicitation.policy == "decline"
+    assert config.servers["inherits"].elicitation.policy == "client"
+    with pytest.raises(ConfigError) as raised:
+        config_from_dict({"mux": {"roots": ["https://example.com"]}})
+    assert "a root must be a file:// URI or an absolute path" in str(raised.value)
 
 
 async def test_form_elicitation_reaches_the_calling_client(served: Served) -> None:
@@ -427,6 +470,58 @@ async def test_every_era_pair_elicits_and_lists_roots(served: Served, name: str,
     assert not result.is_error, text_of(result)
     assert result.structured_content == {"action": "accept", "name": "Ada", "roots": [ROOT_URI]}
     assert [p.message for p in person.asked] == [f"{name} asks"]
+
+
+async def test_a_client_that_disconnects_mid_elicitation_leaves_nothing_waiting(served: Served) -> None:
+    gone = Person(delay=60.0)
+    with anyio.move_on_after(30) as scope:
+        async with (
+            Client(served.url, mode="legacy", **gone.client_args()) as client,
+            anyio.create_task_group() as tasks,
+        ):
+            tasks.start_soon(client.call_tool, "asks__form", {"message": "Still there?"})
+            while not gone.asked:
+                await anyio.sleep(0.02)
+            tasks.cancel_scope.cancel()  # the client goes away with the question open
+    assert not scope.cancelled_caught
+    person = Person()
+    async with Client(served.url, mode="legacy", **person.client_args()) as client:
+        with anyio.fail_after(10):
+            while not (outcome := text_of(await client.call_tool("asks__form_outcome", {"message": "Still there?"}))):
+                await anyio.sleep(0.1)
+        # The client's going away cancelled its call, so the upstream's call and its elicitation (or, had the
+        # cancellation been lost, the elicitation timeout: 1 s here) ended; others are served.
+        assert outcome == "cancelled" or outcome.startswith("error: "), outcome
+        result = await client.call_tool("asks__form", {"message": "Next?"})
+    assert result.structured_content is not None
+    assert result.structured_content["action"] == "accept"
+    assert not served.frontend._callers.get("asks")  # no call left recorded in flight
+
+
+async def test_two_clients_with_different_capabilities_on_one_upstream_at_once(served: Served) -> None:
+    able = Person(delay=0.5)  # answers within the 1 s elicitation timeout
+    results: dict[str, types.CallToolResult] = {}
+    async with (
+        Client(served.url, mode="legacy", **able.client_args()) as first,
+        Client(served.url, mode="legacy") as second,  # declares nothing
+        anyio.create_task_group() as tasks,
+    ):
+
+        async def call(client: Client, key: str) -> None:
+            results[key] = await client.call_tool("asks__form", {"message": key})
+
+        tasks.start_soon(call, first, "first")
+        with anyio.fail_after(5):
+            while not able.asked:
+                await anyio.sleep(0.01)
+        await call(second, "second")  # while the first client's question is open
+    # Each request went to the client of the most recent call, never to the other client.
+    assert [p.message for p in able.asked] == ["first"]
+    assert results["first"].structured_content is not None
+    assert results["first"].structured_content["action"] == "accept"
+    assert results["second"].structured_content is not None
+    assert results["second"].structured_content["action"] == "decline"
+    assert "declared elicitation" in text_of(results["second"])
 
 
 async def test_roots_come_from_the_calling_client(served: Served) -> None:

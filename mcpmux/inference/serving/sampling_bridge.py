@@ -8,8 +8,8 @@ upstream's `[servers.NAME.sampling] policy` decides who answers:
 - `client`: the client whose tool call caused the request, if it declared sampling. A 2025 session
   gets a pushed request; a 2026-07-28 client, which has no back channel, gets it in an input-required
   round of its parked call (`mcpmux.server.input_rounds`). Nothing in the protocol links the two requests, so
-  the frontend tracks the calls in flight on each upstream and the most recent caller that can sample
-  is asked;
+  the frontend tracks the calls in flight on each upstream, and the client of the most recent one is
+  asked if it can sample (`mcpmux.server.client_relay`);
 - `client-then-local` (the default): the client when one can answer, else the local model;
 - `off`: refused with an error that names the setting to change.
 

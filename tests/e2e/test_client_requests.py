@@ -567,5 +567,18 @@ async def test_each_client_hears_logs_at_its_own_level(served: Served) -> None:
     assert {"debug", "info", "warning", "error"} <= set(heard["all"])
 
 
+@pytest.mark.parametrize("name", ["asks", "modern"])
+async def test_a_2026_client_hears_logs_at_its_per_request_level(served: Served, name: str) -> None:
+    heard: list[str] = []
+
+    async def on_log(params: types.LoggingMessageNotificationParams) -> None:
+        heard.append(params.level)
+
+    async with Client(served.url, mode="auto", log_level="warning", logging_callback=on_log) as client:
+        assert client.protocol_version == "2026-07-28"
+        assert (await client.call_tool(f"{name}__logs", {})).content
+    assert heard == ["warning", "error"]
+
+
 if __name__ == "__main__":
     upstream.run("stdio")

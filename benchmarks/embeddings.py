@@ -26,7 +26,8 @@ from pathlib import Path
 import anyio
 import torch
 
-from mcpmux.inference.serving.embeddings import Embedder, EmbeddingModel
+from mcpmux.inference.serving.embeddings import Embedder
+from mcpmux.inference.serving.encoder import EmbeddingModel
 from mcpmux.inference.serving.settings import EmbeddingSettings
 
 RESULTS = Path(__file__).resolve().parent / "results" / "embeddings.json"

@@ -153,6 +153,7 @@ async def _serve(args: argparse.Namespace, config: Config) -> int:
     sock = bind(host, config.http.port if args.port is None else args.port) if edge is not None else None
     async with Mux(config, profile=args.profile) as mux, anyio.create_task_group() as tasks:
         frontend = Frontend(mux)
+        _announce_inference(mux)
         _freeze_startup_heap()
         stop, skip = anyio.Event(), anyio.Event()
         reloader = None if _wrapped(args) else ConfigReloader(mux, config.source)
@@ -173,6 +174,13 @@ async def _serve(args: argparse.Namespace, config: Config) -> int:
             await frontend.serve_http(sock, edge, config.http.path, stop, shutdown_timeout=2, drained=drained)
         tasks.cancel_scope.cancel()
     return 0
+
+
+def _announce_inference(mux: Mux) -> None:
+    """Which models serve and from where (the service logs it at info; said here at any log level)."""
+    if mux.inference is not None and not logging.getLogger("mcpmux.inference").isEnabledFor(logging.INFO):
+        sys.stderr.write("".join(f"mcpmux inference: {line}\n" for line in mux.inference.description))
+        sys.stderr.flush()
 
 
 def _freeze_startup_heap() -> None:

@@ -1,4 +1,4 @@
-"""The errors the inference engine raises for a request or a configuration."""
+"""The errors inference raises: for a request or a configuration (`EngineError`), or a model (`ModelLoadError`)."""
 
 from __future__ import annotations
 
@@ -19,3 +19,11 @@ class QueueFullError(EngineError):
 
 class RequestTooLargeError(EngineError):
     """The request can never fit: its prompt (+ max_tokens) exceeds the KV pool or the model's context."""
+
+
+class ModelLoadError(MuxError, ValueError):
+    """A model could not be loaded; the message names the path, name or architecture and what to do."""
+
+
+class UnsupportedModelError(ModelLoadError):
+    """The checkpoint's architecture is not one our forward computes."""

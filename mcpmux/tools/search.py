@@ -10,7 +10,9 @@ The index (`search_index.ToolIndex`) follows the catalog: it is built when the `
 brought up to date, in the Mux's task group, after every catalog change (list_changed, reconnect,
 reload); only tools whose text changed are embedded again, and embeddings are kept on disk. While
 embeddings are off (`[inference] backend = "off"`, `[inference.embeddings] model = ""`), still
-loading, or failing, search ranks by BM25 alone, and says so once in the log.
+loading, or failing, search ranks by BM25 alone, and says so once in the log. Outside search mode the
+catalog is not embedded (the embedding model would load at every start for a listing that shows every
+tool anyway), so a search there ranks by BM25.
 """
 
 from __future__ import annotations
@@ -244,7 +246,8 @@ class ToolSearch:
         while True:
             self._wanted = anyio.Event()
             self.sync()
-            embed = self._embedder()
+            # Outside search mode tools/list shows the whole catalog: embedding it would load the model for nothing.
+            embed = self._embedder() if self.search_mode() else None
             if embed is not None and self.index.missing:
                 try:
                     count = await self.index.embed_missing(embed)

@@ -109,7 +109,8 @@ async def test_resource_reads_honour_ttl_and_cache_scope() -> None:
 
 async def test_listings_are_refetched_when_their_ttl_runs_out() -> None:
     growing = {**PAGED, "env": {"PAGED_GROWING": "1"}}
-    async with Mux(config_from_dict({"servers": {"paged": growing}, "mux": {"meta_tools": False}})) as mux:
+    only_paged = {"servers": {"paged": growing}, "mux": {"meta_tools": False}, "inference": {"backend": "off"}}
+    async with Mux(config_from_dict(only_paged)) as mux:
         first = [t.name for t in mux.list_tools()]
         assert first
         await mux.refresh_stale_listings()  # still fresh (ttlMs = 300): nothing refetched

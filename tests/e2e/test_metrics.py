@@ -113,7 +113,7 @@ async def test_calls_errors_cache_and_batches_are_counted() -> None:
             assert value(samples, "mcpmux_upstream_state", upstream=name, state="down") == 0
             assert value(samples, "mcpmux_upstream_in_flight", upstream=name) == 0
             assert value(samples, "mcpmux_upstream_tools", upstream=name) > 5
-        assert not any(name.startswith("mcpmux_engine_") for name, _ in samples)  # inference is off
+        assert value(samples, "mcpmux_engine_steps_total", model="smollm2") == 0  # on by default, not loaded
 
 
 async def test_in_flight_and_rejections_by_reason() -> None:

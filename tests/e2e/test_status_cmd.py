@@ -67,7 +67,7 @@ async def test_status_prints_upstreams_tools_and_counts(tmp_path: Path, monkeypa
     assert row(out, "alpha", "echo", "3", "0")  # top tools: upstream, tool, calls, errors
     assert row(out, "beta", "fail", "1", "1")
     assert row(out, "tools", "1", "1", "50%")  # cache: hits, misses, hit rate
-    assert "Inference engine" not in out  # inference is off
+    assert row(out, "smollm2", "0", "0", "0%")  # inference is on by default, idle: nothing asked for a model
     assert "s3cret" not in done.stdout + done.stderr + refused.stderr
 
 

@@ -27,26 +27,12 @@ import anyio.to_thread
 
 from mcpmux.inference.engine.config import EngineConfig, SamplingParams
 from mcpmux.inference.engine.llm_engine import LLMEngine, Prompt, RequestOutput
-from mcpmux.inference.engine.sampler import TokenLogprob
+from mcpmux.inference.engine.outputs import Completion, TokenLogprob
 from mcpmux.inference.engine.stats import EngineStats
 from mcpmux.inference.errors import EngineError
 from mcpmux.inference.models.loader import LoadedModel
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(slots=True)
-class Completion:
-    """A finished request: all its text and tokens, why it ended, and its token counts."""
-
-    request_id: str
-    text: str
-    token_ids: list[int]
-    finish_reason: str  # "stop" | "length" | "abort"
-    prompt_tokens: int
-    cached_prompt_tokens: int
-    completion_tokens: int
-    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass(slots=True)

@@ -9,20 +9,12 @@ else shares its batch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from mcpmux.inference.engine.config import SamplingParams
-
-
-@dataclass(slots=True)
-class TokenLogprob:
-    """The sampled token's log-probability and, when asked for, the most likely alternatives."""
-
-    token_id: int
-    logprob: float
-    top: list[tuple[int, float]] = field(default_factory=list)
+from mcpmux.inference.engine.outputs import TokenLogprob
 
 
 @dataclass(slots=True)

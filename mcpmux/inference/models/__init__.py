@@ -7,32 +7,13 @@ one ``(k_cache, v_cache)`` pair per layer, each ``[num_blocks, block_size, num_k
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-import torch
-from torch import Tensor
+if TYPE_CHECKING:  # this package's own import stays torch-free, so `builtin` is too
+    import torch
+    from torch import Tensor
 
-from mcpmux.inference.models.forward_batch import ForwardBatch
-from mcpmux.inference.models.llama import LlamaCausalLM
-from mcpmux.inference.models.registry import (
-    SUPPORTED_ARCHITECTURES,
-    ModelLoadError,
-    UnsupportedModelError,
-    architecture_of,
-    build_causal_lm,
-    context_limit,
-)
-
-__all__ = [
-    "SUPPORTED_ARCHITECTURES",
-    "CausalLM",
-    "LlamaCausalLM",
-    "ModelLoadError",
-    "UnsupportedModelError",
-    "architecture_of",
-    "build_causal_lm",
-    "context_limit",
-]
+    from mcpmux.inference.models.forward_batch import ForwardBatch
 
 
 class CausalLM(Protocol):

@@ -20,11 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-from tqdm import tqdm
-from transformers import AutoModelForCausalLM, AutoTokenizer
-
-from mcpmux.inference.models import ModelLoadError
+from mcpmux.inference.errors import ModelLoadError
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +121,11 @@ def ensure_converted(name: str) -> Path:
 
 def convert_gguf(source: Path, folder: Path) -> None:
     """Dequantize ``source`` to float32 safetensors (+ tokenizer, chat template) at ``folder``, atomically."""
+    # Imported here: describing and locating builtin models (what the service does at start) needs no torch.
+    import torch
+    from tqdm import tqdm
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     folder.parent.mkdir(parents=True, exist_ok=True)
     _remove_abandoned(folder)
     staging = folder.parent / f".{folder.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}"

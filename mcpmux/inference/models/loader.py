@@ -24,7 +24,9 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
-from mcpmux.inference.models import CausalLM, ModelLoadError, architecture_of, build_causal_lm, builtin
+from mcpmux.inference.errors import ModelLoadError
+from mcpmux.inference.models import CausalLM, builtin
+from mcpmux.inference.models.registry import architecture_of, build_causal_lm
 
 log = logging.getLogger(__name__)
 

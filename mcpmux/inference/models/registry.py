@@ -7,7 +7,7 @@ from typing import Any
 
 from torch import nn
 
-from mcpmux.errors import MuxError
+from mcpmux.inference.errors import UnsupportedModelError
 from mcpmux.inference.models.llama import LlamaCausalLM
 from mcpmux.inference.models.rope import rope_position_limit
 
@@ -17,14 +17,6 @@ log = logging.getLogger(__name__)
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
 # A config read from GGUF metadata names only its model_type.
 _BY_MODEL_TYPE = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
-
-
-class ModelLoadError(MuxError, ValueError):
-    """A model could not be loaded; the message names the path, name or architecture and what to do."""
-
-
-class UnsupportedModelError(ModelLoadError):
-    """The checkpoint's architecture is not one our forward computes."""
 
 
 def architecture_of(config: Any, source: str) -> str:

@@ -23,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
 
-from mcpmux.inference.engine.async_engine import Completion
+from mcpmux.inference.engine.outputs import Completion
 from mcpmux.inference.errors import EngineError, QueueFullError
 from mcpmux.inference.openai.requests import OpenAIBadRequest, parse_embedding, parse_generation
 from mcpmux.inference.openai.stream import ChoiceResult, GenerationStream, choice_logprobs, usage_of

@@ -23,7 +23,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from mcpmux.inference.engine.config import SamplingParams
-from mcpmux.inference.engine.sampler import TokenLogprob
+from mcpmux.inference.engine.outputs import TokenLogprob
 from mcpmux.inference.openai.requests import GenerationRequest, Prompt
 from mcpmux.inference.serving.delta import Delta
 from mcpmux.inference.serving.service import InferenceService

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from mcpmux.inference.engine.sampler import TokenLogprob
+from mcpmux.inference.engine.outputs import TokenLogprob
 
 
 @dataclass(slots=True)

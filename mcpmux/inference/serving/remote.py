@@ -17,8 +17,8 @@ from typing import Any
 
 import httpx2
 
-from mcpmux.inference.engine.async_engine import Completion
 from mcpmux.inference.engine.config import SamplingParams
+from mcpmux.inference.engine.outputs import Completion
 from mcpmux.inference.errors import EngineError
 from mcpmux.inference.serving.delta import Delta
 from mcpmux.inference.serving.settings import EmbeddingSettings, RemoteSettings

@@ -7,7 +7,10 @@ OpenAI-compatible server) changes nothing for them.
     async with await InferenceService.start(settings) as svc:
         text = (await svc.complete("Hello", SamplingParams(max_tokens=16))).text
 
-Start and shut it down from the same task (its embedding batcher runs in a task group).
+Starting it costs nothing: no model loads and torch is not imported. Each local model loads on the
+first request for it (a builtin model is converted first if it is not cached yet), the embedding
+model on the first embedding request. Start and shut it down from the same task (its embedding
+batcher runs in a task group).
 """
 
 from __future__ import annotations
@@ -17,18 +20,23 @@ from collections.abc import AsyncGenerator, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import asdict
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.to_thread
 
-from mcpmux.inference.engine.async_engine import Completion, Engine
 from mcpmux.inference.engine.config import EngineConfig, SamplingParams
-from mcpmux.inference.errors import EngineError
+from mcpmux.inference.engine.outputs import Completion
+from mcpmux.inference.engine.stats import EngineStats
+from mcpmux.inference.errors import EngineError, ModelLoadError
+from mcpmux.inference.models import builtin
 from mcpmux.inference.serving.delta import Delta
 from mcpmux.inference.serving.embeddings import Embedder
 from mcpmux.inference.serving.remote import RemoteBackend
 from mcpmux.inference.serving.settings import InferenceSettings, ModelSettings
+
+if TYPE_CHECKING:
+    from mcpmux.inference.engine.async_engine import Engine
 
 log = logging.getLogger(__name__)
 
@@ -52,15 +60,17 @@ class InferenceService:
     def __init__(self, settings: InferenceSettings) -> None:
         self.settings = settings
         self._stack = AsyncExitStack()
-        self._engines: dict[str, Engine] = {}
+        self._engines: dict[str, Engine] = {}  # the local models loaded so far
+        self._loading: dict[str, anyio.Lock] = {}
         self._models: dict[str, ModelSettings] = {}
         self._remote: RemoteBackend | None = None
         self._embedder: Embedder | None = None
         self._closed = False
+        self.description: list[str] = []  # what serves and from where, one line each (logged at start)
 
     @classmethod
     async def start(cls, settings: InferenceSettings) -> InferenceService:
-        """Load every configured model (local) or open the remote client; the embedder loads on first use."""
+        """Open the remote client (openai) or check the local models' sources (local); nothing loads yet."""
         if settings.backend == "off":
             raise InferenceOffError('[inference] backend is "off"; set it to "local" or "openai" to serve models')
         service = cls(settings)
@@ -81,9 +91,39 @@ class InferenceService:
                 )
             self._remote = await self._stack.enter_async_context(RemoteBackend(settings.remote, settings.embeddings))
             self._models = {settings.remote.model: ModelSettings(model=settings.remote.model)}
+            remote = settings.remote
+            self._describe(f"model {remote.model} served by the OpenAI-compatible server at {remote.base_url}")
             return
         self._models = dict(settings.models) or dict(DEFAULT_MODELS)
         for name, model in self._models.items():
+            self._loading[name] = anyio.Lock()
+            try:
+                where = source_of(model.model)
+            except ModelLoadError as err:  # served as an error to each request until it is fixed
+                self._describe(f"model {name} cannot load: {err}", logging.WARNING)
+            else:
+                self._describe(f"model {name} serves {where}; loads on first use")
+        if settings.embeddings.model:
+            self._describe(f"embeddings from {settings.embeddings.model}; loads on first use")
+            self._embedder = await self._stack.enter_async_context(Embedder(settings.embeddings))
+
+    def _describe(self, line: str, level: int = logging.INFO) -> None:
+        self.description.append(line)
+        log.log(level, "inference: %s", line)
+
+    async def _engine(self, name: str) -> Engine:
+        """The engine of local model `name`, started by the first request that needs it."""
+        engine = self._engines.get(name)
+        if engine is not None:
+            return engine
+        async with self._loading[name]:  # concurrent first requests wait for one load
+            engine = self._engines.get(name)
+            if engine is not None:
+                return engine
+            # Imported here: torch and transformers come in with the first model, not with the service.
+            from mcpmux.inference.engine.async_engine import Engine
+
+            model = self._models[name]
             log.info("loading model %s (%s)", name, model.model)
             engine = await Engine.start(
                 EngineConfig(
@@ -97,10 +137,13 @@ class InferenceService:
                     cuda_graphs=model.cuda_graphs,
                 )
             )
+            if self._closed:  # shut down while the model loaded
+                await engine.shutdown()
+                raise EngineError("the inference service is shut down; start a new one with InferenceService.start()")
             self._stack.push_async_callback(engine.shutdown)
             self._engines[name] = engine
-        if settings.embeddings.model:
-            self._embedder = await self._stack.enter_async_context(Embedder(settings.embeddings))
+            log.info("model %s loaded", name)
+            return engine
 
     async def shutdown(self) -> None:
         """Abort what is in flight, stop the engines, the embedder and the remote client."""
@@ -183,7 +226,8 @@ class InferenceService:
             async for delta in self._remote.stream(prompt, params, name):
                 yield delta
             return
-        async for out in self._engines[name].generate(prompt, params, priority):
+        engine = await self._engine(name)
+        async for out in engine.generate(prompt, params, priority):
             yield Delta(
                 out.text,
                 out.finish_reason,
@@ -201,7 +245,8 @@ class InferenceService:
         name = self.resolve_model(model)
         if self._remote is not None:
             return await self._remote.complete(prompt, params, name)
-        return await self._engines[name].complete(prompt, params, priority)
+        engine = await self._engine(name)
+        return await engine.complete(prompt, params, priority)
 
     async def embed(self, texts: list[str]) -> list[list[float]]:
         """One L2-normalized vector per text (batched with other callers' texts)."""
@@ -225,7 +270,7 @@ class InferenceService:
         return sum(len(ids) for ids in await anyio.to_thread.run_sync(model.tokenize, texts))
 
     def token_text(self, model: str | None, token_id: int) -> str:
-        """The text of one token of a local model (for logprobs); empty for remote models."""
+        """The text of one token of a local model (for logprobs); empty for remote or not yet loaded models."""
         engine = self._engines.get(self.resolve_model(model))
         if engine is None:
             return ""
@@ -237,12 +282,31 @@ class InferenceService:
         return self.settings.embeddings.model
 
     def stats(self) -> dict[str, Any]:
-        """Per-model engine stats (local) or remote counters, plus the embedder's (padding waste)."""
+        """Per-model engine stats (local; zeros and `loaded: false` until a model's first request) or
+        remote counters, plus the embedder's (padding waste)."""
         result: dict[str, Any] = {"backend": self.settings.backend}
         if self._remote is not None:
             result["remote"] = self._remote.stats()
         else:
-            result["models"] = {name: asdict(engine.stats()) for name, engine in self._engines.items()}
+            result["models"] = {name: self._model_stats(name) for name in self._models}
         if self._embedder is not None:
             result["embeddings"] = self._embedder.stats()
         return result
+
+    def _model_stats(self, name: str) -> dict[str, Any]:
+        engine = self._engines.get(name)
+        return asdict(engine.stats() if engine is not None else EngineStats()) | {"loaded": engine is not None}
+
+
+def source_of(spec: str) -> str:
+    """Where a model spec's weights come from, for the start-up log; `ModelLoadError` for an unknown
+    builtin model or a missing package, so a broken install shows at start, not only at first use."""
+    if not spec.startswith(builtin.PREFIX):
+        return spec
+    model = builtin.lookup(spec.removeprefix(builtin.PREFIX))
+    folder = builtin.converted_folder(model)
+    converted = "converted" if (folder / "config.json").is_file() else "to be converted on first use (~20 s)"
+    return (
+        f"{spec} ({model.description}) from the {model.distribution} package ({builtin.gguf_path(model)}), "
+        f"{converted} to {folder}"
+    )

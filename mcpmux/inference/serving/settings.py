@@ -2,8 +2,10 @@
 
 ```toml
 [inference]
-backend = "local"             # "local": the in-process engine; "openai": a remote OpenAI-compatible
-                              # server (vLLM, SGLang, TGI); "off": no inference at all
+backend = "local"             # "local" (the default): the in-process engine, each model loaded on its
+                              # first request (builtin:smollm2-135m when no [inference.models.X] table
+                              # is given); "openai": a remote OpenAI-compatible server (vLLM, SGLang,
+                              # TGI); "off": no inference at all
 namespace = "local"           # local tools are served as local__generate and local__embed
 openai_api = true             # serve the OpenAI-compatible API at /v1 on the HTTP server
 
@@ -81,7 +83,7 @@ class RemoteSettings(_Model):
 
 
 class InferenceSettings(_Model):
-    backend: Literal["local", "openai", "off"] = "off"
+    backend: Literal["local", "openai", "off"] = "local"
     namespace: str = "local"
     openai_api: bool = True
     models: dict[str, ModelSettings] = Field(default_factory=dict)

@@ -14,8 +14,7 @@ import pytest
 
 from mcpmux.inference.engine.async_engine import Engine
 from mcpmux.inference.engine.config import SamplingParams
-from mcpmux.inference.errors import EngineError, QueueFullError, RequestTooLargeError
-from mcpmux.inference.models import ModelLoadError
+from mcpmux.inference.errors import EngineError, ModelLoadError, QueueFullError, RequestTooLargeError
 from mcpmux.inference.models.loader import LoadedModel, load_model
 from tests.inference.engine_harness import engine_config
 

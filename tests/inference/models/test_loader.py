@@ -11,15 +11,12 @@ import pytest
 import torch
 from transformers import AutoTokenizer, GPT2Config
 
-from mcpmux.inference.models import (
-    SUPPORTED_ARCHITECTURES,
-    LlamaCausalLM,
-    ModelLoadError,
-    UnsupportedModelError,
-    builtin,
-)
+from mcpmux.inference.errors import ModelLoadError, UnsupportedModelError
+from mcpmux.inference.models import builtin
 from mcpmux.inference.models.builtin import BuiltinModel, builtin_names, gguf_path
+from mcpmux.inference.models.llama import LlamaCausalLM
 from mcpmux.inference.models.loader import load_model, resolve_dtype
+from mcpmux.inference.models.registry import SUPPORTED_ARCHITECTURES
 
 
 def test_loaded_model_describes_the_checkpoint(tiny_qwen2: Path) -> None:

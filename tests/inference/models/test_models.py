@@ -16,8 +16,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from mcpmux.inference.models import LlamaCausalLM
 from mcpmux.inference.models.forward_batch import ForwardBatch
+from mcpmux.inference.models.llama import LlamaCausalLM
 from mcpmux.inference.models.loader import LoadedModel, load_model
 from tests.inference.tiny_models import TINY_ARCHS, build_tiny_model
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-from mcpmux.inference.serving.embeddings import (
-    Embedder,
+from mcpmux.inference.serving.embeddings import Embedder
+from mcpmux.inference.serving.encoder import (
     EmbeddingModel,
     EmbeddingModelError,
     Pooling,

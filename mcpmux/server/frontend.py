@@ -157,7 +157,10 @@ class Frontend:
             "notifications/roots/list_changed", types.NotificationParams, self._roots_changed
         )
         # 2025 resources/subscribe: updates reach only the clients subscribed to the URI.
-        self.subscriptions = ResourceSubscriptions(mux)
+        self.subscriptions = ResourceSubscriptions(mux, self.bus)
+        self.server.add_request_handler(
+            "subscriptions/listen", types.SubscriptionsListenRequestParams, self.subscriptions.listen
+        )
         mux.on_resource_updated(self.subscriptions.updated)
         mux.on_catalog_changed(self.subscriptions.renew)
         self.server.add_request_handler("resources/subscribe", types.SubscribeRequestParams, self._subscribe)

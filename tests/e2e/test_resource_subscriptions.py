@@ -141,3 +141,20 @@ async def test_subscribing_to_an_unknown_uri_is_the_clients_error(mcpmux_url: tu
             await client.subscribe_resource("demo://nothing/here")
     assert raised.value.error.code == types.INVALID_PARAMS
     assert "no upstream offers resource" in raised.value.error.message
+
+
+async def test_a_2026_client_listens_to_a_resource_of_a_2025_upstream(mcpmux_url: tuple[Mux, str]) -> None:
+    mux, url = mcpmux_url
+    upstream = mux.upstreams["everything"]
+    async with Client(url, mode="auto") as client:
+        assert client.protocol_version == "2026-07-28"
+        uri = await _a_document(client)
+        async with client.listen(resource_subscriptions=[uri]) as stream:
+            assert uri in upstream.subscriptions  # subscribed upstream while the stream is open
+            await client.call_tool(f"everything__{TOGGLE}", {})
+            with anyio.fail_after(8):
+                event = await anext(aiter(stream))
+        assert getattr(event, "uri", None) == uri, event
+        with anyio.fail_after(5):
+            while uri in upstream.subscriptions:  # the stream closed: unsubscribed upstream
+                await anyio.sleep(0.02)

@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 from drivers import RawHttpDriver
-from mux_overhead import ECHO, HERE, _base_env, _free_port, _mcpmux_command, http_server, processes_cpu, sweep_leaks
+from mux_overhead import ECHO, HERE, Mcpmux, _base_env, _free_port, http_server, processes_cpu, sweep_leaks
 
 TREE = HERE.parent
 
@@ -97,9 +97,10 @@ def main(argv: list[str]) -> int:
                 config.write_text(json.dumps({"mcpServers": {"echo": {"url": f"http://127.0.0.1:{upstream}/mcp"}}}))
                 echo = [sys.executable, ECHO, "http", str(upstream)]
                 stack.enter_context(http_server(echo, upstream, route, workdir / f"echo-{route}.log"))
-                serve = [*_mcpmux_command(), "serve", "--config", str(config), "--transport", "http"]
-                serve += ["--port", str(ports[route])]
-                stack.enter_context(http_server(serve, ports[route], route, workdir / f"{route}.log", _base_env(tree)))
+                mcpmux = Mcpmux(tree)  # `python -m mcpmux` in the tree: an older tree has its own entry point
+                serve = [*mcpmux.serve(str(config)), "--transport", "http", "--port", str(ports[route])]
+                log = workdir / f"{route}.log"
+                stack.enter_context(http_server(serve, ports[route], route, log, mcpmux.env(), cwd=tree))
                 asyncio.run(drive(ports[route], args.concurrency, 200))  # warm-up
             print(f"mux_ab: N = {args.concurrency}, {args.calls} calls per round; base = {args.base}, new = {TREE}")
             for number in range(args.rounds):
@@ -116,7 +117,7 @@ def main(argv: list[str]) -> int:
     medians = {route: statistics.median(ratios[route]) for route in trees}
     for route in trees:
         cost = statistics.median(costs[route])
-        print(f"{route:4}: median mcpmux/upstream/supervisor CPU {medians[route]:.3f}, mcpmux {cost:.3f} ms/call")
+        print(f"{route:4}: median mcpmux/upstream CPU {medians[route]:.3f}, mcpmux {cost:.3f} ms/call")
     change = (medians["new"] / medians["base"] - 1) * 100
     print(f"new against base: {change:+.1f}% mcpmux CPU per call (upstream's CPU as the yardstick)")
     if leaked:

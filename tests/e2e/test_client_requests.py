@@ -9,6 +9,7 @@ notifications, timeouts, configured roots, list_changed counts, log levels.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import sys
@@ -281,6 +282,28 @@ async def test_server_everything_through_mcpmux_equals_direct(tmp_path: Path, fr
     assert "fixed-id" in mux_answers["url"]
     # The person was asked the same things, the url elicitation unchanged.
     assert [p.model_dump() for p in mux_person.asked] == [p.model_dump() for p in direct_person.asked]
+
+
+TS_CLIENT = ROOT / "tests" / "e2e" / "ts_client.mjs"
+TS_SDK = ROOT / ".npm" / "node_modules" / "@modelcontextprotocol" / "sdk"
+
+
+async def _ts_client(prefix: str, *command: str) -> dict[str, Any]:
+    env = {**os.environ, "MCP_SDK_DIR": str(TS_SDK)}
+    with anyio.fail_after(60):
+        done = await anyio.run_process(["node", str(TS_CLIENT), prefix, *command], env=env)
+    answers: dict[str, Any] = json.loads(done.stdout)
+    return answers
+
+
+@needs_everything
+@pytest.mark.skipif(not TS_SDK.exists(), reason="the TypeScript SDK is not installed")
+async def test_the_typescript_client_gets_through_mcpmux_what_it_gets_direct(tmp_path: Path) -> None:
+    direct = await _ts_client("", "node", str(EVERYTHING), "stdio")
+    config = _everything_config(tmp_path)
+    through = await _ts_client(PREFIX, PY, "-m", "mcpmux", "serve", "--config", str(config))
+    assert set(direct["tools"]) >= CAPABILITY_TOOLS
+    assert through == direct  # tools listed, roots, form and url elicitation, logging/setLevel
 
 
 @needs_everything

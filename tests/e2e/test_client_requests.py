@@ -298,10 +298,15 @@ async def _ts_client(prefix: str, *command: str) -> dict[str, Any]:
 
 @needs_everything
 @pytest.mark.skipif(not TS_SDK.exists(), reason="the TypeScript SDK is not installed")
-async def test_the_typescript_client_gets_through_mcpmux_what_it_gets_direct(tmp_path: Path) -> None:
+@pytest.mark.parametrize("front", ["stdio", "http"])
+async def test_the_typescript_client_gets_through_mcpmux_what_it_gets_direct(tmp_path: Path, front: str) -> None:
     direct = await _ts_client("", "node", str(EVERYTHING), "stdio")
     config = _everything_config(tmp_path)
-    through = await _ts_client(PREFIX, PY, "-m", "mcpmux", "serve", "--config", str(config))
+    if front == "stdio":
+        through = await _ts_client(PREFIX, PY, "-m", "mcpmux", "serve", "--config", str(config))
+    else:
+        with mux_over_http(config) as address:
+            through = await _ts_client(PREFIX, address)
     assert set(direct["tools"]) >= CAPABILITY_TOOLS
     assert through == direct  # tools listed, roots, form and url elicitation, logging/setLevel
 

@@ -2,10 +2,12 @@
 // sampling, elicitation (form and url) and roots, answers each, and prints what the capability
 // tools of server-everything answered, as JSON on stdout.
 // Usage: node ts_client.mjs PREFIX COMMAND ARGS...   (PREFIX: "" direct, "everything__" through mcpmux)
+//        node ts_client.mjs PREFIX http://HOST:PORT/mcp  (streamable HTTP)
 // The SDK is imported from MCP_SDK_DIR (its package folder): ESM resolution ignores NODE_PATH.
 const sdk = (path) => import(`${process.env.MCP_SDK_DIR}/dist/esm/${path}`);
 const { Client } = await sdk("client/index.js");
 const { StdioClientTransport } = await sdk("client/stdio.js");
+const { StreamableHTTPClientTransport } = await sdk("client/streamableHttp.js");
 const { CreateMessageRequestSchema, ElicitRequestSchema, ListRootsRequestSchema } = await sdk("types.js");
 
 const [prefix, command, ...args] = process.argv.slice(2);
@@ -40,7 +42,11 @@ client.setRequestHandler(CreateMessageRequestSchema, async () => ({
   model: "person",
   stopReason: "endTurn",
 }));
-await client.connect(new StdioClientTransport({ command, args, env: process.env, stderr: "ignore" }));
+await client.connect(
+  command.startsWith("http")
+    ? new StreamableHTTPClientTransport(new URL(command))
+    : new StdioClientTransport({ command, args, env: process.env, stderr: "ignore" }),
+);
 const text = (result) => result.content.map((block) => block.text ?? "").join("");
 const tools = (await client.listTools()).tools.map((tool) => tool.name).filter((name) => name.startsWith(prefix));
 await new Promise((resolve) => setTimeout(resolve, 500)); // server-everything asks for roots 350 ms after start

@@ -164,14 +164,26 @@ async def quality(model: Model) -> dict[str, Any]:
     return results
 
 
-async def latency(model: Model, size: int, rounds: int = 200) -> dict[str, float]:
+async def latency(model: Model, size: int, rounds: int = 200, cold_max: int = 10_000) -> dict[str, float]:
+    """Past `cold_max` tools the cold build is not timed: each copy of a real tool gets the real tool's
+    vector on disk (ranking costs the same whatever the vectors hold), and only the warm build is."""
     docs = grown(size)
     with tempfile.TemporaryDirectory() as folder:
-        cold_index = ToolIndex(EmbeddingCache(Path(folder), "bench"))
+        cache = EmbeddingCache(Path(folder), "bench")
+        cold_index = ToolIndex(cache)
         started = time.perf_counter()
-        cold_index.update(docs)
+        cold_index.update(docs[: min(size, cold_max)])
         await cold_index.embed_missing(model.embed)
-        cold = time.perf_counter() - started
+        cold = time.perf_counter() - started if size <= cold_max else float("nan")
+        if size > cold_max:
+            vectors = {
+                doc.short + doc.server.rstrip("0123456789"): cache.get(cache.key(doc.dense_text()))
+                for doc in cold_index.docs
+            }
+            for doc in docs[cold_max:]:
+                vector = vectors.get(doc.short + doc.server.rstrip("0123456789"))
+                if vector is not None:
+                    cache.put(cache.key(doc.dense_text()), vector)
         warm_index = ToolIndex(EmbeddingCache(Path(folder), "bench"))
         started = time.perf_counter()
         warm_index.update(docs)
@@ -224,11 +236,17 @@ async def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="*", default=[200, 2000])
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--cold-max", type=int, default=10_000, help="time the cold build only up to this many tools")
     args = parser.parse_args()
     model = await anyio.to_thread.run_sync(Model)
     report: dict[str, Any] = {"quality": await quality(model), "listing": listing_size()}
-    report["latency"] = [await latency(model, size, args.rounds) for size in args.sizes]
     sys.stdout.write(_table(report))
+    sys.stdout.flush()
+    report["latency"] = []
+    for size in args.sizes:
+        report["latency"].append(await latency(model, size, args.rounds, args.cold_max))
+        sys.stdout.write(_latency_line(report["latency"][-1]) + "\n")
+        sys.stdout.flush()
     if args.json is not None:
         args.json.write_text(json.dumps(report, indent=1))
 
@@ -246,13 +264,15 @@ def _table(report: dict[str, Any]) -> str:
         f"listing: {listing['search_mode_tokens']:.0f} tokens in search mode vs {listing['full_tokens']:.0f} for "
         f"{listing['catalog_tools']} tools ({listing['ratio']:.1%})"
     )
-    for row in report.get("latency", []):
-        lines.append(
-            f"{row['tools']} tools: build cold {row['build_cold_s']:.2f} s, warm {row['build_warm_s'] * 1e3:.0f} ms; "
-            f"rank p50 {row['rank_p50_ms']:.2f} ms p99 {row['rank_p99_ms']:.2f} ms; with query embedding "
-            f"p50 {row['search_p50_ms']:.1f} ms p99 {row['search_p99_ms']:.1f} ms"
-        )
     return "\n".join(lines) + "\n"
+
+
+def _latency_line(row: dict[str, float]) -> str:
+    return (
+        f"{row['tools']} tools: build cold {row['build_cold_s']:.2f} s, warm {row['build_warm_s'] * 1e3:.0f} ms; "
+        f"rank p50 {row['rank_p50_ms']:.2f} ms p99 {row['rank_p99_ms']:.2f} ms; with query embedding "
+        f"p50 {row['search_p50_ms']:.1f} ms p99 {row['search_p99_ms']:.1f} ms"
+    )
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator
 from contextlib import suppress
 from dataclasses import dataclass, field
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 import anyio
 import anyio.from_thread
@@ -31,6 +32,9 @@ from mcpmux.inference.engine.outputs import Completion, TokenLogprob
 from mcpmux.inference.engine.stats import EngineStats
 from mcpmux.inference.errors import EngineError
 from mcpmux.inference.models.loader import LoadedModel
+
+if TYPE_CHECKING:
+    from mcpmux.inference.engine.grammar import GrammarMatcher
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +55,7 @@ class _Add:
     priority: int
     arrival_time: float
     stream: _Stream
+    matcher: GrammarMatcher | None
 
 
 @dataclass(slots=True)
@@ -120,12 +125,18 @@ class Engine:
         request_id: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Stream a request's deltas: a prompt string, chat messages or token ids. Larger `priority`
-        runs first. Errors (queue full, too large) are raised on the first iteration."""
+        runs first. Errors (queue full, too large, a grammar that cannot be used) are raised on the
+        first iteration. A grammar is compiled in a worker thread, never on the step loop."""
         if self._closed:
             raise EngineError("the engine is shut down; start a new one with Engine.start()")
         rid = request_id or uuid.uuid4().hex
+        params = params or SamplingParams()
+        arrival = time.perf_counter()
+        matcher = None
+        if params.grammar is not None:
+            matcher = await anyio.to_thread.run_sync(self._core.compile_grammar, params.grammar)
         stream = _Stream()
-        self._inbox.put(_Add(rid, prompt, params or SamplingParams(), priority, time.perf_counter(), stream))
+        self._inbox.put(_Add(rid, prompt, params, priority, arrival, stream, matcher))
         finished = False
         try:
             while True:
@@ -240,7 +251,9 @@ class Engine:
         try:
             if cmd.request_id in self._streams:
                 raise ValueError(f"request id {cmd.request_id!r} is already in use; pick a unique id")
-            self._core.add_request(cmd.request_id, cmd.prompt, cmd.params, cmd.priority, cmd.arrival_time)
+            self._core.add_request(
+                cmd.request_id, cmd.prompt, cmd.params, cmd.priority, cmd.arrival_time, matcher=cmd.matcher
+            )
         except Exception as exc:  # a bad request fails its own stream, never the engine
             cmd.stream.items.append(exc)
             touched.append(cmd.stream)

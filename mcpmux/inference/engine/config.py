@@ -12,6 +12,20 @@ def _check(ok: bool, message: str) -> None:
         raise InvalidSettingError(message)
 
 
+GRAMMAR_KINDS = ("json_schema", "regex", "lark")
+
+
+@dataclass(slots=True, frozen=True)
+class Grammar:
+    """What a constrained request's output must match: a JSON schema (as JSON text), a regex or a Lark grammar."""
+
+    kind: str
+    source: str
+
+    def __post_init__(self) -> None:
+        _check(self.kind in GRAMMAR_KINDS, f"grammar kind must be one of {', '.join(GRAMMAR_KINDS)}, got {self.kind!r}")
+
+
 @dataclass(slots=True, frozen=True)
 class SamplingParams:
     """How one request samples and when it stops.
@@ -20,7 +34,9 @@ class SamplingParams:
     `seed` makes a request's samples reproducible whatever else shares the batch. `stop` strings end
     the output before the match (the match itself never appears). `logprobs=n` reports the sampled
     token's log-probability plus the `n` most likely tokens' (0: the sampled token's only), taken
-    from the model's raw distribution before temperature and filters.
+    from the model's raw distribution before temperature, filters and grammar. `grammar` holds the
+    output to a JSON schema, regex or Lark grammar (`engine.grammar`); it ends with "stop" once the
+    grammar is complete.
     """
 
     max_tokens: int = 256
@@ -33,6 +49,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None
+    grammar: Grammar | None = None
 
     def __post_init__(self) -> None:
         # Accept lists from JSON-shaped callers, store tuples so the params stay hashable and frozen.

@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from mcpmux.inference.engine.config import EngineConfig, SamplingParams
+from mcpmux.inference.engine.config import EngineConfig, Grammar, SamplingParams
 from mcpmux.inference.engine.detokenizer import IncrementalDetokenizer
 from mcpmux.inference.engine.model_runner import ModelRunner, kv_block_bytes
 from mcpmux.inference.engine.sampler import SampleRequest, TokenLogprob, make_generator
@@ -15,6 +17,9 @@ from mcpmux.inference.engine.scheduler import Scheduler
 from mcpmux.inference.engine.sequence import Sequence
 from mcpmux.inference.engine.stats import EngineStats, StatsCollector
 from mcpmux.inference.models.loader import LoadedModel, load_model
+
+if TYPE_CHECKING:
+    from mcpmux.inference.engine.grammar import GrammarCompiler, GrammarMatcher
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +66,8 @@ class LLMEngine:
         self.scheduler = Scheduler(config, num_blocks, self.loaded.eos_token_ids, max_len)
         self.stats_collector = StatsCollector()
         self._requests: dict[str, _Request] = {}
+        self._grammar_compiler: GrammarCompiler | None = None
+        self._grammar_lock = threading.Lock()
 
     def encode(self, prompt: Prompt) -> list[int]:
         """Token ids of a plain prompt, chat messages (via the chat template) or ids as given."""
@@ -79,9 +86,15 @@ class LLMEngine:
         params: SamplingParams,
         priority: int = 0,
         arrival_time: float | None = None,
+        matcher: GrammarMatcher | None = None,
     ) -> None:
-        """Queue a request; raises `RequestTooLargeError`, `QueueFullError` or `ValueError`."""
+        """Queue a request; raises `RequestTooLargeError`, `QueueFullError` or `ValueError`.
+
+        A request with a grammar uses `matcher` when one was compiled beforehand (`compile_grammar`,
+        off the step loop), else its grammar is compiled here."""
         token_ids = self.encode(prompt)
+        if params.grammar is not None and matcher is None:
+            matcher = self.compile_grammar(params.grammar)
         seq = Sequence(request_id, token_ids, len(token_ids), params, priority=priority)
         try:
             self.scheduler.add(seq)
@@ -92,9 +105,20 @@ class LLMEngine:
         self._requests[request_id] = _Request(
             seq,
             IncrementalDetokenizer(self.loaded.tokenizer, token_ids, params.stop),
-            SampleRequest(params, generator),
+            SampleRequest(params, generator, matcher),
             time.perf_counter() if arrival_time is None else arrival_time,
         )
+
+    def compile_grammar(self, grammar: Grammar) -> GrammarMatcher:
+        """A matcher for a request's grammar (safe from any thread); `InvalidSettingError` if unusable."""
+        with self._grammar_lock:
+            if self._grammar_compiler is None:
+                # Imported here: llguidance loads with the first constrained request.
+                from mcpmux.inference.engine.grammar import GrammarCompiler
+
+                self._grammar_compiler = GrammarCompiler(self.loaded.tokenizer, self.loaded.vocab_size)
+            compiler = self._grammar_compiler
+        return compiler.matcher(grammar)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -150,8 +174,12 @@ class LLMEngine:
         # A token that ended the request by id (eos, stop_token_ids) adds no text.
         if not (seq.is_finished and seq.finish_reason == "stop"):
             out.text = req.detokenizer.add(token)
-            if req.detokenizer.stopped:
-                # A stop string on the very last allowed token still counts as a stop, not a length cut.
+            matcher = req.sample.matcher
+            if matcher is not None:
+                matcher.consume(token)
+            if req.detokenizer.stopped or (matcher is not None and matcher.done):
+                # A stop string (or a complete grammar) on the very last allowed token still counts as a
+                # stop, not a length cut.
                 seq.finish_reason = "stop" if seq.is_finished else seq.finish_reason
                 self.scheduler.finish(seq, "stop")
         return self._final(req, out, now) if seq.is_finished else out

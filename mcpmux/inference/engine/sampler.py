@@ -10,19 +10,24 @@ else shares its batch.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from mcpmux.inference.engine.config import SamplingParams
 from mcpmux.inference.engine.outputs import TokenLogprob
 
+if TYPE_CHECKING:
+    from mcpmux.inference.engine.grammar import GrammarMatcher
+
 
 @dataclass(slots=True)
 class SampleRequest:
-    """One row of the logits: how to sample it, with the request's generator."""
+    """One row of the logits: how to sample it, with the request's generator (and grammar, if any)."""
 
     params: SamplingParams
     generator: torch.Generator
+    matcher: GrammarMatcher | None = None
 
 
 @dataclass(slots=True)
@@ -45,10 +50,19 @@ def sample(logits: torch.Tensor, requests: list[SampleRequest]) -> SampleResult:
     """Sample one token per row of float32 `logits` [N, vocab]."""
     if not requests:
         return SampleResult([], [])
-    tokens = torch.argmax(logits, dim=-1)
+    scores = logits
+    constrained = [row for row, req in enumerate(requests) if req.matcher is not None]
+    if constrained:  # only these rows change; logprobs still come from the raw logits
+        scores = logits.clone()
+        for row in constrained:
+            matcher = requests[row].matcher
+            assert matcher is not None
+            allowed = matcher.allowed().to(scores.device)
+            scores[row].masked_fill_(~allowed, float("-inf"))
+    tokens = torch.argmax(scores, dim=-1)
     for row, req in enumerate(requests):
         if not req.params.greedy:
-            tokens[row] = _sample_row(logits[row], req)
+            tokens[row] = _sample_row(scores[row], req)
     token_list = [int(t) for t in tokens.tolist()]
     logprobs: list[TokenLogprob | None] = [None] * len(requests)
     wanted = [row for row, req in enumerate(requests) if req.params.logprobs is not None]

@@ -38,6 +38,8 @@ class RemoteError(EngineError):
 
 def request_body(prompt: Prompt, params: SamplingParams, model: str, *, stream: bool) -> dict[str, Any]:
     """The OpenAI request body for a prompt (`/completions`) or chat messages (`/chat/completions`)."""
+    if params.grammar is not None:  # refused rather than dropped: the answer would not be held to it
+        raise EngineError("a grammar (constrained decoding) is served by the local engine only, not the remote backend")
     body: dict[str, Any] = {
         "model": model,
         "max_tokens": params.max_tokens,

@@ -24,7 +24,7 @@ from mcp import Client
 from mcp.client.session import ClientRequestContext
 from mcp.client.stdio import StdioServerParameters
 from mcp.server.elicitation import AcceptedElicitation, ElicitationResult
-from mcp.server.mcpserver import Context, Elicit, ListRoots, MCPServer, Resolve
+from mcp.server.mcpserver import Context, Elicit, ListRoots, MCPServer, Resolve, Sample
 from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel
 
@@ -125,6 +125,23 @@ async def resolved(
     return {"action": answer.action, "name": name, "roots": [str(root.uri) for root in listed.roots]}
 
 
+LOOKUP = types.Tool(name="lookup", input_schema={"type": "object"})
+
+
+def sample_with_a_tool(prompt: str) -> Sample:
+    message = types.SamplingMessage(role="user", content=types.TextContent(type="text", text=prompt))
+    return Sample([message], max_tokens=16, tools=[LOOKUP])
+
+
+@upstream.tool()
+async def tool_use(
+    prompt: str, result: Annotated[types.CreateMessageResultWithTools, Resolve(sample_with_a_tool)]
+) -> dict[str, Any]:
+    """Sample with a tool the model may call (2025-11-25 sampling with tools; needs sampling.tools)."""
+    blocks = result.content if isinstance(result.content, list) else [result.content]
+    return {"stop_reason": result.stop_reason, "blocks": [block.type for block in blocks]}
+
+
 async def _count_roots_change(ctx: Any, params: types.NotificationParams) -> None:
     roots_changes.append(1)
 
@@ -172,7 +189,12 @@ class Person:
 
     async def sample(
         self, context: ClientRequestContext, params: types.CreateMessageRequestParams
-    ) -> types.CreateMessageResult:
+    ) -> types.CreateMessageResult | types.CreateMessageResultWithTools:
+        if params.tools:
+            use = types.ToolUseContent(type="tool_use", name=params.tools[0].name, id="use-1", input={})
+            return types.CreateMessageResultWithTools(
+                role="assistant", content=[use], model="person", stop_reason="toolUse"
+            )
         reply = types.TextContent(type="text", text="a reply")
         return types.CreateMessageResult(role="assistant", content=reply, model="person", stop_reason="endTurn")
 
@@ -187,6 +209,7 @@ class Person:
         return {
             "elicitation_callback": self.elicit,
             "sampling_callback": self.sample,
+            "sampling_capabilities": types.SamplingCapability(tools=types.SamplingToolsCapability()),
             "list_roots_callback": self.roots,
             "message_handler": self.messages,
         }
@@ -550,6 +573,18 @@ async def test_two_clients_with_different_capabilities_on_one_upstream_at_once(s
     assert results["second"].structured_content is not None
     assert results["second"].structured_content["action"] == "decline"
     assert "declared elicitation" in text_of(results["second"])
+
+
+@pytest.mark.parametrize("client_mode", ["legacy", "auto"])
+@pytest.mark.parametrize("name", ["asks", "modern"])
+async def test_sampling_with_tools_reaches_a_client_that_declared_it(
+    served: Served, name: str, client_mode: str
+) -> None:
+    person = Person()
+    async with Client(served.url, mode=client_mode, **person.client_args()) as client:
+        result = await client.call_tool(f"{name}__tool_use", {"prompt": "Look it up."})
+    assert not result.is_error, text_of(result)
+    assert result.structured_content == {"stop_reason": "toolUse", "blocks": ["tool_use"]}
 
 
 async def test_roots_come_from_the_calling_client(served: Served) -> None:

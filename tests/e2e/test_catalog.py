@@ -18,7 +18,8 @@ PAGED = {"command": PY, "args": [str(ROOT / "tests" / "servers" / "paged_server.
 
 
 async def test_pagination_on_both_sides(tmp_path: Path) -> None:
-    config = write_config(tmp_path / "c.json", {"paged": PAGED, "alpha": demo("alpha")}, page_size=25)
+    servers = {"paged": PAGED, "alpha": demo("alpha")}
+    config = write_config(tmp_path / "c.json", servers, page_size=25, tool_search="off")  # every tool listed
     async with mux_over_stdio(config, mode="legacy") as client:
         names: list[str] = []
         cursor: str | None = None
@@ -111,10 +112,10 @@ async def test_listings_are_refetched_when_their_ttl_runs_out() -> None:
     growing = {**PAGED, "env": {"PAGED_GROWING": "1"}}
     only_paged = {"servers": {"paged": growing}, "mux": {"meta_tools": False}, "inference": {"backend": "off"}}
     async with Mux(config_from_dict(only_paged)) as mux:
-        first = [t.name for t in mux.list_tools()]
+        first = [t.name for t in mux.catalog.tools]
         assert first
         await mux.refresh_stale_listings()  # still fresh (ttlMs = 300): nothing refetched
-        assert [t.name for t in mux.list_tools()] == first
+        assert [t.name for t in mux.catalog.tools] == first
         await anyio.sleep(0.4)
         await mux.refresh_stale_listings()  # stale: refetched, and the server's new tool is listed
-        assert [t.name for t in mux.list_tools()] == [*first, f"paged__grown_{len(first)}"]
+        assert [t.name for t in mux.catalog.tools] == [*first, f"paged__grown_{len(first)}"]

@@ -50,7 +50,7 @@ async def _upstreams(client: Client) -> set[str]:
 
 async def test_rewritten_file_is_applied_without_touching_unchanged_upstreams(tmp_path: Path) -> None:
     servers = {"alpha": demo("alpha"), "beta": demo("beta"), "gamma": demo("gamma")}
-    config = write_config(tmp_path / "mcp.json", servers)
+    config = write_config(tmp_path / "mcp.json", servers, tool_search="off")  # every tool listed
     port = free_port()
     process = _serve_http(config, port)
     changed = anyio.Event()
@@ -74,7 +74,7 @@ async def test_rewritten_file_is_applied_without_touching_unchanged_upstreams(tm
                 await anyio.sleep(0.3)
                 # alpha unchanged, beta changed (one more env var), gamma removed, delta added.
                 beta = {**demo("beta"), "env": {"RELOADED": "1"}}
-                write_config(config, {"alpha": demo("alpha"), "beta": beta, "delta": demo("delta")})
+                write_config(config, {"alpha": demo("alpha"), "beta": beta, "delta": demo("delta")}, tool_search="off")
                 with anyio.fail_after(10):
                     while not _gone(pids["gamma"], timeout=0.01):
                         await anyio.sleep(0.05)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from dataclasses import dataclass
 from typing import Any
 
-from mcpmux.inference.engine.config import SamplingParams
+from mcpmux.inference.engine.config import Grammar, SamplingParams
 from mcpmux.inference.errors import InvalidSettingError
 
 # Used when a request gives no max_tokens: long enough for an answer, short enough not to hog the engine.
@@ -59,15 +61,28 @@ class EmbeddingRequest:
 
 
 def _replace_seed(params: SamplingParams, seed: int) -> SamplingParams:
-    return SamplingParams(
-        max_tokens=params.max_tokens,
-        temperature=params.temperature,
-        top_k=params.top_k,
-        top_p=params.top_p,
-        min_p=params.min_p,
-        seed=seed,
-        stop=params.stop,
-        logprobs=params.logprobs,
+    return dataclasses.replace(params, seed=seed)
+
+
+def _response_format(body: dict[str, Any]) -> Grammar | None:
+    """`response_format` as a grammar: `json_object` (any JSON object) or `json_schema` (its `schema`)."""
+    given = body.get("response_format")
+    kind = given.get("type") if isinstance(given, dict) else None
+    if given is None or kind == "text":
+        return None
+    if kind == "json_object":
+        return Grammar("json_schema", '{"type": "object"}')
+    if kind == "json_schema":
+        spec = given.get("json_schema")
+        schema = spec.get("schema", {"type": "object"}) if isinstance(spec, dict) else None
+        if not isinstance(schema, dict):
+            raise OpenAIBadRequest(
+                "response_format.json_schema must be an object whose schema is a JSON schema object",
+                "response_format",
+            )
+        return Grammar("json_schema", json.dumps(schema))
+    raise OpenAIBadRequest(
+        f"response_format.type must be 'text', 'json_object' or 'json_schema', got {kind!r}", "response_format"
     )
 
 
@@ -161,6 +176,7 @@ def parse_generation(body: Any, *, chat: bool) -> GenerationRequest:
             seed=seed,
             stop=_stop(body),
             logprobs=top_logprobs,
+            grammar=_response_format(body),
         )
     except InvalidSettingError as exc:
         raise OpenAIBadRequest(str(exc)) from exc

@@ -1,9 +1,10 @@
 """An OpenAI-compatible HTTP API over an `InferenceService`.
 
 `/v1/models`, `/v1/chat/completions` and `/v1/completions` (streamed as SSE ending `data: [DONE]`
-when `stream` is true), `/v1/embeddings`. Errors use OpenAI's shape,
-`{"error": {"message", "type", "param", "code"}}`: 400 for bad requests (missing messages, bad
-values, unknown model), 503 when the engine's queue is full (retry later), 502 when a remote
+when `stream` is true; `response_format` `json_object` or `json_schema` constrains the output),
+`/v1/embeddings`. Errors use OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`: 400
+for bad requests (missing messages, bad values, unknown model, a schema the grammar library cannot
+use), 503 when the engine's queue is full (retry later), 502 when a remote
 backend failed. `openai_mount(service)` is mounted by the frontend's HTTP app; `openai_app(service)`
 is the standalone app of `mcpmux serve --openai-only`.
 """

@@ -1,9 +1,11 @@
 """The OpenAI-compatible API on a real uvicorn server on loopback, driven by the official `openai` client,
 over a tiny random Llama: chat and text completions, streamed and whole, stop sequences, seeds, n,
-logprobs, usage with cached tokens, embeddings, and bad requests in OpenAI's error shape."""
+logprobs, usage with cached tokens, embeddings, response_format (JSON schema, JSON object), and bad
+requests in OpenAI's error shape."""
 
 from __future__ import annotations
 
+import json
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -11,6 +13,7 @@ from pathlib import Path
 
 import anyio
 import httpx2 as httpx
+import jsonschema
 import openai
 import pytest
 import uvicorn
@@ -316,3 +319,65 @@ async def test_smollm2_answers_through_the_openai_client(
         )
         assert "Paris" in (answer.choices[0].message.content or "")
         assert answer.choices[0].finish_reason in ("stop", "length")
+
+
+ANSWER = {
+    "type": "object",
+    "properties": {"city": {"enum": ["Paris", "Lyon"]}, "sure": {"type": "boolean"}},
+    "required": ["city", "sure"],
+    "additionalProperties": False,
+}
+
+
+async def test_response_format_holds_the_answer_to_a_json_schema(api: tuple[openai.AsyncOpenAI, object]) -> None:
+    client, _ = api
+    schema_format = {"type": "json_schema", "json_schema": {"name": "answer", "schema": ANSWER, "strict": True}}
+    whole = await client.chat.completions.create(
+        model="tiny",
+        messages=CHAT,  # type: ignore[arg-type]
+        max_tokens=100,
+        temperature=1.0,
+        seed=3,
+        n=2,
+        response_format=schema_format,  # type: ignore[arg-type]
+    )
+    for choice in whole.choices:  # choice 1 runs with seed 4: the grammar travels with the seed change
+        jsonschema.validate(json.loads(choice.message.content or ""), ANSWER)
+        assert choice.finish_reason == "stop"
+    streamed = await client.chat.completions.create(
+        model="tiny",
+        messages=CHAT,  # type: ignore[arg-type]
+        max_tokens=100,
+        temperature=0,
+        stream=True,
+        response_format=schema_format,  # type: ignore[arg-type]
+    )
+    text = "".join([chunk.choices[0].delta.content or "" async for chunk in streamed if chunk.choices])
+    jsonschema.validate(json.loads(text), ANSWER)
+    anything = await client.completions.create(
+        model="tiny",
+        prompt="Data:",
+        max_tokens=100,
+        temperature=0,
+        extra_body={"response_format": {"type": "json_object"}},
+    )
+    # Any object: a random model may write keys until max_tokens, but what it writes is an object's start.
+    (choice,) = anything.choices
+    assert choice.text.startswith("{")
+    assert choice.finish_reason == "length" or isinstance(json.loads(choice.text), dict)
+
+
+async def test_bad_response_formats_are_400s(api: tuple[openai.AsyncOpenAI, object]) -> None:
+    client, _ = api
+    with pytest.raises(openai.BadRequestError, match=r"response_format\.type must be"):
+        await client.chat.completions.create(
+            model="tiny",
+            messages=CHAT,
+            response_format={"type": "xml"},  # type: ignore[arg-type,typeddict-item]
+        )
+    unusable = {
+        "type": "json_schema",
+        "json_schema": {"name": "x", "schema": {"type": "object", "minProperties": "many"}},
+    }
+    with pytest.raises(openai.BadRequestError, match="json_schema grammar cannot be used"):
+        await client.chat.completions.create(model="tiny", messages=CHAT, response_format=unusable)  # type: ignore[arg-type]

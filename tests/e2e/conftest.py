@@ -9,14 +9,19 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
+
+from mcpmux.mux.multiplexer import Mux
+from mcpmux.server.edge_policy import EdgePolicy
+from mcpmux.server.frontend import Frontend, bind
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "tests" / "servers" / "demo_server.py"
@@ -111,3 +116,30 @@ def mux_over_http(config: Path) -> Iterator[str]:
 
 def text_of(result: Any) -> str:
     return "".join(getattr(block, "text", "") for block in result.content)
+
+
+@asynccontextmanager
+async def served_in_process(
+    config: Path, prepare: Callable[[Frontend], None] | None = None
+) -> AsyncIterator[tuple[Mux, Frontend, str]]:
+    """A `Mux` and its HTTP front in this process, on a free loopback port: (mux, frontend, MCP URL).
+
+    `prepare` adjusts the frontend before it serves (a shorter round timeout, say)."""
+    sock = bind("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    stop = anyio.Event()
+    async with Mux.from_config(config) as mux, anyio.create_task_group() as tasks:
+        frontend = Frontend(mux)
+        if prepare is not None:
+            prepare(frontend)
+        tasks.start_soon(frontend.serve_http, sock, EdgePolicy.load(mux.config, "127.0.0.1"), "/mcp", stop)
+        with anyio.fail_after(30):
+            while not _listening(port):
+                await anyio.sleep(0.05)
+        yield mux, frontend, f"http://127.0.0.1:{port}/mcp"
+        stop.set()
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -33,9 +32,16 @@ from mcpmux.core.config import config_from_dict
 from mcpmux.errors import ConfigError
 from mcpmux.mux.client_requests import REASON_META
 from mcpmux.server.client_relay import can_answer
-from mcpmux.server.edge_policy import EdgePolicy
-from mcpmux.server.frontend import Frontend, bind
-from tests.e2e.conftest import EVERYTHING, ROOT, everything_available, mux_over_http, mux_over_stdio, text_of
+from mcpmux.server.frontend import Frontend
+from tests.e2e.conftest import (
+    EVERYTHING,
+    ROOT,
+    everything_available,
+    mux_over_http,
+    mux_over_stdio,
+    served_in_process,
+    text_of,
+)
 
 # -- the upstream server (this module run with -m) ---------------------------------------------------
 
@@ -374,22 +380,8 @@ async def served(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Serv
             ]
         ),
     )
-    sock = bind("127.0.0.1", 0)
-    port = sock.getsockname()[1]
-    stop = anyio.Event()
-    async with Mux.from_config(config) as mux, anyio.create_task_group() as tasks:
-        frontend = Frontend(mux)
-        tasks.start_soon(frontend.serve_http, sock, EdgePolicy.load(mux.config, "127.0.0.1"), "/mcp", stop)
-        with anyio.fail_after(30):
-            while not _listening(port):
-                await anyio.sleep(0.05)
-        yield Served(mux, frontend, f"http://127.0.0.1:{port}/mcp")
-        stop.set()
-
-
-def _listening(port: int) -> bool:
-    with socket.socket() as probe:
-        return probe.connect_ex(("127.0.0.1", port)) == 0
+    async with served_in_process(config) as (mux, frontend, url):
+        yield Served(mux, frontend, url)
 
 
 def test_roots_and_elicitation_settings_in_the_config() -> None:

@@ -8,7 +8,6 @@ real `mcp.Client`s in legacy mode. server-everything's `toggle-subscriber-update
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -22,10 +21,8 @@ from mcp.client.stdio import StdioServerParameters
 from mcp.shared.exceptions import MCPError
 
 from mcpmux import Mux
-from mcpmux.server.edge_policy import EdgePolicy
-from mcpmux.server.frontend import Frontend, bind
 from mcpmux.upstream.supervisor import UpstreamState
-from tests.e2e.conftest import EVERYTHING, everything_available
+from tests.e2e.conftest import EVERYTHING, everything_available, served_in_process
 
 pytestmark = [
     pytest.mark.anyio,
@@ -62,22 +59,8 @@ async def mcpmux_url(tmp_path: Path) -> AsyncIterator[tuple[Mux, str]]:
         f'[inference]\nbackend = "off"\n[mux]\nrestart_initial_backoff = 0.1\n'
         f'[servers.everything]\ncommand = "node"\nargs = ["{EVERYTHING}", "stdio"]\n'
     )
-    sock = bind("127.0.0.1", 0)
-    port = sock.getsockname()[1]
-    stop = anyio.Event()
-    async with Mux.from_config(config) as mux, anyio.create_task_group() as tasks:
-        frontend = Frontend(mux)
-        tasks.start_soon(frontend.serve_http, sock, EdgePolicy.load(mux.config, "127.0.0.1"), "/mcp", stop)
-        with anyio.fail_after(30):
-            while not _listening(port):
-                await anyio.sleep(0.05)
-        yield mux, f"http://127.0.0.1:{port}/mcp"
-        stop.set()
-
-
-def _listening(port: int) -> bool:
-    with socket.socket() as probe:
-        return probe.connect_ex(("127.0.0.1", port)) == 0
+    async with served_in_process(config) as (mux, _frontend, url):
+        yield mux, url
 
 
 async def _a_document(client: Client) -> str:

@@ -10,7 +10,6 @@ sample once, twice in sequence, twice at once, or sample and then sleep.
 
 from __future__ import annotations
 
-import socket
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -25,9 +24,8 @@ from mcp.server.mcpserver import MCPServer, Resolve, Sample
 from mcp.shared.exceptions import MCPError
 
 from mcpmux import Mux
-from mcpmux.server.edge_policy import EdgePolicy
-from mcpmux.server.frontend import Frontend, bind
-from tests.e2e.conftest import EVERYTHING, ROOT, everything_available, mux_over_stdio, text_of
+from mcpmux.server.frontend import Frontend
+from tests.e2e.conftest import EVERYTHING, ROOT, everything_available, mux_over_stdio, served_in_process, text_of
 
 # -- the upstream server (this module run with -m) ---------------------------------------------------
 
@@ -167,23 +165,12 @@ async def served(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Serv
             ]
         )
     )
-    sock = bind("127.0.0.1", 0)
-    port = sock.getsockname()[1]
-    stop = anyio.Event()
-    async with Mux.from_config(config) as mux, anyio.create_task_group() as tasks:
-        frontend = Frontend(mux)
-        frontend.rounds.idle_timeout = IDLE_TIMEOUT
-        tasks.start_soon(frontend.serve_http, sock, EdgePolicy.load(mux.config, "127.0.0.1"), "/mcp", stop)
-        with anyio.fail_after(30):
-            while not _listening(port):
-                await anyio.sleep(0.05)
-        yield Served(mux, frontend, f"http://127.0.0.1:{port}/mcp")
-        stop.set()
+    async with served_in_process(config, _short_rounds) as (mux, frontend, url):
+        yield Served(mux, frontend, url)
 
 
-def _listening(port: int) -> bool:
-    with socket.socket() as probe:
-        return probe.connect_ex(("127.0.0.1", port)) == 0
+def _short_rounds(frontend: Frontend) -> None:
+    frontend.rounds.idle_timeout = IDLE_TIMEOUT
 
 
 @pytest.mark.parametrize("name", ["modern", "legacy"])

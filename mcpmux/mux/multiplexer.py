@@ -158,7 +158,7 @@ class Mux:
     async def _start_inference(self) -> None:
         if self.config.inference.backend == "off":
             return
-        from mcpmux.inference.serving.service import InferenceService  # torch is imported only when inference is on
+        from mcpmux.inference.serving.service import InferenceService  # torch comes with the first model loaded
 
         self.inference = await InferenceService.start(self.config.inference)
         self.sampling.service = self.inference

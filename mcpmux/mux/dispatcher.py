@@ -195,7 +195,7 @@ class UpstreamDispatcher:
             logger.debug("upstream call answered: %s%s", tool, " (isError)" if result.is_error else "")
             return result
 
-    def slot(self, priority: int = 0) -> AbstractAsyncContextManager[None]:
+    def slot(self, priority: int) -> AbstractAsyncContextManager[None]:
         """One admission through this upstream's gate (limits, queue) for the body of the `async with`."""
         return self.gate.slot(priority=priority, deadline=self.queue_deadline())
 

@@ -9,7 +9,10 @@ a client's cancellation cancels the handler, which cancels the upstream request.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
 import logging
+import secrets
 import socket
 import uuid
 import weakref
@@ -120,6 +123,10 @@ class Frontend:
         self.bus = InMemorySubscriptionBus()
         self._connections: weakref.WeakSet[Connection] = weakref.WeakSet()
         self._client_ids: weakref.WeakKeyDictionary[Connection, str] = weakref.WeakKeyDictionary()
+        self._stdio_client: str | None = None
+        """The one client of `serve_stdio`, once it serves."""
+        self._token_key = secrets.token_bytes(32)
+        """Keys the hash that names an HTTP client by its bearer token (the token itself is never kept)."""
         # Per upstream, the requests in flight on it (and their ids): where that upstream's logs belong.
         self._callers: dict[str, weakref.WeakKeyDictionary[ServerSession, types.RequestId]] = {}
         # 2026-07-28 callers' upstream calls parked while the client answers sampling (input-required rounds).
@@ -176,8 +183,22 @@ class Frontend:
         """A fast path for this front's mux; 2026 results get this front's `serverInfo` stamp."""
         return FastPath(self.mux, self.server.server_info_stamp)
 
-    def _client_id(self, session: ServerSession) -> str:
-        """A random id per client connection: the scope of its private cache entries."""
+    def _client_id(self, ctx: Any) -> str:
+        """Which client sent a request: the scope of its private cache entries (`scope = "client"`).
+
+        A 2025 client is its session. A 2026-07-28 request has none (the SDK gives each its own
+        connection): on stdio the process serves one client; over HTTP the bearer token the edge
+        accepted names the client (by a keyed hash); an anonymous HTTP request is a client of its
+        own, so nothing cached for it is served to another request.
+        """
+        session: ServerSession = ctx.session
+        if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            request = ctx.request
+            if request is None and self._stdio_client is not None:
+                return self._stdio_client
+            token = request.headers.get("authorization") if request is not None else None
+            if token:
+                return "token:" + hmac.new(self._token_key, token.encode(), hashlib.sha256).hexdigest()
         return self._client_ids.setdefault(session._connection, uuid.uuid4().hex)
 
     async def _list_page(
@@ -232,7 +253,7 @@ class Frontend:
                     params.name,
                     params.arguments,
                     progress=relay_progress,
-                    client=self._client_id(session),
+                    client=self._client_id(ctx),
                     client_name=_client_name(session),
                 )
                 notes = self.relay.take_notes(session, ctx.request_id)  # e.g. why an elicitation was declined
@@ -261,7 +282,7 @@ class Frontend:
     async def _read_resource(self, ctx: Any, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
         self._seen(ctx)
         try:
-            return await self.mux.read_resource(str(params.uri), client=self._client_id(ctx.session))
+            return await self.mux.read_resource(str(params.uri), client=self._client_id(ctx))
         except MuxError as err:
             raise _as_mcp_error(err) from None
 
@@ -372,6 +393,7 @@ class Frontend:
 
     async def serve_stdio(self) -> None:
         """Serve one client on this process's stdin/stdout until stdin closes (2025-03-26 batch arrays too)."""
+        self._stdio_client = uuid.uuid4().hex
         with claimed_stdio() as (wire_in, wire_out):
             edge = StdioBatchEdge(wire_in, wire_out)
             async with anyio.create_task_group() as fast_calls:

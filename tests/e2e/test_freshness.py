@@ -7,13 +7,16 @@ second later must read a second later, whichever way mcpmux serves the call. Cac
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx2
 import pytest
 from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
 
 from mcpmux.core.config import config_from_dict
 from mcpmux.mux.multiplexer import Mux
@@ -60,3 +63,49 @@ async def test_a_tool_the_config_allows_is_cached_for_its_ttl(tmp_path: Path) ->
         other_zone = json.loads(text_of(await client.call_tool(NOW, {"timezone": "Asia/Tokyo"})))
     assert len(set(readings)) == 1, readings  # asked for: served from the cache
     assert other_zone["timezone"] == "Asia/Tokyo"  # other arguments, another entry
+
+
+TOKENS = ("freshness-token-alpha-0123456789", "freshness-token-beta-0123456789")
+
+
+@asynccontextmanager
+async def _as_token_holder(url: str, token: str, mode: str) -> AsyncIterator[Client]:
+    headers = {"Authorization": f"Bearer {token}"}
+    async with (
+        httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30.0, read=None)) as http,
+        Client(streamable_http_client(url, http_client=http), mode=mode) as client,
+    ):
+        yield client
+
+
+async def test_a_client_scoped_entry_is_served_to_its_client_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`scope = "client"`: a 2025 client is its session; a 2026-07-28 client is its stdio process or its
+    bearer token (it has no session), so its second call is a hit and another client's is not."""
+    monkeypatch.setenv("FRESHNESS_TOKENS", " ".join(TOKENS))
+    servers = {"time": {**TIME, "cache": {"allow": ["get_current_time"], "ttl": 60, "scope": "client"}}}
+    config = tmp_path / "mux.json"
+    config.write_text(json.dumps({"mcpServers": servers, "http": {"auth_token_env": "FRESHNESS_TOKENS"}}))
+
+    async def read(client: Client) -> str:
+        return json.loads(text_of(await client.call_tool(NOW, {"timezone": "UTC"})))["datetime"]
+
+    for mode in ("legacy", "2026-07-28"):
+        async with mux_over_stdio(config, mode=mode) as client:
+            first = await read(client)
+            await anyio.sleep(1.1)
+            assert await read(client) == first, mode
+    with mux_over_http(config) as url:
+        for mode in ("legacy", "2026-07-28"):
+            async with (
+                _as_token_holder(url, TOKENS[0], mode) as alpha,
+                _as_token_holder(url, TOKENS[0], mode) as alpha_again,
+                _as_token_holder(url, TOKENS[1], mode) as beta,
+            ):
+                first = await read(alpha)
+                await anyio.sleep(1.1)
+                assert await read(alpha) == first, mode
+                assert await read(beta) != first, mode  # another token is another client
+                # Two sessions are two 2025 clients; without sessions, one token is one client.
+                assert (await read(alpha_again) == first) is (mode != "legacy"), mode

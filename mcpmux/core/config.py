@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from mcpmux.core.oauth_settings import AuthMode, OAuthSettings
 from mcpmux.core.server_policy import BatchForm, CacheSettings, ElicitationSettings, LimitSettings, RootEntry
 from mcpmux.errors import ConfigError
 from mcpmux.inference.serving.settings import InferenceSettings, SamplingSettings
@@ -60,6 +61,9 @@ class ServerConfig(_Model):
     elicitation: ElicitationSettings = Field(default_factory=ElicitationSettings)
     roots: list[RootEntry] | None = None
     """What `roots/list` from this upstream gets when no client's roots apply; None takes `[mux] roots`."""
+    auth: AuthMode = "auto"
+    """HTTP servers: sign in with OAuth when the server asks for it (auto), always (oauth), or never (none)."""
+    oauth: OAuthSettings | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -91,6 +95,10 @@ class ServerConfig(_Model):
                 raise ValueError("an http server needs 'url'")
             if not self.url.startswith(("http://", "https://")):
                 raise ValueError(f"'url' must start with http:// or https://, got {self.url!r}")
+        if self.transport == "stdio" and (self.auth == "oauth" or self.oauth is not None):
+            raise ValueError("'auth' and 'oauth' apply to http servers only (a stdio server's credentials go in 'env')")
+        if self.auth == "none" and self.oauth is not None:
+            raise ValueError("'oauth' settings with auth = \"none\": remove one of them")
         return self
 
 

@@ -1,0 +1,50 @@
+"""`auth` and `[servers.X.oauth]`: defaults, and errors that name the key."""
+
+from __future__ import annotations
+
+import pytest
+
+from mcpmux.core.config import config_from_dict
+from mcpmux.errors import ConfigError
+
+URL = "https://mcp.example.com/mcp"
+
+
+def test_http_servers_default_to_auto_with_no_oauth_table() -> None:
+    server = config_from_dict({"servers": {"docs": {"url": URL}}}).servers["docs"]
+    assert (server.auth, server.oauth) == ("auto", None)
+
+
+def test_an_oauth_table_is_read() -> None:
+    raw = {"url": URL, "auth": "oauth", "oauth": {"client_id": "mux", "client_secret_env": "DOCS_SECRET"}}
+    oauth = config_from_dict({"servers": {"docs": raw}}).servers["docs"].oauth
+    assert oauth is not None
+    assert (oauth.client_id, oauth.client_secret_env, oauth.scopes, oauth.redirect_port) == (
+        "mux",
+        "DOCS_SECRET",
+        [],
+        None,
+    )
+
+
+@pytest.mark.parametrize(
+    ("server", "message"),
+    [
+        ({"url": URL, "auth": "always"}, r"servers.docs.auth: Input should be 'auto', 'oauth' or 'none'"),
+        ({"url": URL, "oauth": {"client_secret_env": "S"}}, r"servers.docs.oauth: 'client_secret_env' needs"),
+        ({"url": URL, "oauth": {"client_secret_env": "a b"}}, r"servers.docs.oauth.client_secret_env: must"),
+        ({"url": URL, "oauth": {"redirect_port": 70000}}, r"servers.docs.oauth.redirect_port: Input should be less"),
+        ({"url": URL, "oauth": {"scope": "a"}}, r"servers.docs.oauth.scope: unknown key"),
+        ({"url": URL, "auth": "none", "oauth": {}}, r"servers.docs: 'oauth' settings with auth = \"none\""),
+        ({"command": "x", "auth": "oauth"}, r"servers.docs: 'auth' and 'oauth' apply to http servers only"),
+    ],
+)
+def test_bad_oauth_settings_name_the_key(server: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=r"c.toml: invalid configuration\n  " + message):
+        config_from_dict({"servers": {"docs": server}}, source="c.toml")
+
+
+def test_a_secret_given_in_place_of_a_variable_name_is_not_echoed() -> None:
+    with pytest.raises(ConfigError) as caught:
+        config_from_dict({"servers": {"d": {"url": URL, "oauth": {"client_secret_env": "s3cr3t-value!"}}}})
+    assert "s3cr3t-value!" not in str(caught.value)

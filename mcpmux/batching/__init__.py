@@ -3,7 +3,7 @@
 - `AgingQueue`: bounded priority queue with aging and deadlines (`QueuePolicy`).
 - `AdmissionGate`: `async with gate.slot(priority=, deadline=)`: concurrency cap + token bucket (`GatePolicy`).
 - `DynamicBatcher`: `await batcher.submit(item, priority=, deadline=)`; fixed or adaptive flushing (`BatchPolicy`).
-- `SingleFlight`: identical concurrent keys share one call.
+- `SingleFlight`: identical concurrent keys share one call (run in its task, or by its first caller: `lead`).
 - `ResultCache`: TTL + LRU result cache with scopes, tags and prefix invalidation (`CachePolicy`).
 - `canonical_json` / `call_key`: equal JSON arguments give equal keys.
 
@@ -18,7 +18,7 @@ default `time.monotonic` (the clock asyncio's loop itself reads), and tests pass
 
 from mcpmux.batching.batcher import BatcherStats, BatchFn, DynamicBatcher
 from mcpmux.batching.cache import CacheKey, CachePolicy, CacheStats, ResultCache
-from mcpmux.batching.coalesce import SingleFlight, SingleFlightStats
+from mcpmux.batching.coalesce import Lead, SingleFlight, SingleFlightStats
 from mcpmux.batching.errors import (
     BatchingError,
     BatchResultError,
@@ -53,6 +53,7 @@ __all__ = [
     "GatePolicy",
     "GateStats",
     "Held",
+    "Lead",
     "QueueEntry",
     "QueueFullError",
     "QueuePolicy",

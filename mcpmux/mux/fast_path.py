@@ -22,7 +22,9 @@ upstream (not a local tool, not an unknown name: the SDK path words that error),
 nothing but `name`, `arguments` and `_meta` (and no 2026 `logLevel`: the SDK path relays the
 upstream's logs to such a request), and the upstream not want to ask the calling client for
 sampling (its plan's `asks_client`, where the client declared sampling). A call that may share
-another's answer (`CallPlan.shares`) is served by a task (`answer`), never launched.
+another's answer (`CallPlan.shares`) is answered at once from the cache while fresh; else it waits,
+in a task, for an identical call in flight, or is launched as any other call, and identical calls
+arriving meanwhile wait for it (`SingleFlight.lead`).
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 from pydantic_core import from_json
 
-from mcpmux.batching import AdmissionGate, Held, RejectedError, canonical_json
+from mcpmux.batching import AdmissionGate, Held, Lead, RejectedError, canonical_json
 from mcpmux.core.call_plan import CallPlan
 from mcpmux.core.call_tracker import TrackedCall
 from mcpmux.core.metrics import outcome_of
@@ -90,6 +92,9 @@ class FastCall:
         return self.plan.tool
 
 
+RawResult = tuple[Any, str | None]
+"""An upstream's raw `tools/call` result and its protocol revision (None: the revision of mcpmux's own models)."""
+
 Deliver = Callable[[dict[str, Any]], Awaitable[None]]
 """Sends a JSON-RPC response to the client."""
 
@@ -125,6 +130,9 @@ class Flight:
     response: dict[str, Any] | None = None
     """The response, once it reached the client the moment the result was read; then `outcome` is its outcome."""
     outcome: str = "ok"
+    lead: Lead[RawResult] | None = None
+    """Its claim on its plan's in-flight sharing, when it may share its answer (`CallPlan.shares`):
+    identical calls arriving meanwhile wait for it (`FastPath._shared`)."""
 
     @property
     def answered(self) -> bool:
@@ -267,21 +275,33 @@ class FastPath:
             return None
         upstream, lane = call.upstream, call.upstream.lane
         calls = self.mux.calls
-        if call.plan.shares or lane is None or not lane.can_launch or upstream.client is None:
+        if lane is None or not lane.can_launch or upstream.client is None:
             return None
         if calls.refusal(upstream.name) is not None:
             return None
         dispatcher = self.mux.dispatchers[upstream.name]
+        lead = None
+        if call.plan.shares:
+            arguments = canonical_json(call.arguments)
+            hit = self._from_cache(call, arguments, deliver_now)
+            if hit is not None:
+                return hit
+            lead = dispatcher.raw_flights.lead((call.tool, arguments))
+            if lead is None:
+                return None  # an identical call is under way: a task waits for its answer
         gate = dispatcher.gate
         flight = Flight(calls.track(upstream.name), gate, time.perf_counter(), loop.time() + upstream.timeout, escalate)
+        flight.lead = lead
         if gate.try_acquire():
             try:
                 sent = self._send_now(call, flight, deliver_now)
             except BaseException:
                 gate.refund()
+                _give_up(lead)
                 raise
             if not sent:  # the wire could not take it at once
                 gate.refund()
+                _give_up(lead)
                 return None
         else:
             flight.deadline = dispatcher.queue_deadline()  # `anyio.current_time()`, on asyncio
@@ -291,6 +311,7 @@ class FastPath:
                 deadline=flight.deadline,
             )
             if flight.held is None:
+                _give_up(lead)
                 return None
         flight.tracked.on_cancel = flight.wake
         flight.tracked.admit()  # cannot refuse: nothing yielded since the refusal was checked
@@ -309,6 +330,8 @@ class FastPath:
             output = call.plan.output
             if methods.is_input_required(raw) or (output is not None and output.problem(raw) is not None):
                 return False  # the task takes these: another round, or the error
+            if flight.lead is not None:
+                self._share(call, flight.lead, raw, version)
             try:
                 response, outcome = self._response(call, raw, version)
             except ValidationError:
@@ -363,6 +386,7 @@ class FastPath:
         else:
             flight.gate.release()
         flight.tracked.release()
+        _give_up(flight.lead)
         flight.unlink()
         elapsed = time.perf_counter() - flight.started
         self.mux.metrics.observe_call(call.upstream.name, call.tool, elapsed, flight.outcome)
@@ -392,7 +416,7 @@ class FastPath:
                     # A call that may share another's answer passes the gate only if it goes out itself.
                     shared = flight is None and call.plan.shares
                     async with nullcontext() if shared else self._slot(call, flight):
-                        fetch = self._shared(call, progress) if shared else self._call(call, progress, flight)
+                        fetch = self._shared(call, progress) if shared else self._led(call, progress, flight)
                         response, outcome = await self._respond(call, fetch, flight)
                         if deliver is not None and not _answered(flight):
                             delivered = True
@@ -414,6 +438,7 @@ class FastPath:
         finally:
             self.mux.metrics.observe_call(call.upstream.name, call.tool, time.perf_counter() - started, outcome)
             if flight is not None:
+                _give_up(flight.lead)
                 flight.unlink()
 
     @asynccontextmanager
@@ -431,32 +456,80 @@ class FastPath:
         finally:
             gate.release()
 
-    async def _shared(self, call: FastCall, progress: ProgressFn | None) -> tuple[Any, str | None]:
+    async def _shared(self, call: FastCall, progress: ProgressFn | None) -> RawResult:
         """The raw result of a call that may share another's (`CallPlan.shares`), and its revision:
-        from the cache while fresh, else from an identical call in flight, else from its own upstream
-        call, which identical calls arriving meanwhile join (its progress goes to this caller alone)."""
+        from the cache while fresh, else from an identical call in flight (launched or in a task),
+        else from its own upstream call, which identical calls arriving meanwhile join (its progress
+        goes to this caller alone)."""
         dispatcher = self.mux.dispatchers[call.upstream.name]
-        rule, arguments = call.plan.cache, canonical_json(call.arguments)
-        key = (call.upstream.name, call.tool, arguments)
-        if rule is not None:
-            cached = dispatcher.cache.get(key)
-            if cached is not None:
-                return cached.model_dump(by_alias=True, mode="json", exclude_none=True), None
+        arguments = canonical_json(call.arguments)
+        cached = self._cached(call, arguments)
+        if cached is not None:
+            return cached, None
 
-        async def fetch() -> tuple[Any, str | None]:
+        async def fetch() -> RawResult:
             async with dispatcher.slot(call.plan.priority):
                 raw, version = await self._call(call, progress, None)
-            if rule is not None and isinstance(raw, dict) and not raw.get("isError"):
-                try:
-                    result = types.CallToolResult.model_validate(raw)
-                except ValidationError:
-                    pass  # not kept: each caller's answer says what is wrong with it
-                else:
-                    dispatcher.cache.put(key, result, ttl=rule.ttl, tags=(call.upstream.name,))
+            self._keep(call, arguments, raw)
             return raw, version
 
         raw, version = await dispatcher.raw_flights.call((call.tool, arguments), fetch)
         return copy.deepcopy(raw), version  # each caller's answer is shaped for its own revision
+
+    def _cached(self, call: FastCall, arguments: str) -> dict[str, Any] | None:
+        """The cached result of a call whose plan caches, as raw JSON, while fresh."""
+        if call.plan.cache is None:
+            return None
+        cached = self.mux.dispatchers[call.upstream.name].cache.get((call.upstream.name, call.tool, arguments))
+        return None if cached is None else cached.model_dump(by_alias=True, mode="json", exclude_none=True)
+
+    def _keep(self, call: FastCall, arguments: str, raw: Any) -> None:
+        """Cache a result where the plan says so (never an error, nor what is no `CallToolResult`)."""
+        rule = call.plan.cache
+        if rule is None or not isinstance(raw, dict) or raw.get("isError"):
+            return
+        try:
+            result = types.CallToolResult.model_validate(raw)
+        except ValidationError:
+            return  # not kept: each caller's answer says what is wrong with it
+        name = call.upstream.name
+        self.mux.dispatchers[name].cache.put((name, call.tool, arguments), result, ttl=rule.ttl, tags=(name,))
+
+    def _from_cache(self, call: FastCall, arguments: str, deliver_now: DeliverNow) -> Flight | None:
+        """A launched call answered from the cache at once: an ended flight; None when there is no
+        fresh entry, or the client could not take the answer now (its task serves it)."""
+        started = time.perf_counter()
+        cached = self._cached(call, arguments)
+        if cached is None:
+            return None
+        response, outcome = self._response(call, cached, None)
+        if not deliver_now(response):
+            return None
+        tracked, gate = self.mux.calls.track(call.upstream.name), self.mux.dispatchers[call.upstream.name].gate
+        flight = Flight(tracked, gate, started, 0.0, _nothing, escalated=True, response=response, outcome=outcome)
+        self.mux.metrics.observe_call(call.upstream.name, call.tool, time.perf_counter() - started, outcome)
+        return flight
+
+    def _share(self, call: FastCall, lead: Lead[RawResult], raw: Any, version: str | None) -> None:
+        """A launched call's raw result, read: cached where the plan says so, and given to the
+        identical calls that wait for it (a copy of their own, as this call's answer is shaped in place)."""
+        if lead.ended:
+            return
+        self._keep(call, canonical_json(call.arguments), raw)
+        lead.finish((copy.deepcopy(raw), version) if lead.waiting else (raw, version))
+
+    async def _led(self, call: FastCall, progress: ProgressFn | None, flight: Flight | None) -> RawResult:
+        """`_call`; a launched call that others may share gives them its result, or its error."""
+        lead = flight.lead if flight is not None else None
+        if lead is None:
+            return await self._call(call, progress, flight)
+        try:
+            raw, version = await self._call(call, progress, flight)
+        except Exception as err:
+            lead.fail(err)
+            raise
+        self._share(call, lead, raw, version)
+        return raw, version
 
     @staticmethod
     async def _admission_of(flight: Flight) -> AdmissionGate:
@@ -568,6 +641,12 @@ async def _wait(sent: LaneFlight, progress: ProgressFn | None) -> tuple[Any, str
 
 def _nothing() -> None:
     """What an ended call's escalation does."""
+
+
+def _give_up(lead: Lead[RawResult] | None) -> None:
+    """A launched call ends without sharing an answer: whoever waits for it calls anew (once ended, nothing)."""
+    if lead is not None:
+        lead.abandon()
 
 
 def _answered(flight: Flight | None) -> bool:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
+
 import anyio
 import pytest
 
@@ -147,3 +149,61 @@ async def test_closing_answers_waiters_with_closed_error() -> None:
     assert "'reads' was closed" in str(outcome[0])
     with pytest.raises(ClosedError, match="'reads' was closed while the item was being submitted"):
         await flights.call("k", hangs)
+
+
+@pytest.mark.anyio
+async def test_a_lead_run_by_its_caller_answers_the_identical_calls_that_wait_for_it() -> None:
+    ran: list[str] = []
+
+    async def fetch() -> str:
+        ran.append("fetch")
+        return "own"
+
+    async with SingleFlight[str, str]() as flights:
+        lead = flights.lead("k")
+        assert lead is not None
+        assert flights.lead("k") is None  # one lead per key at a time
+        results: list[str] = []
+        async with anyio.create_task_group() as tg:
+            for _ in range(3):
+                tg.start_soon(lambda: _append(results, flights.call("k", fetch)))
+            await anyio.wait_all_tasks_blocked()
+            assert lead.waiting == 3
+            lead.finish("led")
+            lead.fail(RuntimeError("ignored: it ended already"))
+        assert results == ["led"] * 3
+        assert ran == []
+        assert flights.lead("k") is not None  # ended: the key is free again (nothing is remembered)
+
+
+@pytest.mark.anyio
+async def test_a_failed_lead_fails_its_waiters_and_an_abandoned_one_lets_them_run_the_call() -> None:
+    async def fetch() -> str:
+        return "their own"
+
+    async with SingleFlight[str, str]() as flights:
+        failing = flights.lead("a")
+        assert failing is not None
+        errors: list[BaseException] = []
+
+        async def wait_for_error() -> None:
+            try:
+                await flights.call("a", fetch)
+            except RuntimeError as err:
+                errors.append(err)
+
+        results: list[str] = []
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait_for_error)
+            abandoned = flights.lead("b")
+            assert abandoned is not None
+            tg.start_soon(lambda: _append(results, flights.call("b", fetch)))
+            await anyio.wait_all_tasks_blocked()
+            failing.fail(RuntimeError("upstream down"))
+            abandoned.abandon()
+        assert [str(err) for err in errors] == ["upstream down"]
+        assert results == ["their own"]
+
+
+async def _append(results: list[str], pending: Awaitable[str]) -> None:
+    results.append(await pending)

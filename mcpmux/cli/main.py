@@ -18,6 +18,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from mcpmux import __version__
+from mcpmux.cli.login import add_login_parsers, login_main, logout_main
 from mcpmux.cli.status import add_status_parser, status_main
 from mcpmux.core.config import Config, config_from_dict, load_config
 from mcpmux.core.logs import configure_logging
@@ -26,6 +27,7 @@ from mcpmux.mux.multiplexer import Mux
 from mcpmux.mux.reload import ConfigReloader
 from mcpmux.server.edge_policy import prepare_edge
 from mcpmux.server.frontend import Frontend, bind
+from mcpmux.upstream.oauth.upstream_auth import name_config_file
 
 EXAMPLES = """examples:
   mcpmux serve --config mcpmux.toml                      serve over stdio (what MCP clients launch)
@@ -36,6 +38,7 @@ EXAMPLES = """examples:
   mcpmux call --config mcpmux.toml time__get_current_time '{"timezone": "UTC"}'
   mcpmux search --config mcpmux.toml "open an issue on GitHub"   rank the tools for a task
   mcpmux check --config .vscode/mcp.json
+  mcpmux login docs --config mcpmux.toml                 OAuth login to the HTTP upstream "docs"
   mcpmux status --url http://127.0.0.1:8765              summary of a running HTTP server's /metrics
 
 --config defaults to $MCPMUX_CONFIG, then ./mcpmux.toml. Accepted formats: mcpmux.toml, Claude
@@ -114,6 +117,7 @@ def _parser() -> argparse.ArgumentParser:
     search.add_argument("--servers", nargs="+", default=None, metavar="GLOB", help="only servers matching these")
     search.add_argument("--profile", default=None, help="search only what [profiles.NAME] allows")
     commands.add_parser("check", help="validate the config and print the resolved upstreams")
+    add_login_parsers(commands)
     for sub in commands.choices.values():
         sub.add_argument("--config", "-c", default=None, help="config file (TOML or client JSON)")
     add_status_parser(commands)
@@ -136,6 +140,7 @@ def _resolve_config(args: argparse.Namespace) -> Config:
     path = args.config or os.environ.get("MCPMUX_CONFIG") or "mcpmux.toml"
     if not Path(path).exists() and args.config is None:
         raise MuxError("no config given: pass --config FILE, set MCPMUX_CONFIG, or create ./mcpmux.toml")
+    name_config_file(path)  # what a `needs login` error tells the user to pass to `mcpmux login`
     return load_config(path)
 
 
@@ -268,7 +273,11 @@ async def _tools(args: argparse.Namespace, config: Config) -> int:
     async with Mux(config) as mux:
         for status in mux.status():
             error = f"  ({status.last_error})" if status.last_error else ""
-            print(f"# {status.name}: {status.state.value}, {status.transport}, {status.protocol_version or '-'}{error}")
+            auth = f", auth: {status.auth}" if status.transport == "http" else ""
+            print(
+                f"# {status.name}: {status.state.value}, {status.transport}, {status.protocol_version or '-'}"
+                f"{auth}{error}"
+            )
         for tool in mux.list_tools():
             summary = (tool.description or "").strip().splitlines()[0] if tool.description else ""
             print(f"{tool.name}\t{summary}")
@@ -329,4 +338,12 @@ async def _check(args: argparse.Namespace, config: Config) -> int:
     return 0
 
 
-_COMMANDS = {"serve": _serve, "tools": _tools, "call": _call, "search": _search, "check": _check}
+_COMMANDS = {
+    "serve": _serve,
+    "tools": _tools,
+    "call": _call,
+    "search": _search,
+    "check": _check,
+    "login": login_main,
+    "logout": logout_main,
+}

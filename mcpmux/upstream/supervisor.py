@@ -36,6 +36,7 @@ from mcpmux.core.output_schema import result_error, sdk_problem
 from mcpmux.errors import UpstreamError, UpstreamTimeoutError, UpstreamUnavailableError
 from mcpmux.upstream.http_transport import http_transport
 from mcpmux.upstream.lane import UpstreamLane
+from mcpmux.upstream.oauth.upstream_auth import NeedsLoginError, needs_login, upstream_oauth
 from mcpmux.upstream.session_io import Listing, WatchedTransport, fetch_listing, listen_for_changes
 from mcpmux.upstream.stdio_transport import stdio_transport
 
@@ -49,6 +50,7 @@ class UpstreamState(StrEnum):
     STARTING = "starting"
     READY = "ready"
     DOWN = "down"
+    NEEDS_LOGIN = "needs login"
     STOPPED = "stopped"
 
 
@@ -82,6 +84,7 @@ class UpstreamStatus:
     tools: int
     resources: int
     prompts: int
+    auth: str = "none"
 
 
 @dataclass(slots=True)
@@ -108,6 +111,7 @@ class Upstream:
         self._health = _Health()
         self._client_changed = anyio.Event()
         self._refreshing: anyio.Event | None = None
+        self.oauth = upstream_oauth(name, config)
         self.subscriptions: set[str] = set()
         """Resource URIs mcpmux's clients subscribed to (2025 `resources/subscribe`): renewed on every connection."""
 
@@ -131,6 +135,7 @@ class Upstream:
             tools=len(self.listing.tools),
             resources=len(self.listing.resources) + len(self.listing.resource_templates),
             prompts=len(self.listing.prompts),
+            auth=self.oauth.describe() if self.oauth is not None else "none",
         )
 
     async def run(self) -> None:
@@ -138,18 +143,24 @@ class Upstream:
         failures = 0
         try:
             while True:
+                login: NeedsLoginError | None = None
                 try:
                     async with self._connect() as client:
                         failures = 0
                         await self._serve(client)
                 except Exception as err:  # any failure of one upstream must stay with that upstream
                     failures += 1
-                    self.last_error = _describe_failure(err, self.config)
+                    login = needs_login(err)
+                    self.last_error = str(login) if login else _describe_failure(err, self.config)
                 finally:
                     self._set_client(None)
-                self.state = UpstreamState.DOWN
+                self.state = UpstreamState.NEEDS_LOGIN if login else UpstreamState.DOWN
                 self.settled.set()
-                if failures:
+                if login is not None and self.oauth is not None:
+                    logger.warning("%s (%s)", login, login.why)
+                    await self.oauth.changed()  # no retry can succeed before a login (or logout) is stored
+                    self.state, failures = UpstreamState.DOWN, 0
+                elif failures:
                     # A lost connection that had worked is re-established at once; repeated failures back off.
                     backoff = min(
                         self.settings.restart_initial_backoff * 2 ** (failures - 1), self.settings.restart_max_backoff
@@ -230,7 +241,7 @@ class Upstream:
             child = stdio_transport(config.command or "", list(config.args), self._child_env(), config.cwd, lane)
             transport = WatchedTransport(child, health.lost, lane)
         else:
-            endpoint = http_transport(config.url or "", dict(config.headers), lane)
+            endpoint = http_transport(config.url or "", dict(config.headers), lane, self.oauth)
             transport = WatchedTransport(endpoint, health.lost, lane)
         client = Client(
             transport,
@@ -373,6 +384,8 @@ class Upstream:
                 if err.code == CONNECTION_CLOSED:
                     if sent_on is None or sent_on is self._client:  # not a later connection: that one is fine
                         self._mark_lost()
+                    if self.oauth is not None and self.oauth.needs_login is not None:
+                        raise self.oauth.needs_login from None  # the token was refused: this ended the session
                     raise UpstreamUnavailableError(
                         f"upstream {self.name!r} lost its connection during {what} (the server exited or "
                         "dropped it); mcpmux is reconnecting, retry shortly"
@@ -389,9 +402,11 @@ class Upstream:
         """The connected client; waits only while the first connection, or a reconnection, is under way."""
         if self.state == UpstreamState.STARTING or stale is not None:
             with anyio.move_on_after(self.timeout):
-                while self._client is None or self._client is stale:
+                while (self._client is None or self._client is stale) and self.state != UpstreamState.NEEDS_LOGIN:
                     await self._client_changed.wait()
         client = self._client
+        if self.state == UpstreamState.NEEDS_LOGIN and self.oauth is not None and self.oauth.needs_login is not None:
+            raise self.oauth.needs_login
         if client is None or client is stale:
             reason = f": {self.last_error}" if self.last_error else ""
             raise UpstreamUnavailableError(

@@ -1,0 +1,213 @@
+"""`mcpmux login`'s flow: the SDK's OAuth client (discovery, registration, PKCE S256 with the RFC 8707
+`resource`) driven by one MCP handshake, with the authorization code caught on a loopback callback.
+
+    handshake ─401─▶ protected-resource metadata ▶ authorization server metadata
+              ▶ client: pre-registered ([servers.X.oauth] client_id) or registered (RFC 7591)
+              ▶ authorization URL (to the person) ▶ callback on 127.0.0.1 (state checked)
+              ▶ token ▶ the handshake again, with it ▶ stored (`token_store`)
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from urllib.parse import parse_qs, urljoin, urlsplit
+
+import anyio
+import httpx2
+from anyio.abc import SocketStream
+from mcp import Client
+from mcp.client.auth import OAuthClientProvider
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.auth import AuthorizationCodeResult, OAuthClientInformationFull, OAuthClientMetadata, OAuthToken
+from pydantic import AnyUrl
+
+from mcpmux.core.config import ServerConfig
+from mcpmux.errors import MuxError
+from mcpmux.upstream.oauth.stored_login import StoredLogin
+from mcpmux.upstream.oauth.token_store import TokenStore
+
+CALLBACK_PATH = "/callback"
+LOGIN_TIMEOUT = 300.0
+"""Seconds a login waits for the person to approve it in the browser."""
+
+_PAGE = "HTTP/1.1 {status}\r\ncontent-type: text/html; charset=utf-8\r\nconnection: close\r\n\r\n<p>{text}</p>\n"
+
+
+class LoginError(MuxError):
+    """The login did not complete; the message says why and what to do."""
+
+    exit_code = 1
+
+
+@dataclass(slots=True)
+class _Callback:
+    """The loopback listener the authorization server redirects the browser to."""
+
+    port: int
+    expected_state: str | None = None
+    result: AuthorizationCodeResult | None = None
+    failure: str | None = None
+    done: anyio.Event = field(default_factory=anyio.Event)
+
+    @property
+    def redirect_uri(self) -> str:
+        return f"http://127.0.0.1:{self.port}{CALLBACK_PATH}"
+
+    async def handle(self, stream: SocketStream) -> None:
+        async with stream:
+            with anyio.move_on_after(10):
+                head = b""
+                while b"\r\n\r\n" not in head and len(head) < 16384:
+                    head += await stream.receive()
+                status, text = self._answer(head.split(b"\r\n", 1)[0].decode("latin-1"))
+                await stream.send(_PAGE.format(status=status, text=text).encode("utf-8"))
+
+    def _answer(self, request_line: str) -> tuple[str, str]:
+        parts = request_line.split(" ")
+        target = urlsplit(parts[1] if len(parts) == 3 else "")
+        if parts[0] != "GET" or target.path != CALLBACK_PATH:
+            return "404 Not Found", "Not the mcpmux login callback."
+        query = {key: values[0] for key, values in parse_qs(target.query).items()}
+        state = query.get("state")
+        if self.expected_state is None or state is None or not secrets.compare_digest(state, self.expected_state):
+            # Not the answer to the login this process started (a stale tab, or a forged request): ignored.
+            return "400 Bad Request", "This callback's state does not match the login mcpmux started; it was ignored."
+        if self.done.is_set():
+            return "400 Bad Request", "This login already finished."
+        if "error" in query:
+            detail = query.get("error_description", "")
+            self.failure = (
+                f"the authorization server refused the login: {query['error']}{f' ({detail})' if detail else ''}"
+            )
+            self.done.set()
+            return "400 Bad Request", "The login was refused; see the terminal."
+        if not query.get("code"):
+            return "400 Bad Request", "The callback carries no authorization code."
+        self.result = AuthorizationCodeResult(code=query["code"], state=state, iss=query.get("iss"))
+        self.done.set()
+        return "200 OK", "Logged in to mcpmux. You can close this tab."
+
+    async def wait(self) -> AuthorizationCodeResult:
+        with anyio.move_on_after(LOGIN_TIMEOUT):
+            await self.done.wait()
+        if self.failure is not None:
+            raise LoginError(self.failure)
+        if self.result is None:
+            raise LoginError(f"no answer reached {self.redirect_uri} within {LOGIN_TIMEOUT:g}s; run the login again")
+        return self.result
+
+
+class _Storage:
+    """The SDK's `TokenStorage` for one login, in memory: `log_in` stores the outcome itself."""
+
+    def __init__(self, client: OAuthClientInformationFull | None) -> None:
+        self.tokens: OAuthToken | None = None
+        self.client = client
+
+    async def get_tokens(self) -> OAuthToken | None:
+        return self.tokens
+
+    async def set_tokens(self, tokens: OAuthToken) -> None:
+        self.tokens = tokens
+
+    async def get_client_info(self) -> OAuthClientInformationFull | None:
+        return self.client
+
+    async def set_client_info(self, client_info: OAuthClientInformationFull) -> None:
+        self.client = client_info
+
+
+class _Provider(OAuthClientProvider):
+    """The SDK's provider, asking for the configured scopes where some are (it would take the server's)."""
+
+    scopes: str | None = None
+
+    async def _perform_authorization(self) -> httpx2.Request:
+        if self.scopes:
+            self.context.client_metadata.scope = self.scopes
+        return await super()._perform_authorization()
+
+
+async def log_in(
+    name: str, server: ServerConfig, store: TokenStore, show_url: Callable[[str], Awaitable[None]]
+) -> StoredLogin:
+    """Log in to upstream `name` and store the tokens; `show_url` hands the authorization URL to the person."""
+    settings = server.oauth
+    port = settings.redirect_port if settings is not None and settings.redirect_port else 0
+    try:
+        listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=port)
+    except OSError as err:
+        raise LoginError(
+            f"the login callback port {port} ([servers.{name}.oauth] redirect_port) is in use ({err.strerror}): "
+            "stop what holds it, or choose another redirect_port"
+        ) from None
+    async with listener, anyio.create_task_group() as tasks:
+        callback = _Callback(port=listener.extra(anyio.abc.SocketAttribute.local_port))
+        tasks.start_soon(listener.serve, callback.handle)
+        storage = _Storage(_preregistered(name, server, callback.redirect_uri))
+
+        async def redirect(url: str) -> None:
+            callback.expected_state = parse_qs(urlsplit(url).query).get("state", [None])[0]
+            await show_url(url)
+
+        provider = _Provider(
+            server.url or "",
+            OAuthClientMetadata(
+                redirect_uris=[AnyUrl(callback.redirect_uri)],
+                client_name="mcpmux",
+                token_endpoint_auth_method="none",
+                grant_types=["authorization_code", "refresh_token"],
+                response_types=["code"],
+            ),
+            storage,
+            redirect_handler=redirect,
+            callback_handler=callback.wait,
+        )
+        provider.scopes = " ".join(settings.scopes) if settings is not None and settings.scopes else None
+        http = httpx2.AsyncClient(headers=dict(server.headers), auth=provider, timeout=30.0)
+        transport = streamable_http_client(server.url or "", http_client=http)
+        async with http, Client(transport, mode=server.protocol):
+            pass  # the handshake went through with the new token
+        tasks.cancel_scope.cancel()
+    if storage.tokens is None or storage.client is None:
+        raise LoginError(
+            f"upstream {name} answered without asking for OAuth: nothing to log in to "
+            '(set auth = "none" for it if it needs no login)'
+        )
+    context = provider.context
+    metadata = context.oauth_metadata
+    token_endpoint = (
+        str(metadata.token_endpoint)
+        if metadata is not None and metadata.token_endpoint
+        else urljoin(context.get_authorization_base_url(context.server_url), "/token")
+    )
+    resource = context.get_resource_url() if context.should_include_resource_param(context.protocol_version) else None
+    login = StoredLogin.issued(storage.tokens, storage.client, token_endpoint, resource)
+    preregistered = settings is not None and settings.client_secret_env is not None
+    store.save(name, server.url or "", login.to_record(keep_secret=not preregistered))
+    return login
+
+
+def _preregistered(name: str, server: ServerConfig, redirect_uri: str) -> OAuthClientInformationFull | None:
+    """The configured client (`client_id`, its secret from the environment); None: register one."""
+    settings = server.oauth
+    if settings is None or settings.client_id is None:
+        return None
+    secret = None
+    if settings.client_secret_env is not None:
+        secret = os.environ.get(settings.client_secret_env)
+        if not secret:
+            raise LoginError(
+                f"servers.{name}.oauth.client_secret_env: environment variable {settings.client_secret_env} "
+                "is not set (set it to the client's secret)"
+            )
+    return OAuthClientInformationFull(
+        client_id=settings.client_id,
+        client_secret=secret,
+        token_endpoint_auth_method="client_secret_post" if secret else "none",
+        redirect_uris=[AnyUrl(redirect_uri)],
+        grant_types=["authorization_code", "refresh_token"],
+    )

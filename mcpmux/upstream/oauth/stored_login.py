@@ -1,0 +1,72 @@
+"""What `mcpmux login` stores for one upstream, and what `serve` reads back: the token, when it
+expires, the client it was issued to and where to refresh it."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
+from pydantic import ValidationError
+
+REFRESH_MARGIN = 60.0
+"""Seconds before its expiry a token is refreshed, so that no request goes out with one about to lapse."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoredLogin:
+    token: OAuthToken
+    expires_at: float | None
+    """Unix time the access token lapses; None when the server gave no lifetime."""
+    client: OAuthClientInformationFull
+    token_endpoint: str
+    resource: str | None
+    """The RFC 8707 resource the token was issued for, sent again with each refresh."""
+
+    @classmethod
+    def issued(
+        cls, token: OAuthToken, client: OAuthClientInformationFull, token_endpoint: str, resource: str | None
+    ) -> StoredLogin:
+        return cls(token, _expiry(token), client, token_endpoint, resource)
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> StoredLogin | None:
+        """The login a record holds; None for one this version cannot read (a new login replaces it)."""
+        try:
+            return cls(
+                token=OAuthToken.model_validate(record["token"]),
+                expires_at=float(record["expires_at"]) if record.get("expires_at") is not None else None,
+                client=OAuthClientInformationFull.model_validate(record["client"]),
+                token_endpoint=str(record["token_endpoint"]),
+                resource=record.get("resource"),
+            )
+        except (KeyError, TypeError, ValueError, ValidationError):
+            return None
+
+    def to_record(self, *, keep_secret: bool) -> dict[str, Any]:
+        """The JSON to store; `keep_secret` False leaves out a client secret that comes from the environment."""
+        client = self.client if keep_secret else self.client.model_copy(update={"client_secret": None})
+        return {
+            "token": self.token.model_dump(mode="json", exclude_none=True),
+            "expires_at": self.expires_at,
+            "client": client.model_dump(mode="json", exclude_none=True),
+            "token_endpoint": self.token_endpoint,
+            "resource": self.resource,
+        }
+
+    def due(self, now: float | None = None) -> bool:
+        """Whether the access token lapses within `REFRESH_MARGIN` (or already has)."""
+        return self.expires_at is not None and (now or time.time()) >= self.expires_at - REFRESH_MARGIN
+
+    def refreshed(self, token: OAuthToken) -> StoredLogin:
+        """After a refresh: a server that did not rotate the refresh token keeps the old one (RFC 6749 §6)."""
+        if token.refresh_token is None:
+            token = token.model_copy(update={"refresh_token": self.token.refresh_token})
+        if token.scope is None:
+            token = token.model_copy(update={"scope": self.token.scope})
+        return replace(self, token=token, expires_at=_expiry(token))
+
+
+def _expiry(token: OAuthToken) -> float | None:
+    return None if token.expires_in is None else time.time() + float(token.expires_in)

@@ -176,13 +176,18 @@ class HttpSettings(_Model):
     @field_validator("auth_token_env")
     @classmethod
     def _check_env_name(cls, value: str | None) -> str | None:
-        if value is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", value):
-            raise ValueError("must be the NAME of an environment variable (letters, digits, _), not a token")
-        return value
+        return _env_name(value)
+
+
+def _env_name(value: str | None) -> str | None:
+    if value is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", value):
+        raise ValueError("must be the NAME of an environment variable (letters, digits, _), not a token")
+    return value
 
 
 class ProfileSettings(_Model):
-    """`[profiles.NAME]`: the part of the catalog a client served with `mcpmux serve --profile NAME` sees.
+    """`[profiles.NAME]`: the part of the catalog a client sees when served with `mcpmux serve --profile NAME`,
+    over HTTP at `/mcp/NAME`, or with one of the profile's bearer tokens.
 
     Globs over server names and over public tool names (`server__tool`); deny wins over allow. Tools
     outside the profile are not listed, not found by search, and unknown when called."""
@@ -191,6 +196,16 @@ class ProfileSettings(_Model):
     deny_servers: list[str] = Field(default_factory=list)
     tools: list[str] = Field(default_factory=lambda: ["*"])
     deny_tools: list[str] = Field(default_factory=list)
+    auth_token_env: str | None = None
+    """NAME of an environment variable holding bearer token(s) bound to this profile: over HTTP, a
+    request with one sees only this profile, on `/mcp` or `/mcp/NAME` (any other profile's path: 403)."""
+    auth_token_file: str | None = None
+    """File of bearer tokens bound to this profile, one a line (# comments); relative to the config file."""
+
+    @field_validator("auth_token_env")
+    @classmethod
+    def _check_env_name(cls, value: str | None) -> str | None:
+        return _env_name(value)
 
     def allows_server(self, name: str) -> bool:
         return _matches(name, self.servers) and not _matches(name, self.deny_servers)
@@ -220,6 +235,16 @@ class Config(_Model):
             if not _NAME_RE.match(name):
                 raise ValueError(f"server name {name!r} must be 1-64 characters of A-Z a-z 0-9 _ . -")
         return servers
+
+    @field_validator("profiles")
+    @classmethod
+    def _check_profile_names(cls, profiles: dict[str, ProfileSettings]) -> dict[str, ProfileSettings]:
+        for name in profiles:
+            if not _NAME_RE.match(name):
+                raise ValueError(
+                    f"profile name {name!r} must be 1-64 characters of A-Z a-z 0-9 _ . - (it is a URL path)"
+                )
+        return profiles
 
     @property
     def enabled_servers(self) -> dict[str, ServerConfig]:

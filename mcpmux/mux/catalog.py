@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -110,7 +110,101 @@ class Catalog:
         for pattern, owner in self._template_routes:
             if pattern.fullmatch(uri):
                 return owner
-        raise UnknownToolError(f"no upstream offers resource {uri!r} (it matches no listed resource or template)")
+        raise UnknownToolError(_no_resource(uri))
+
+
+@dataclass(slots=True)
+class CatalogView:
+    """One profile's part of a `Catalog` (and of mcpmux's own tools): what its clients list, find and call.
+
+    Every profile's clients share one `Mux` and its upstream sessions; each view reads the one catalog
+    and keeps, per catalog rebuild, the tools its profile allows. A name outside the view is unknown,
+    worded as any unknown name is, with suggestions taken from the view alone. `profile` None: all of it.
+    """
+
+    catalog: Catalog
+    local_tools: Mapping[str, object]
+    """The Mux's own tools by name (kept current by the Mux)."""
+    always: Set[str]
+    """Local tools every profile has (mcpmux's `mux_*` tools); other local tools follow the profile's globs."""
+    name: str | None = None
+    profile: ProfileSettings | None = None
+    _seen: list[types.Tool] | None = None
+    _tools: list[types.Tool] = field(default_factory=list)
+    _routes: dict[str, Route] = field(default_factory=dict)
+
+    def _current(self) -> None:
+        if self._seen is self.catalog.tools:
+            return
+        self._seen = tools = self.catalog.tools
+        profile = self.profile
+        if profile is None:
+            self._tools, self._routes = tools, self.catalog._tool_routes
+            return
+        routes = self.catalog._tool_routes
+        self._tools = [tool for tool in tools if _allowed(profile, tool.name, routes[tool.name])]
+        self._routes = {tool.name: routes[tool.name] for tool in self._tools}
+
+    def tools(self) -> list[types.Tool]:
+        """The upstream tools in the view, in catalog order."""
+        self._current()
+        return self._tools
+
+    def allows_local(self, name: str) -> bool:
+        return self.profile is None or name in self.always or self.profile.allows_tool(name)
+
+    def allows(self, name: str) -> bool:
+        """Whether the tool `name` (local or upstream) is in the view."""
+        if name in self.local_tools:
+            return self.allows_local(name)
+        self._current()
+        return name in self._routes
+
+    def resolve_tool(self, name: str) -> Route:
+        self._current()
+        route = self._routes.get(name)
+        if route is None:
+            raise UnknownToolError(_unknown("tool", name, self._routes))
+        return route
+
+    def allows_server(self, name: str) -> bool:
+        """Whether the server `name`'s prompts, resources and templates are in the view."""
+        return self.profile is None or self.profile.allows_server(name)
+
+    def prompts(self) -> list[types.Prompt]:
+        routes = self.catalog._prompt_routes
+        return [prompt for prompt in self.catalog.prompts if self.allows_server(routes[prompt.name].upstream)]
+
+    def resources(self) -> list[types.Resource]:
+        routes = self.catalog._resource_routes
+        return [resource for resource in self.catalog.resources if self.allows_server(routes[str(resource.uri)])]
+
+    def resource_templates(self) -> list[types.ResourceTemplate]:
+        pairs = zip(self.catalog.resource_templates, self.catalog._template_routes, strict=True)
+        return [template for template, (_, owner) in pairs if self.allows_server(owner)]
+
+    def resolve_prompt(self, name: str) -> Route:
+        route = self.catalog.resolve_prompt(name)
+        if not self.allows_server(route.upstream):
+            inside = {
+                key: value for key, value in self.catalog._prompt_routes.items() if self.allows_server(value.upstream)
+            }
+            raise UnknownToolError(_unknown("prompt", name, inside))
+        return route
+
+    def resolve_resource(self, uri: str) -> str:
+        owner = self.catalog.resolve_resource(uri)
+        if not self.allows_server(owner):
+            raise UnknownToolError(_no_resource(uri))
+        return owner
+
+
+def _allowed(profile: ProfileSettings, name: str, route: Route) -> bool:
+    return profile.allows_server(route.upstream) and profile.allows_tool(name)
+
+
+def _no_resource(uri: str) -> str:
+    return f"no upstream offers resource {uri!r} (it matches no listed resource or template)"
 
 
 def _unknown(kind: str, name: str, known: dict[str, Route]) -> str:

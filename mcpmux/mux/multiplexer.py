@@ -40,7 +40,7 @@ from mcpmux.errors import (
     error_result,
 )
 from mcpmux.inference.serving.sampling_bridge import SamplingBridge
-from mcpmux.mux.catalog import Catalog, Route
+from mcpmux.mux.catalog import Catalog, CatalogView, Route
 from mcpmux.mux.client_requests import ClientRequests
 from mcpmux.mux.dispatcher import UpstreamDispatcher
 from mcpmux.mux.reload import ReloadReport, UpstreamLifetime, reload_mux
@@ -93,6 +93,8 @@ class Mux:
         self._reload_lock = anyio.Lock()
         self._reloading = False  # while set, listing changes wait for the reload's one announcement
         self.local_tools: dict[str, LocalTool] = {}
+        self._own_tools: set[str] = set()  # mcpmux's mux_* tools: in every profile's view
+        self._views: dict[str | None, CatalogView] = {}
         self._change_listeners: list[ChangeListener] = []
         self._log_listeners: list[LogListener] = []
         self._resource_listeners: list[Callable[[str, str], Awaitable[None]]] = []
@@ -102,6 +104,7 @@ class Mux:
             from mcpmux.tools.meta import meta_tools  # imported here: meta_tools imports this module
 
             for local in meta_tools(self):
+                self._own_tools.add(local.tool.name)
                 self.add_local_tool(local)
         self.tool_search: ToolSearch | None = None
         if config.mux.tool_search != "off":
@@ -109,6 +112,7 @@ class Mux:
 
             self.tool_search = ToolSearch(self)
             for local in self.tool_search.local_tools():
+                self._own_tools.add(local.tool.name)
                 self.add_local_tool(local)
         if config.inference.backend != "off":
             from mcpmux.tools.local import inference_tools  # imported here: local_tools imports this module
@@ -296,12 +300,25 @@ class Mux:
                 if done is not None:
                     await done.wait()
 
-    def list_tools(self) -> list[types.Tool]:
-        return [local.tool for local in self.local_tools.values()] + self.catalog.tools
+    def view(self, profile: str | None = None) -> CatalogView:
+        """The part of the catalog `[profiles.NAME]` allows (None: all the Mux serves); `ConfigError` if
+        there is no such profile. Over HTTP a client's profile comes from its path or its bearer token."""
+        found = self._views.get(profile)
+        settings = _profile(self.config, profile)
+        if found is None or found.profile is not settings:  # a reload may have changed the profile
+            found = CatalogView(self.catalog, self.local_tools, self._own_tools, profile, settings)
+            self._views[profile] = found
+        return found
 
-    def listed_tools(self) -> list[types.Tool]:
+    def list_tools(self, profile: str | None = None) -> list[types.Tool]:
+        """Every tool in `profile`'s view: mcpmux's own first, then the upstreams'."""
+        view = self.view(profile)
+        local = [local.tool for name, local in self.local_tools.items() if view.allows_local(name)]
+        return local + view.tools()
+
+    def listed_tools(self, profile: str | None = None) -> list[types.Tool]:
         """What tools/list shows clients: every tool, or in search mode mcpmux's own and the pinned ones."""
-        tools = self.list_tools()
+        tools = self.list_tools(profile)
         return self.tool_search.listing(tools) if self.tool_search is not None else tools
 
     def input_schema(self, name: str) -> dict[str, Any] | None:
@@ -309,14 +326,14 @@ class Mux:
         local = self.local_tools.get(name)
         return local.tool.input_schema if local is not None else self.catalog.input_schemas.get(name)
 
-    def list_prompts(self) -> list[types.Prompt]:
-        return list(self.catalog.prompts)
+    def list_prompts(self, profile: str | None = None) -> list[types.Prompt]:
+        return self.view(profile).prompts()
 
-    def list_resources(self) -> list[types.Resource]:
-        return list(self.catalog.resources)
+    def list_resources(self, profile: str | None = None) -> list[types.Resource]:
+        return self.view(profile).resources()
 
-    def list_resource_templates(self) -> list[types.ResourceTemplate]:
-        return list(self.catalog.resource_templates)
+    def list_resource_templates(self, profile: str | None = None) -> list[types.ResourceTemplate]:
+        return self.view(profile).resource_templates()
 
     def status(self) -> list[UpstreamStatus]:
         """Each upstream's connection state, protocol version, restarts and last error."""
@@ -332,6 +349,7 @@ class Mux:
         progress: ProgressFn | None = None,
         client: str | None = None,
         client_name: str | None = None,
+        profile: str | None = None,
     ) -> types.CallToolResult:
         """Call a tool by its public name, through the upstream's queue, cache, coalescing and batching.
 
@@ -339,7 +357,8 @@ class Mux:
         unavailable or timed-out upstream, or a call refused by a limit, gives an `isError` result whose
         text says what happened, so a model sees it and can carry on; an unknown name raises
         `UnknownToolError`. `client` identifies the caller for per-client cache scopes; `client_name` (its
-        clientInfo name) adds its `[mux] client_priorities` entry to the call's priority.
+        clientInfo name) adds its `[mux] client_priorities` entry to the call's priority. `profile`: the
+        caller's profile; a name outside it is unknown (`view`).
 
         Every log line written while the call runs carries its request id (`mcpmux.core.logs`).
         """
@@ -348,7 +367,7 @@ class Mux:
             outcome = "error"
             logger.debug("client call started: %s", name)
             try:
-                result = await self._call_tool(name, arguments, progress, client, client_name)
+                result = await self._call_tool(name, arguments, progress, client, client_name, profile)
                 outcome = "isError" if result.is_error else "ok"
                 return result
             except BaseException as err:
@@ -365,15 +384,16 @@ class Mux:
         progress: ProgressFn | None,
         client: str | None,
         client_name: str | None,
+        profile: str | None,
     ) -> types.CallToolResult:
         local = self.local_tools.get(name)
-        if local is not None:
+        if local is not None and self.view(profile).allows_local(name):
             try:
                 with self.track_call():
-                    return await local.handler(arguments or {}, progress, Caller(client, client_name))
+                    return await local.handler(arguments or {}, progress, Caller(client, client_name, profile))
             except CallCancelledError as err:
                 return error_result(str(err))
-        route = self.resolve_tool(name)
+        route = self.resolve_tool(name, profile)
         set_upstream(route.upstream)  # for the log lines of this call
         try:
             with self.track_call(route.upstream):
@@ -383,14 +403,18 @@ class Mux:
         except (UpstreamUnavailableError, UpstreamTimeoutError, UpstreamResultError) as err:
             return error_result(str(err))
 
-    def resolve_tool(self, name: str) -> Route:
-        """Where the upstream tool `name` goes. Raises `UnknownToolError`, or `UnlistedToolError` when
-        the name's prefix is an upstream that is not connected (its tools are listed once it is)."""
+    def resolve_tool(self, name: str, profile: str | None = None) -> Route:
+        """Where the upstream tool `name` goes (in `profile`'s view). Raises `UnknownToolError`, or
+        `UnlistedToolError` when the name's prefix is an upstream that is not connected (its tools are
+        listed once it is)."""
+        view = self.view(profile)
         try:
-            return self.catalog.resolve_tool(name)
+            return view.resolve_tool(name)
         except UnknownToolError:
             separator = self.config.mux.separator
             for upstream in self.upstreams.values():
+                if view.profile is not None and not view.profile.allows_server(upstream.name):
+                    continue  # outside the profile: unknown, as if it did not exist
                 if upstream.state != UpstreamState.READY and name.startswith(f"{upstream.name}{separator}"):
                     reason = f" ({upstream.last_error})" if upstream.last_error else ""
                     raise UnlistedToolError(
@@ -400,12 +424,13 @@ class Mux:
                     ) from None
             raise
 
-    async def read_resource(self, uri: str, *, client: str | None = None) -> types.ReadResourceResult:
-        """Read a resource from the upstream that lists it; a 2026 `ttlMs` lets mcpmux serve it from cache.
-
-        `cacheScope: private` entries are kept per `client`, `public` ones shared.
+    async def read_resource(
+        self, uri: str, *, client: str | None = None, profile: str | None = None
+    ) -> types.ReadResourceResult:
+        """Read a resource from the upstream that lists it (in `profile`'s view); a 2026 `ttlMs` lets
+        mcpmux serve it from cache. `cacheScope: private` entries are kept per `client`, `public` ones shared.
         """
-        owner = self.catalog.resolve_resource(uri)
+        owner = self.view(profile).resolve_resource(uri)
         key = (owner, "resources/read", uri)
         for scope in (None,) if client is None else (None, client):
             cached = self.resource_cache.get(key, scope=scope)
@@ -422,8 +447,10 @@ class Mux:
             )
         return result
 
-    async def get_prompt(self, name: str, arguments: dict[str, str] | None = None) -> types.GetPromptResult:
-        route = self.catalog.resolve_prompt(name)
+    async def get_prompt(
+        self, name: str, arguments: dict[str, str] | None = None, profile: str | None = None
+    ) -> types.GetPromptResult:
+        route = self.view(profile).resolve_prompt(name)
         with self.track_call(route.upstream):
             result: types.GetPromptResult = await self.upstreams[route.upstream].request(
                 f"prompt {route.name!r}", lambda client: client.get_prompt(route.name, arguments)
@@ -435,23 +462,27 @@ class Mux:
         ref: types.PromptReference | types.ResourceTemplateReference,
         argument: dict[str, str],
         context_arguments: dict[str, str] | None = None,
+        profile: str | None = None,
     ) -> types.CompleteResult:
-        """Argument completion, routed by the prompt's public name or the template's owner."""
+        """Argument completion, routed by the prompt's public name or the template's owner (in `profile`'s view)."""
         upstream_ref: types.PromptReference | types.ResourceTemplateReference = ref
+        view = self.view(profile)
         if isinstance(ref, types.PromptReference):
-            route = self.catalog.resolve_prompt(ref.name)
+            route = view.resolve_prompt(ref.name)
             owner, upstream_ref = route.upstream, ref.model_copy(update={"name": route.name})
         else:
-            owner = self._template_owner(ref.uri)
+            owner = self._template_owner(ref.uri, view)
         with self.track_call(owner):
             result: types.CompleteResult = await self.upstreams[owner].request(
                 "completion", lambda client: client.complete(upstream_ref, argument, context_arguments)
             )
         return result
 
-    def _template_owner(self, uri_template: str) -> str:
+    def _template_owner(self, uri_template: str, view: CatalogView) -> str:
         for name, upstream in self.upstreams.items():
-            if any(t.uri_template == uri_template for t in upstream.listing.resource_templates):
+            if view.allows_server(name) and any(
+                t.uri_template == uri_template for t in upstream.listing.resource_templates
+            ):
                 return name
         raise MuxError(f"no upstream offers the resource template {uri_template!r}")
 

@@ -1,7 +1,8 @@
 """Who may reach mcpmux over HTTP: the `[http]` security settings, read and checked once at start.
 
-`EdgePolicy.load` resolves the bearer tokens (from an environment variable or a file), the allowed
-Host and Origin names and the limits; `prepare_edge` also refuses to serve a non-loopback address
+`EdgePolicy.load` resolves the bearer tokens (from an environment variable or a file: `[http]`'s,
+and each `[profiles.NAME]`'s, which bind their tokens to that profile), the allowed Host and Origin
+names, the profiles served at `/mcp/NAME` and the limits; `prepare_edge` also refuses to serve a non-loopback address
 without tokens unless told to. `mcpmux.server.http_edge.HttpEdge` enforces the policy on every request.
 """
 
@@ -59,6 +60,10 @@ class EdgePolicy:
     rate_burst: int
     metrics_auth: bool
     idle_per_client: int
+    token_profiles: tuple[str | None, ...] = ()
+    """Per token (same order as `tokens`): the profile it is bound to, or None (`[http]`'s tokens)."""
+    profiles: frozenset[str] = frozenset()
+    """The `[profiles.NAME]` defined: each is served at `<path>/NAME` too."""
 
     @classmethod
     def load(cls, config: Config, bind_host: str, environ: Mapping[str, str] | None = None) -> EdgePolicy:
@@ -72,8 +77,11 @@ class EdgePolicy:
                 names.add(name)
             else:
                 ports.add((name, port))
+        tokens = _load_tokens(config, os.environ if environ is None else environ)
         return cls(
-            tokens=tuple(token.encode() for token in _load_tokens(config, os.environ if environ is None else environ)),
+            tokens=tuple(token.encode() for token, _ in tokens),
+            token_profiles=tuple(profile for _, profile in tokens),
+            profiles=frozenset(config.profiles),
             host_names=frozenset(names),
             host_ports=frozenset(ports),
             origins=frozenset(origin.lower().rstrip("/") for origin in http.allowed_origins),
@@ -119,29 +127,48 @@ class EdgePolicy:
         return found
 
 
-def _load_tokens(config: Config, environ: Mapping[str, str]) -> list[str]:
-    """The accepted tokens from `auth_token_env` and `auth_token_file`; errors name the key, never a value."""
-    http, tokens = config.http, []
-    if http.auth_token_env is not None:
-        found = environ.get(http.auth_token_env, "").replace(",", " ").split()
+def _load_tokens(config: Config, environ: Mapping[str, str]) -> list[tuple[str, str | None]]:
+    """Every accepted token and the profile it is bound to (None: `[http]`'s, any profile), from the
+    `auth_token_env` and `auth_token_file` keys; errors name the key, never a value."""
+    http = config.http
+    tokens: list[tuple[str, str | None]] = [
+        (token, None) for token in _tokens_of(config, "http", http.auth_token_env, http.auth_token_file, environ)
+    ]
+    seen = {token: "http" for token, _ in tokens}
+    for name, profile in config.profiles.items():
+        where = f"profiles.{name}"
+        for token in _tokens_of(config, where, profile.auth_token_env, profile.auth_token_file, environ):
+            if seen.setdefault(token, where) != where:
+                raise ConfigError(
+                    f"{config.source}: {where}: one of its tokens is also one of {seen[token]}'s: a token "
+                    "is bound to one profile at most (or, in [http], to none); give each its own"
+                )
+            tokens.append((token, name))
+    return tokens
+
+
+def _tokens_of(config: Config, where: str, env: str | None, file: str | None, environ: Mapping[str, str]) -> list[str]:
+    tokens: list[str] = []
+    if env is not None:
+        found = environ.get(env, "").replace(",", " ").split()
         if not found:
             raise ConfigError(
-                f"{config.source}: http.auth_token_env: environment variable {http.auth_token_env} is not set or "
+                f"{config.source}: {where}.auth_token_env: environment variable {env} is not set or "
                 "empty: set it to the bearer token clients must send, or remove the key"
             )
         tokens += found
-    if http.auth_token_file is not None:
+    if file is not None:
         source = Path(config.source)
-        path = Path(http.auth_token_file).expanduser()
+        path = Path(file).expanduser()
         path = path if path.is_absolute() or not source.is_file() else source.parent / path
         try:
             lines = path.read_text(encoding="utf-8").splitlines()
         except (OSError, UnicodeDecodeError) as err:
             reason = err.strerror if isinstance(err, OSError) else "not UTF-8 text"
-            raise ConfigError(f"{config.source}: http.auth_token_file: cannot read {path} ({reason})") from None
+            raise ConfigError(f"{config.source}: {where}.auth_token_file: cannot read {path} ({reason})") from None
         found = [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
         if not found:
-            raise ConfigError(f"{config.source}: http.auth_token_file: {path} holds no token (one a line)")
+            raise ConfigError(f"{config.source}: {where}.auth_token_file: {path} holds no token (one a line)")
         tokens += found
     return tokens
 

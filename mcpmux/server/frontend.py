@@ -49,7 +49,7 @@ from mcpmux.mux.multiplexer import Mux
 from mcpmux.server.client_relay import ClientRelay
 from mcpmux.server.edge_policy import EdgePolicy
 from mcpmux.server.http_batch import BatchArrayMiddleware
-from mcpmux.server.http_edge import HttpEdge
+from mcpmux.server.http_edge import PROFILE_SCOPE, HttpEdge
 from mcpmux.server.http_fast import FastPathMiddleware
 from mcpmux.server.http_fast_front import HttpFastFront, protocol_class
 from mcpmux.server.input_rounds import InputRounds, ParkedCall, parks
@@ -108,6 +108,12 @@ def _asks_client(server: ServerConfig) -> bool:
     return server.sampling.asks_client or server.elicitation.policy == "client"
 
 
+def _profile_of(ctx: Any) -> str | None:
+    """The request's profile: over HTTP, from its path or token (`HttpEdge`); on stdio, the Mux's own."""
+    request = ctx.request
+    return request.scope.get(PROFILE_SCOPE) if request is not None else None
+
+
 def _client_name(session: ServerSession) -> str | None:
     """The name the client gave in its clientInfo (2025 initialize), if any."""
     params = session.client_params
@@ -125,6 +131,8 @@ class Frontend:
         self._client_ids: weakref.WeakKeyDictionary[Connection, str] = weakref.WeakKeyDictionary()
         self._stdio_client: str | None = None
         """The one client of `serve_stdio`, once it serves."""
+        self._stdio_front: StdioFastFront | None = None
+        """`serve_stdio`'s fast path, told the client's session once it is initialized."""
         self._token_key = secrets.token_bytes(32)
         """Keys the hash that names an HTTP client by its bearer token (the token itself is never kept)."""
         # Per upstream, the requests in flight on it (and their ids): where that upstream's logs belong.
@@ -210,33 +218,36 @@ class Frontend:
         return _page(items(), params.cursor if params is not None else None, self.page_size)
 
     async def _list_tools(self, ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
-        tools, next_cursor = await self._list_page(ctx, params, self.mux.listed_tools)
+        tools, next_cursor = await self._list_page(ctx, params, lambda: self.mux.listed_tools(_profile_of(ctx)))
         return types.ListToolsResult(tools=tools, next_cursor=next_cursor)
 
     async def _list_prompts(self, ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListPromptsResult:
-        prompts, next_cursor = await self._list_page(ctx, params, self.mux.list_prompts)
+        prompts, next_cursor = await self._list_page(ctx, params, lambda: self.mux.list_prompts(_profile_of(ctx)))
         return types.ListPromptsResult(prompts=prompts, next_cursor=next_cursor)
 
     async def _list_resources(self, ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListResourcesResult:
-        resources, next_cursor = await self._list_page(ctx, params, self.mux.list_resources)
+        resources, next_cursor = await self._list_page(ctx, params, lambda: self.mux.list_resources(_profile_of(ctx)))
         return types.ListResourcesResult(resources=resources, next_cursor=next_cursor)
 
     async def _list_resource_templates(
         self, ctx: Any, params: types.PaginatedRequestParams | None
     ) -> types.ListResourceTemplatesResult:
-        templates, next_cursor = await self._list_page(ctx, params, self.mux.list_resource_templates)
+        templates, next_cursor = await self._list_page(
+            ctx, params, lambda: self.mux.list_resource_templates(_profile_of(ctx))
+        )
         return types.ListResourceTemplatesResult(resource_templates=templates, next_cursor=next_cursor)
 
     async def _call_tool(
         self, ctx: Any, params: types.CallToolRequestParams
     ) -> types.CallToolResult | types.InputRequiredResult:
         session = self._seen(ctx)
+        profile = _profile_of(ctx)
         # Calls in flight per upstream: where its logs and sampling requests belong. Local tools have none.
         callers: weakref.WeakKeyDictionary[ServerSession, types.RequestId] = weakref.WeakKeyDictionary()
         upstream: str | None = None
         if params.name not in self.mux.local_tools and params.request_state is None:
             try:
-                upstream = self.mux.resolve_tool(params.name).upstream
+                upstream = self.mux.resolve_tool(params.name, profile).upstream
             except MuxError as err:
                 raise _as_mcp_error(err) from None
             callers = self._callers.setdefault(upstream, callers)
@@ -255,6 +266,7 @@ class Frontend:
                     progress=relay_progress,
                     client=self._client_id(ctx),
                     client_name=_client_name(session),
+                    profile=profile,
                 )
                 notes = self.relay.take_notes(session, ctx.request_id)  # e.g. why an elicitation was declined
                 if notes:
@@ -282,14 +294,14 @@ class Frontend:
     async def _read_resource(self, ctx: Any, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
         self._seen(ctx)
         try:
-            return await self.mux.read_resource(str(params.uri), client=self._client_id(ctx))
+            return await self.mux.read_resource(str(params.uri), client=self._client_id(ctx), profile=_profile_of(ctx))
         except MuxError as err:
             raise _as_mcp_error(err) from None
 
     async def _get_prompt(self, ctx: Any, params: types.GetPromptRequestParams) -> types.GetPromptResult:
         self._seen(ctx)
         try:
-            return await self.mux.get_prompt(params.name, params.arguments)
+            return await self.mux.get_prompt(params.name, params.arguments, _profile_of(ctx))
         except MuxError as err:
             raise _as_mcp_error(err) from None
 
@@ -297,7 +309,7 @@ class Frontend:
         self._seen(ctx)
         context = params.context.arguments if params.context is not None else None
         try:
-            return await self.mux.complete(params.ref, params.argument.model_dump(), context)
+            return await self.mux.complete(params.ref, params.argument.model_dump(), context, _profile_of(ctx))
         except MuxError as err:
             raise _as_mcp_error(err) from None
 
@@ -364,6 +376,8 @@ class Frontend:
     async def _initialized(self, ctx: Any, params: types.NotificationParams) -> None:
         """A 2025 client is ready; one that declared roots may change what upstreams' `roots/list` gets."""
         session = self._seen(ctx)
+        if self._stdio_front is not None:  # upstreams' requests during its fast-path calls go out on this session
+            self._stdio_front.connection = session._connection
         capabilities = session.client_capabilities
         if capabilities is not None and capabilities.roots is not None:
             await self.mux.roots_changed()
@@ -399,7 +413,7 @@ class Frontend:
             async with anyio.create_task_group() as fast_calls:
                 front = None
                 if self.mux.config.mux.fast_path:
-                    front = StdioFastFront(self._fast_path(), edge, fast_calls, self._callers)
+                    front = self._stdio_front = StdioFastFront(self._fast_path(), edge, fast_calls, self._callers)
                     edge.take = front.take
                 try:
                     async with stdio_server(edge.stdin, edge.stdout) as (read_stream, write_stream):

@@ -10,8 +10,12 @@
 4. Per-client rate limit (429 with `Retry-After`): a token bucket per token, else per client IP.
 5. Streamed body size (413): the body is read and counted before the app sees it, so a chunked
    body cannot slip past the limit.
-6. Session binding: an `mcp-session-id` opened under one token is refused (404, exactly as the SDK
-   answers an unknown session) when another token presents it.
+6. Profiles (`[profiles.NAME]`): `<path>/NAME` serves profile NAME (an unknown NAME: 404 naming the
+   defined ones), `<path>` the whole catalog; a token bound to a profile sees only that profile, on
+   `<path>` or its own `<path>/NAME` (another profile's path: 403). The request goes on to `<path>`
+   with the profile in its scope (`PROFILE_SCOPE`), which the front and the fast path read.
+7. Session binding: an `mcp-session-id` opened under one token or profile is refused (404, exactly
+   as the SDK answers an unknown session) when another token or profile presents it.
 
 It is pure ASGI (no BaseHTTPMiddleware, which buffers responses and breaks SSE streams). Refusals
 never echo a token or an Authorization header; logs name the check that failed, not header values.
@@ -34,6 +38,8 @@ logger = logging.getLogger(__name__)
 
 REALM = 'Bearer realm="mcpmux"'
 METRICS_PATH = "/metrics"
+PROFILE_SCOPE = "mcpmux.profile"
+"""The ASGI scope key holding an MCP request's profile name (None: the whole catalog)."""
 _SESSION = b"mcp-session-id"
 _INVALID_REQUEST = -32600  # JSON-RPC codes, as the SDK's streamable HTTP transport answers refusals
 _SERVER_ERROR = -32000
@@ -41,6 +47,7 @@ _MAX_BOUND_SESSIONS = 100_000
 _READ = frozenset({b"host", b"origin", b"authorization", b"content-length", _SESSION})
 _Headers = list[tuple[bytes, bytes]]
 _Refusal = tuple[int, str, _Headers]
+_Owner = tuple[int | None, str | None]
 # OpenAI's error `type` and `code` per status, so OpenAI clients surface refusals as they do OpenAI's own.
 _OPENAI_TYPES = {
     401: ("invalid_request_error", "invalid_api_key"),
@@ -59,15 +66,21 @@ class HttpEdge:
         self.policy = policy
         self.mcp_path = mcp_path.rstrip("/") if mcp_path else None
         self.limiter = RateLimiter(policy.rate_limit, policy.rate_burst)
-        self.session_owners: LRUCache[str, int] = LRUCache(maxsize=_MAX_BOUND_SESSIONS)
-        """The token (by index) that opened each session, when tokens are configured."""
+        self.binds = bool(policy.tokens or policy.profiles)
+        """Whether sessions are bound to the token and profile that opened them."""
+        self.session_owners: LRUCache[str, _Owner] = LRUCache(maxsize=_MAX_BOUND_SESSIONS)
+        """The token (by index) and profile that opened each session, when tokens or profiles are configured."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":  # lifespan; the app serves no websocket routes
             await self.app(scope, receive, send)
             return
         headers, client = self._read(scope)
-        refusal = self._check_headers(scope, headers, client) or self._check_rate(_client_key(scope, client))
+        refusal = (
+            self._check_headers(scope, headers, client)
+            or self._check_profile(scope, client)
+            or self._check_rate(_client_key(scope, client))
+        )
         if refusal is not None:
             await self._refuse(scope, send, *refusal)
             return
@@ -77,11 +90,13 @@ class HttpEdge:
             return
         replay = _replaying(body, receive)
         session = headers.get(_SESSION.decode())
-        if client is None or not self._is_mcp(scope):
+        mcp = self._is_mcp(scope)
+        owner = (client, self._enter(scope, client)) if mcp else (client, None)
+        if not self.binds or not mcp:
             await self.app(scope, replay, send)
         elif session is None:
-            await self.app(scope, replay, self._binding(send, client))
-        elif self.session_owners.get(session) != client:
+            await self.app(scope, replay, self._binding(send, owner))
+        elif self.session_owners.get(session) != owner:
             # The SDK's answer to an unknown session (and the edge's, to ids it never saw opened under a
             # token): nothing tells a client that another's session exists.
             await self._refuse(scope, send, 404, "Session not found")
@@ -98,14 +113,60 @@ class HttpEdge:
         if body_size > self.policy.max_body_bytes:
             return False
         session = headers.get(_SESSION.decode())
-        if client is not None and session is not None and self.session_owners.get(session) != client:
+        owner = (client, self._enter(scope, client))
+        if self.binds and session is not None and self.session_owners.get(session) != owner:
             return False
         return self._check_rate(_client_key(scope, client)) is None
 
     def refuses_at_once(self, scope: Scope) -> bool:
         """Whether `__call__` refuses the request on its headers alone (the rate limit aside, and not counted)."""
         headers, client = self._read(scope)
-        return self._check_headers(scope, headers, client) is not None
+        return (self._check_headers(scope, headers, client) or self._check_profile(scope, client)) is not None
+
+    def enter(self, scope: Scope) -> None:
+        """Put an MCP request's profile in its scope (`PROFILE_SCOPE`), its path made `<path>`, as
+        `__call__` does; for a request served below ASGI whose checks passed (`refuses_at_once`)."""
+        if self.binds and self._is_mcp(scope):
+            self._enter(scope, self._read(scope)[1])
+
+    def _named_profile(self, scope: Scope) -> str | None:
+        """NAME, for a request to `<path>/NAME`."""
+        head, _, name = scope["path"].rstrip("/").rpartition("/")
+        return name if self.mcp_path is not None and head == self.mcp_path and name else None
+
+    def _check_profile(self, scope: Scope, client: int | None) -> _Refusal | None:
+        """An unknown profile's path (404), or another profile's than the token's (403)."""
+        named = self._named_profile(scope)
+        if named is None:
+            return None
+        path = self.mcp_path
+        if named not in self.policy.profiles:
+            defined = ", ".join(sorted(self.policy.profiles)) or "none"
+            return (
+                404,
+                (
+                    f"no profile {named!r} is defined (profiles defined: {defined}); {path}/NAME serves "
+                    f"[profiles.NAME], {path} every tool"
+                ),
+                [],
+            )
+        bound = self.policy.token_profiles[client] if client is not None else None
+        if bound is not None and bound != named:
+            return (
+                403,
+                (f"this bearer token is bound to profile {bound!r}: use {path} or {path}/{bound}, not {path}/{named}"),
+                [],
+            )
+        return None
+
+    def _enter(self, scope: Scope, client: int | None) -> str | None:
+        """The request's profile (its token's, else its path's), put in its scope; its path made `<path>`."""
+        named = self._named_profile(scope)
+        if named is not None and self.mcp_path is not None:
+            scope["path"], scope["raw_path"] = self.mcp_path, self.mcp_path.encode()
+        bound = self.policy.token_profiles[client] if client is not None else None
+        profile = scope[PROFILE_SCOPE] = bound or named
+        return profile
 
     def _read(self, scope: Scope) -> tuple[dict[str, str], int | None]:
         """The headers the checks read, and which configured token the request carries (None: none, or none set)."""
@@ -148,10 +209,12 @@ class HttpEdge:
         return f"the request body is larger than the {self.policy.max_body_bytes} byte limit ([http] max_body_bytes)"
 
     def _is_mcp(self, scope: Scope) -> bool:
-        return self.mcp_path is not None and scope["path"].rstrip("/") == self.mcp_path
+        """Whether the request is to `<path>` or to a profile's `<path>/NAME`."""
+        on_path = self.mcp_path is not None and scope["path"].rstrip("/") == self.mcp_path
+        return on_path or self._named_profile(scope) is not None
 
-    def _binding(self, send: Send, client: int) -> Send:
-        """`send`, recording which token opened the session a response announces."""
+    def _binding(self, send: Send, client: _Owner) -> Send:
+        """`send`, recording which token and profile opened the session a response announces."""
 
         async def record(message: Message) -> None:
             if message["type"] == "http.response.start":

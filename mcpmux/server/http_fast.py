@@ -31,6 +31,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mcpmux.mux.fast_path import FastCall, FastPath, decode, sampling_declared
+from mcpmux.server.http_edge import PROFILE_SCOPE
 from mcpmux.wire.batch_array import id_key
 from mcpmux.wire.json_bytes import dumps
 
@@ -111,6 +112,8 @@ class FastPathMiddleware:
         if not content_type.startswith("application/json") or not _accepts_json_and_sse(headers.get("accept", "")):
             return None
         message = decode(body)
+        if not self._in_profile(message, scope.get(PROFILE_SCOPE)):
+            return None  # the SDK path answers it: an unknown tool, as for any name outside the profile
         version = headers.get("mcp-protocol-version")
         session = headers.get("mcp-session-id")
         if session is None:
@@ -127,6 +130,14 @@ class FastPathMiddleware:
         if call is None or call.progress_token is not None:
             return None
         return call
+
+    def _in_profile(self, message: Any, profile: str | None) -> bool:
+        """Whether a call's tool is in the client's profile (`HttpEdge` put it in the scope; None: every tool)."""
+        if profile is None:
+            return True
+        params = message.get("params") if isinstance(message, dict) else None
+        name = params.get("name") if isinstance(params, dict) else None
+        return isinstance(name, str) and self.fast.mux.view(profile).allows(name)
 
     async def _answer_unless_gone(self, call: FastCall, session: str | None, receive: Receive) -> dict[str, Any] | None:
         """`fast.answer(call)`, or None when the client disconnects first (which cancels the call).

@@ -98,6 +98,7 @@ class HttpFastFront:
     def take(self, protocol: FastHttpProtocol, cycle: RequestResponseCycle) -> bool:
         """Serve the request here (True), or leave it to the ASGI app (False, nothing done)."""
         scope, body = cast(Scope, cycle.scope), bytes(cycle.body)
+        self.edge.enter(scope)  # its profile (its token's), which `route` reads
         call = self.middleware.route(scope, body)
         if call is None:
             return False

@@ -157,7 +157,9 @@ class MetaRunner:
                 index, tool, f"{tool} is a meta-tool and meta-tools cannot call meta-tools; list its calls here"
             )
         try:
-            result = await self.mux.call_tool(tool, arguments, client=caller.client, client_name=caller.name)
+            result = await self.mux.call_tool(
+                tool, arguments, client=caller.client, client_name=caller.name, profile=caller.profile
+            )
         except UpstreamError as err:
             return _failed(index, tool, f"{err} (JSON-RPC error {err.code})")
         except MuxError as err:
@@ -181,7 +183,7 @@ class MetaRunner:
 def _scoped(caller: Caller) -> Caller:
     """The caller, with a fresh identity when it has none (a library call), so that client-scoped
     cache entries are never shared by accident; shared-scope tools still coalesce and cache."""
-    return caller if caller.client is not None else Caller(f"meta-{uuid.uuid4().hex}", caller.name)
+    return caller if caller.client is not None else Caller(f"meta-{uuid.uuid4().hex}", caller.name, caller.profile)
 
 
 def _check_steps(steps: Sequence[_Step]) -> None:

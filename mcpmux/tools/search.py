@@ -263,8 +263,11 @@ class ToolSearch:
 
     # -- searching -----------------------------------------------------------------------------------
 
-    async def search(self, query: str, limit: int = 5, servers: list[str] | None = None) -> list[Hit]:
-        """The best `limit` catalog tools for `query`, best first (hybrid when embeddings are ready)."""
+    async def search(
+        self, query: str, limit: int = 5, servers: list[str] | None = None, profile: str | None = None
+    ) -> list[Hit]:
+        """The best `limit` catalog tools for `query` in `profile`'s view, best first (hybrid when
+        embeddings are ready); `servers`: only those servers' tools (globs)."""
         self.sync()
         vector = None
         embed = self._embedder()
@@ -275,10 +278,13 @@ class ToolSearch:
             except Exception as err:
                 self._bm25_only(f"the query's embedding failed ({type(err).__name__}: {err})")
 
-        def allowed(doc: ToolDoc) -> bool:
-            return any(fnmatch.fnmatchcase(doc.server, glob) for glob in servers or ())
+        view = self.mux.view(profile)
 
-        return self.index.search(query, limit, vector, allowed if servers is not None else None)
+        def allowed(doc: ToolDoc) -> bool:
+            in_view = view.profile is None or view.allows(doc.name)
+            return in_view and (servers is None or any(fnmatch.fnmatchcase(doc.server, glob) for glob in servers))
+
+        return self.index.search(query, limit, vector, allowed if servers is not None or profile is not None else None)
 
     def method(self) -> str:
         return "BM25 + embeddings" if self.index.dense_ready and self._embedder() is not None else "BM25"
@@ -290,7 +296,7 @@ class ToolSearch:
             args = _SearchArgs.model_validate(arguments)
         except ValidationError as err:
             return _malformed(SEARCH_TOOL.name, err)
-        hits = await self.search(args.query, args.limit, args.servers)
+        hits = await self.search(args.query, args.limit, args.servers, caller.profile)
         items = [
             {
                 "name": hit.doc.name,
@@ -333,7 +339,12 @@ class ToolSearch:
             return error_result(f"{CALL_TOOL.name}: {args.tool} is one of mcpmux's own tools; call it directly")
         try:
             return await self.mux.call_tool(
-                args.tool, args.arguments, progress=progress, client=caller.client, client_name=caller.name
+                args.tool,
+                args.arguments,
+                progress=progress,
+                client=caller.client,
+                client_name=caller.name,
+                profile=caller.profile,
             )
         except UnlistedToolError as err:
             return error_result(f"{CALL_TOOL.name}: {err}")

@@ -15,9 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx2
 import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
 
 from mcpmux.mux.multiplexer import Mux
 from mcpmux.server.edge_policy import EdgePolicy
@@ -112,6 +114,17 @@ def mux_over_http(config: Path) -> Iterator[str]:
         yield f"http://127.0.0.1:{port}/mcp"
     finally:
         stop(process)
+
+
+@asynccontextmanager
+async def bearer_client(url: str, token: str, mode: str = "auto") -> AsyncIterator[Client]:
+    """A real client of mcpmux's HTTP front at `url`, sending `Authorization: Bearer <token>`."""
+    headers = {"Authorization": f"Bearer {token}"}
+    async with (
+        httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30.0, read=None)) as http,
+        Client(streamable_http_client(url, http_client=http), mode=mode) as connected,
+    ):
+        yield connected
 
 
 def text_of(result: Any) -> str:

@@ -7,20 +7,17 @@ second later must read a second later, whichever way mcpmux serves the call. Cac
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import anyio
-import httpx2
 import pytest
 from mcp import Client
-from mcp.client.streamable_http import streamable_http_client
 
 from mcpmux.core.config import config_from_dict
 from mcpmux.mux.multiplexer import Mux
-from tests.e2e.conftest import PY, mux_over_http, mux_over_stdio, text_of, write_config
+from tests.e2e.conftest import PY, bearer_client, mux_over_http, mux_over_stdio, text_of, write_config
 
 pytestmark = pytest.mark.anyio
 
@@ -68,16 +65,6 @@ async def test_a_tool_the_config_allows_is_cached_for_its_ttl(tmp_path: Path) ->
 TOKENS = ("freshness-token-alpha-0123456789", "freshness-token-beta-0123456789")
 
 
-@asynccontextmanager
-async def _as_token_holder(url: str, token: str, mode: str) -> AsyncIterator[Client]:
-    headers = {"Authorization": f"Bearer {token}"}
-    async with (
-        httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30.0, read=None)) as http,
-        Client(streamable_http_client(url, http_client=http), mode=mode) as client,
-    ):
-        yield client
-
-
 async def test_a_client_scoped_entry_is_served_to_its_client_alone(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -99,9 +86,9 @@ async def test_a_client_scoped_entry_is_served_to_its_client_alone(
     with mux_over_http(config) as url:
         for mode in ("legacy", "2026-07-28"):
             async with (
-                _as_token_holder(url, TOKENS[0], mode) as alpha,
-                _as_token_holder(url, TOKENS[0], mode) as alpha_again,
-                _as_token_holder(url, TOKENS[1], mode) as beta,
+                bearer_client(url, TOKENS[0], mode) as alpha,
+                bearer_client(url, TOKENS[0], mode) as alpha_again,
+                bearer_client(url, TOKENS[1], mode) as beta,
             ):
                 first = await read(alpha)
                 await anyio.sleep(1.1)

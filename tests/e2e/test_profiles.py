@@ -1,4 +1,5 @@
-"""`[profiles.NAME]` and `mcpmux serve --profile NAME`: the catalog, search and calls stay inside it."""
+"""`[profiles.NAME]`, chosen by `mcpmux serve --profile NAME`, by HTTP path `/mcp/NAME` or by bearer token:
+the catalog, search and calls stay inside it, all profiles served by one Mux."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import httpx2
 import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
@@ -17,7 +19,7 @@ from mcp.shared.exceptions import MCPError
 from mcpmux.core.config import config_from_dict
 from mcpmux.errors import ConfigError, UnknownToolError
 from mcpmux.mux.multiplexer import Mux
-from tests.e2e.conftest import demo, text_of
+from tests.e2e.conftest import bearer_client, demo, served_in_process, text_of
 
 pytestmark = pytest.mark.anyio
 
@@ -92,3 +94,105 @@ async def test_the_library_takes_a_profile_and_words_an_unknown_one(tmp_path: Pa
             await mux.call_tool("local__generate", {"prompt": "x"})
     async with Mux(config) as mux:  # no profile: everything
         assert "beta__echo" in {tool.name for tool in mux.list_tools()}
+
+
+# -- over HTTP: one Mux, a profile per path or per token --------------------------------------------
+
+ANY_TOKEN = "profiles-test-token-for-every-profile-0123"
+B_TOKEN = "profiles-test-token-bound-to-b-0123456789"
+MODES = ("legacy", "2026-07-28")
+
+
+@pytest.fixture(scope="module")
+async def http_url(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[str]:
+    config = tmp_path_factory.mktemp("http-profiles") / "mcp.json"
+    raw = {
+        "mcpServers": {"alpha": demo("alpha"), "beta": demo("beta")},
+        "profiles": {"a": {"servers": ["alpha"]}, "b": {"servers": ["beta"], "auth_token_env": "PROFILES_TEST_B"}},
+        "http": {"auth_token_env": "PROFILES_TEST_ANY"},
+        "mux": {"tool_search": "on", "pinned_tools": ["*__echo"]},
+        "inference": {"backend": "off"},
+    }
+    config.write_text(json.dumps(raw))
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("PROFILES_TEST_ANY", ANY_TOKEN)
+        env.setenv("PROFILES_TEST_B", B_TOKEN)
+        env.setenv("MCPMUX_HOME", str(config.parent))
+        async with served_in_process(config) as (_, _, url):
+            yield url
+
+
+async def _listed(client: Client) -> set[str]:
+    return {tool.name for tool in (await client.list_tools()).tools if not tool.name.startswith("mux_")}
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_each_path_lists_searches_and_calls_its_own_profile(http_url: str, mode: str) -> None:
+    async with bearer_client(http_url, ANY_TOKEN, mode) as everything:
+        assert await _listed(everything) == {"alpha__echo", "beta__echo"}
+    async with bearer_client(f"{http_url}/a", ANY_TOKEN, mode) as client:
+        assert await _listed(client) == {"alpha__echo"}
+        prompts = {prompt.name for prompt in (await client.list_prompts()).prompts}
+        assert prompts == {"alpha__summarize"}
+        with pytest.raises(MCPError, match="unknown prompt 'beta__summarize'"):
+            await client.get_prompt("beta__summarize", {"topic": "x"})
+        templates = (await client.list_resource_templates()).resource_templates
+        assert [template.uri_template for template in templates] == ["demo://{server}/greeting"]  # alpha's only
+        found = await client.call_tool("mux_search_tools", {"query": "echo the text back", "limit": 50})
+        names = {item["name"] for item in (found.structured_content or {})["tools"]}
+        assert "alpha__echo" in names
+        assert all(name.startswith("alpha__") for name in names), names
+        assert text_of(await client.call_tool("alpha__echo", {"text": "hi"})) == "alpha: hi"
+        assert text_of(await client.call_tool("alpha__add", {"a": 2, "b": 3})) == "5"  # found, not listed
+        # Outside the profile a tool is unknown, worded as a name nobody serves is (suggestions from inside).
+        with pytest.raises(MCPError) as outside:
+            await client.call_tool("beta__echo", {"text": "x"})
+        with pytest.raises(MCPError) as nowhere:
+            await client.call_tool("gamma__echo", {"text": "x"})
+        assert str(outside.value) == str(nowhere.value).replace("gamma__echo", "beta__echo")
+        assert "beta__" not in str(outside.value).replace("'beta__echo'", "", 1)
+        through = await client.call_tool("mux_call_tool", {"tool": "beta__echo", "arguments": {"text": "x"}})
+        assert through.is_error
+        assert "unknown tool 'beta__echo'" in text_of(through)
+        fanned = await client.call_tool("mux_parallel", {"calls": [{"tool": "beta__echo", "arguments": {"text": "x"}}]})
+        assert "unknown tool 'beta__echo'" in text_of(fanned)
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_token_bound_to_a_profile_sees_only_it(http_url: str, mode: str) -> None:
+    for url in (http_url, f"{http_url}/b"):
+        async with bearer_client(url, B_TOKEN, mode) as client:
+            assert await _listed(client) == {"beta__echo"}
+            assert text_of(await client.call_tool("beta__echo", {"text": "hi"})) == "beta: hi"
+            with pytest.raises(MCPError, match="unknown tool 'alpha__echo'"):
+                await client.call_tool("alpha__echo", {"text": "x"})
+            found = await client.call_tool("mux_search_tools", {"query": "echo the text back", "limit": 50})
+            assert all(item["name"].startswith("beta__") for item in (found.structured_content or {})["tools"])
+
+
+HEADERS = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
+}
+
+
+async def test_wrong_paths_are_refused_with_what_to_do(http_url: str) -> None:
+    async with httpx2.AsyncClient(timeout=30.0) as http:
+        bound = {**HEADERS, "authorization": f"Bearer {B_TOKEN}"}
+        other = await http.post(f"{http_url}/a", headers=bound, json=INITIALIZE)
+        assert other.status_code == 403
+        assert "bound to profile 'b'" in other.json()["error"]["message"]
+        anyone = {**HEADERS, "authorization": f"Bearer {ANY_TOKEN}"}
+        unknown = await http.post(f"{http_url}/nope", headers=anyone, json=INITIALIZE)
+        assert unknown.status_code == 404
+        assert "no profile 'nope' is defined (profiles defined: a, b)" in unknown.json()["error"]["message"]
+        opened = await http.post(f"{http_url}/a", headers=anyone, json=INITIALIZE)
+        assert opened.status_code == 200
+        session = {**anyone, "mcp-session-id": opened.headers["mcp-session-id"], "mcp-protocol-version": "2025-06-18"}
+        listing = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
+        assert (await http.post(f"{http_url}/b", headers=session, json=listing)).status_code == 404  # a's session
+        assert (await http.post(http_url, headers=session, json=listing)).status_code == 404
+        assert (await http.post(f"{http_url}/a", headers=session, json=listing)).status_code == 200

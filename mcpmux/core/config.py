@@ -129,6 +129,9 @@ class MuxSettings(_Model):
     tool_search_threshold: int = Field(default=40, ge=0)
     pinned_tools: list[str] = Field(default_factory=list)
     """Public tool name globs listed in search mode too, e.g. ["git__*", "time__get_current_time"]."""
+    tool_search_expose: Literal["call", "listing"] = "call"
+    """Tools `mux_search_tools` found are called with `mux_call_tool` ("call"), or also join the finding
+    session's tools/list, which is told with list_changed ("listing"; 2025 sessions: a 2026 request has none)."""
     fast_path: bool = True
     """Relay plain `tools/call` requests as raw JSON-RPC, skipping the SDK's sessions (docs/fastpath.md)."""
     reload: bool = True

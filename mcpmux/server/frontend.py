@@ -9,6 +9,7 @@ a client's cancellation cancels the handler, which cancels the upstream request.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import hmac
 import logging
@@ -48,6 +49,7 @@ from mcpmux.mux.fast_path import FastPath
 from mcpmux.mux.multiplexer import Mux
 from mcpmux.server.client_relay import ClientRelay
 from mcpmux.server.edge_policy import EdgePolicy
+from mcpmux.server.found_tools import FoundTools
 from mcpmux.server.http_batch import BatchArrayMiddleware
 from mcpmux.server.http_edge import PROFILE_SCOPE, HttpEdge
 from mcpmux.server.http_fast import FastPathMiddleware
@@ -173,6 +175,10 @@ class Frontend:
         )
         # 2025 resources/subscribe: updates reach only the clients subscribed to the URI.
         self.subscriptions = ResourceSubscriptions(mux, self.bus)
+        # [mux] tool_search_expose = "listing": what a 2025 session found joins its tools/list.
+        self.found_tools = FoundTools(mux, self._client_ids)
+        if mux.tool_search is not None:
+            mux.tool_search.on_found = self.found_tools.found
         self.server.add_request_handler(
             "subscriptions/listen", types.SubscriptionsListenRequestParams, self.subscriptions.listen
         )
@@ -218,7 +224,8 @@ class Frontend:
         return _page(items(), params.cursor if params is not None else None, self.page_size)
 
     async def _list_tools(self, ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
-        tools, next_cursor = await self._list_page(ctx, params, lambda: self.mux.listed_tools(_profile_of(ctx)))
+        listing = functools.partial(self.found_tools.listing, ctx.session._connection, _profile_of(ctx))
+        tools, next_cursor = await self._list_page(ctx, params, listing)
         return types.ListToolsResult(tools=tools, next_cursor=next_cursor)
 
     async def _list_prompts(self, ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListPromptsResult:

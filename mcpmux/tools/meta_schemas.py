@@ -14,28 +14,23 @@ MAX_STEPS = 32
 """Most steps in one `mux_pipeline`."""
 
 _ITEM_RESULT = (
-    'Each item of structuredContent.results is {"index", "tool", "ok": true, "result": {"text", "structured"?}} '
-    'or {"index", "tool", "ok": false, "error": "<why>"}; one failing call never fails the others. '
-    "The whole result is an error only when the request itself is malformed."
+    'Each structuredContent.results item is {"index", "tool", "ok": true, "result": {"text", "structured"?}} '
+    'or {"index", "tool", "ok": false, "error"}; one failing call never fails the others.'
 )
 
 _TOOL_NAME = {
     "type": "string",
     "minLength": 1,
-    "description": "A tool's full name as listed by tools/list, e.g. 'github__search_issues'. Not a mux_* tool.",
+    "description": "A tool's full name, e.g. 'github__search_issues' (not a mux_* tool).",
 }
-_ARGUMENTS = {"type": "object", "description": "The tool's arguments, matching its input schema.", "default": {}}
+_ARGUMENTS = {"type": "object", "description": "The tool's arguments.", "default": {}}
 
 _REFERENCE_SYNTAX = (
-    'A step refers to an earlier step\'s result with a JSON object whose only key is "$ref", placed anywhere '
-    'in its arguments (as a whole value, also inside objects and arrays): {"$ref": "steps.<step>.<root>.<key>..."}. '
-    "<step> is an earlier step's 0-based index or its id. <root> is text (the step's text output, blocks joined "
-    "by newlines), json (that text parsed as JSON) or structured (its structuredContent). Further segments are "
-    "object keys or 0-based list indices. For keys containing a dot, give a list: "
-    '{"$ref": ["steps", "search", "structured", "a.b"]}. Example: step 0 {"id": "find", "tool": "db__query", '
-    '"arguments": {"sql": "..."}}, step 1 {"tool": "mail__send", "arguments": {"to": {"$ref": '
-    '"steps.find.json.0.email"}}}. A reference that does not resolve fails that step with an error naming the '
-    "step and the reference; the first failing step stops the pipeline and the result says which step failed."
+    'Any argument value may be {"$ref": "steps.<step>.<root>.<key>..."}: <step> is an earlier step\'s '
+    "0-based index or id; <root> is text (its text output), json (that text parsed) or structured (its "
+    "structuredContent); then object keys or list indices (a key with a dot: give a list, "
+    '["steps", "find", "structured", "a.b"]). E.g. step 0 {"id": "find", "tool": "db__query", ...}, step 1 '
+    '{"tool": "mail__send", "arguments": {"to": {"$ref": "steps.find.json.0.email"}}}.'
 )
 
 
@@ -45,16 +40,15 @@ def _tool(name: str, title: str, description: str, schema: dict[str, Any]) -> ty
         title=title,
         description=description,
         input_schema=schema,
-        annotations=types.ToolAnnotations(title=title, read_only_hint=False, open_world_hint=True),
+        annotations=types.ToolAnnotations(read_only_hint=False, open_world_hint=True),
     )
 
 
 PARALLEL_TOOL = _tool(
     "mux_parallel",
     "Call several tools at once",
-    "Run several independent tool calls concurrently in one request and get every answer back in input "
-    f"order. Use it whenever calls do not depend on each other. Up to {MAX_CALLS} calls, at most "
-    f"{MAX_CONCURRENT} running at once; each goes through the same limits and cache as a direct call. " + _ITEM_RESULT,
+    "Run independent tool calls concurrently in one request; answers come back in input order. Up to "
+    f"{MAX_CALLS} calls, {MAX_CONCURRENT} at a time, each with a direct call's limits and cache. " + _ITEM_RESULT,
     {
         "type": "object",
         "properties": {
@@ -62,7 +56,6 @@ PARALLEL_TOOL = _tool(
                 "type": "array",
                 "minItems": 1,
                 "maxItems": MAX_CALLS,
-                "description": "The calls to make, answered in this order.",
                 "items": {
                     "type": "object",
                     "properties": {"tool": _TOOL_NAME, "arguments": _ARGUMENTS},
@@ -79,9 +72,8 @@ PARALLEL_TOOL = _tool(
 BATCH_TOOL = _tool(
     "mux_batch",
     "Call one tool with many arguments",
-    "Call one tool once for each argument object, concurrently, and get every answer back in input order "
-    f"(e.g. a lookup for 20 keys). Up to {MAX_CALLS} argument objects, at most {MAX_CONCURRENT} running at "
-    "once; identical read-only calls are made once and shared. " + _ITEM_RESULT,
+    "Call one tool once per argument object, concurrently (e.g. a lookup per key); answers in input order. "
+    f"Up to {MAX_CALLS}, {MAX_CONCURRENT} at a time; identical read-only calls run once. " + _ITEM_RESULT,
     {
         "type": "object",
         "properties": {
@@ -90,7 +82,7 @@ BATCH_TOOL = _tool(
                 "type": "array",
                 "minItems": 1,
                 "maxItems": MAX_CALLS,
-                "description": "One argument object per call, each matching the tool's input schema.",
+                "description": "One argument object per call.",
                 "items": {"type": "object"},
             },
         },
@@ -102,10 +94,10 @@ BATCH_TOOL = _tool(
 PIPELINE_TOOL = _tool(
     "mux_pipeline",
     "Chain tool calls",
-    f"Run up to {MAX_STEPS} tool calls in order, where a step's arguments can use earlier steps' results. "
+    f"Run up to {MAX_STEPS} tool calls in order; a step's arguments may use earlier results. "
     + _REFERENCE_SYNTAX
-    + ' structuredContent.steps lists each step that ran ({"index", "id", "tool", "ok", "result" | "error"}); '
-    "failed_step is the index of the step that failed, or null.",
+    + " The first failing step (or unresolved reference) stops the pipeline. structuredContent.steps lists "
+    'the steps run ({"index", "id", "tool", "ok", "result" | "error"}); failed_step: its index, or null.',
     {
         "type": "object",
         "properties": {
@@ -113,20 +105,18 @@ PIPELINE_TOOL = _tool(
                 "type": "array",
                 "minItems": 1,
                 "maxItems": MAX_STEPS,
-                "description": "The steps, run one after another.",
                 "items": {
                     "type": "object",
                     "properties": {
                         "id": {
                             "type": "string",
                             "pattern": "^[A-Za-z_][A-Za-z0-9_-]{0,63}$",
-                            "description": "Optional name for this step, usable in later references.",
+                            "description": "A name later references may use.",
                         },
                         "tool": _TOOL_NAME,
                         "arguments": {
                             **_ARGUMENTS,
-                            "description": 'The tool\'s arguments; any {"$ref": "steps.<step>.<root>..."} '
-                            "value is replaced by that earlier result.",
+                            "description": 'The tool\'s arguments; {"$ref": ...} values are replaced.',
                         },
                     },
                     "required": ["tool"],

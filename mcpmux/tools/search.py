@@ -20,6 +20,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import logging
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -45,10 +46,10 @@ QUERY_EMBED_TIMEOUT = 2.0
 _TOOL_ITEM = {
     "type": "object",
     "properties": {
-        "name": {"type": "string", "description": "The tool's full name, for mux_call_tool or a direct call."},
+        "name": {"type": "string"},
         "description": {"type": "string"},
-        "inputSchema": {"type": "object", "description": "The JSON schema its arguments must match."},
-        "score": {"type": "number", "description": "Relevance; higher is better, comparable within one answer."},
+        "inputSchema": {"type": "object"},
+        "score": {"type": "number"},
     },
     "required": ["name", "description", "inputSchema", "score"],
 }
@@ -57,12 +58,10 @@ SEARCH_TOOL = types.Tool(
     name="mux_search_tools",
     title="Find tools",
     description=(
-        "Search the tools of all connected servers; most are not listed until found. Describe the task in "
-        "plain words, one task per search, naming the action and the thing it acts on (e.g. 'create an "
-        "issue in a GitHub repository', 'read a local file', 'current time in a timezone'), not a guessed "
-        "tool name. Returns the best matches, best first, each with its input schema; then call one with "
-        "mux_call_tool. If none fits, search again with other words (synonyms, the service's name) before "
-        "giving up. `servers` narrows the search to servers whose names match these globs."
+        "Find tools of the connected servers; most are not listed. Describe one task in plain words, the "
+        "action and what it acts on ('create an issue in a GitHub repository', 'current time in a "
+        "timezone'), not a guessed tool name. Returns the best matches with their input schemas; call one "
+        "with mux_call_tool. If none fits, search again with other words or the service's name."
     ),
     input_schema={
         "type": "object",
@@ -73,12 +72,11 @@ SEARCH_TOOL = types.Tool(
                 "minimum": 1,
                 "maximum": MAX_RESULTS,
                 "default": 5,
-                "description": "How many tools to return.",
             },
             "servers": {
                 "type": "array",
                 "items": {"type": "string"},
-                "description": "Only tools of servers matching these globs, e.g. ['github', 'git*'].",
+                "description": "Only servers matching these globs, e.g. ['git*'].",
             },
         },
         "required": ["query"],
@@ -89,18 +87,15 @@ SEARCH_TOOL = types.Tool(
         "properties": {"tools": {"type": "array", "items": _TOOL_ITEM}},
         "required": ["tools"],
     },
-    annotations=types.ToolAnnotations(
-        title="Find tools", read_only_hint=True, idempotent_hint=True, open_world_hint=False
-    ),
+    annotations=types.ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False),
 )
 
 CALL_TOOL = types.Tool(
     name="mux_call_tool",
     title="Call a tool by name",
     description=(
-        "Call any tool of the connected servers by its exact name, including tools not listed here (find "
-        "them with mux_search_tools first). `arguments` must match that tool's input schema. The answer is "
-        "the tool's own result, with the same limits and errors as a direct call."
+        "Call any tool of the connected servers by its exact name, listed or not (find it with "
+        "mux_search_tools). The answer is the tool's own result, as from a direct call."
     ),
     input_schema={
         "type": "object",
@@ -108,14 +103,14 @@ CALL_TOOL = types.Tool(
             "tool": {
                 "type": "string",
                 "minLength": 1,
-                "description": "The tool's full name as mux_search_tools gave it, e.g. 'github__create_issue'.",
+                "description": "The name mux_search_tools gave, e.g. 'github__create_issue'.",
             },
-            "arguments": {"type": "object", "default": {}, "description": "The tool's arguments."},
+            "arguments": {"type": "object", "default": {}, "description": "Matching that tool's input schema."},
         },
         "required": ["tool"],
         "additionalProperties": False,
     },
-    annotations=types.ToolAnnotations(title="Call a tool by name", read_only_hint=False, open_world_hint=True),
+    annotations=types.ToolAnnotations(read_only_hint=False, open_world_hint=True),
 )
 
 SEARCH_TOOL_NAMES = frozenset({SEARCH_TOOL.name, CALL_TOOL.name})
@@ -157,6 +152,8 @@ class ToolSearch:
         self._started = False
         self._said_bm25_only = False
         self.query_timeout = QUERY_EMBED_TIMEOUT
+        self.on_found: Callable[[Caller, list[str]], Awaitable[None]] | None = None
+        """Told the tools each search returned, in search mode with `[mux] tool_search_expose = "listing"`."""
         self.indexed = anyio.Event()
         """Set while the index is up to date with the catalog (embedded, or BM25 alone); a catalog change
         replaces it with a new, unset event."""
@@ -297,6 +294,9 @@ class ToolSearch:
         except ValidationError as err:
             return _malformed(SEARCH_TOOL.name, err)
         hits = await self.search(args.query, args.limit, args.servers, caller.profile)
+        expose = self.mux.config.mux.tool_search_expose == "listing" and self.search_mode()
+        if expose and hits and self.on_found is not None:
+            await self.on_found(caller, [hit.doc.name for hit in hits])
         items = [
             {
                 "name": hit.doc.name,

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import mcp_types as types
 import pytest
 from mcp import Client
 
@@ -155,6 +156,42 @@ async def test_a_tool_added_upstream_is_found_after_list_changed(client: Client)
             await anyio.sleep(0.1)
     called = await client.call_tool("mux_call_tool", {"tool": "alpha__reticulate_splines"})
     assert text_of(called) == "reticulate_splines works"
+
+
+@pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
+async def test_found_tools_join_a_sessions_listing_when_exposed_as_listing(tmp_path: Path, mode: str) -> None:
+    config = tmp_path / "mcp.json"
+    raw = {
+        "mcpServers": {"alpha": demo("alpha"), "time": TIME_SERVER},
+        "inference": {"backend": "off"},
+        "mux": {"tool_search": "on", "tool_search_expose": "listing"},
+    }
+    config.write_text(json.dumps(raw))
+    changed = anyio.Event()
+
+    async def on_message(message: object) -> None:
+        if isinstance(message, types.ToolListChangedNotification):
+            changed.set()
+
+    async with mux_over_stdio(config, mode=mode, message_handler=on_message) as client:
+        assert {tool.name for tool in (await client.list_tools()).tools} == OWN
+        found = await client.call_tool("mux_search_tools", {"query": "current time in a timezone", "limit": 2})
+        names = set(_names(found))
+        assert "time__get_current_time" in names
+        listed = {tool.name for tool in (await client.list_tools(cache_mode="refresh")).tools}
+        if mode == "legacy":  # a 2025 session: told, and the found tools are listed
+            with anyio.fail_after(10):
+                await changed.wait()
+            assert listed == OWN | names
+            again = await client.call_tool("mux_search_tools", {"query": "current time in a timezone", "limit": 2})
+            assert set(_names(again)) == names
+        else:  # a 2026-07-28 request has no session: the listing stays, found tools are called through mux_call_tool
+            assert listed == OWN
+            assert not changed.is_set()
+        called = await client.call_tool(
+            "mux_call_tool", {"tool": "time__get_current_time", "arguments": {"timezone": "UTC"}}
+        )
+        assert json.loads(text_of(called))["timezone"] == "UTC"
 
 
 # -- in-process: modes, the real embedding model, the cache ---------------------------------------------

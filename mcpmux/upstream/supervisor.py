@@ -382,10 +382,10 @@ class Upstream:
                     stale, sent_on = client, None  # a launched request is sent anew, by `send`
                     continue
                 if err.code == CONNECTION_CLOSED:
+                    if self.oauth is not None and self.oauth.needs_login is not None:
+                        raise self.oauth.needs_login from None  # the token was refused; `run` marks it needs login
                     if sent_on is None or sent_on is self._client:  # not a later connection: that one is fine
                         self._mark_lost()
-                    if self.oauth is not None and self.oauth.needs_login is not None:
-                        raise self.oauth.needs_login from None  # the token was refused: this ended the session
                     raise UpstreamUnavailableError(
                         f"upstream {self.name!r} lost its connection during {what} (the server exited or "
                         "dropped it); mcpmux is reconnecting, retry shortly"

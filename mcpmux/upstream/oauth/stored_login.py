@@ -11,7 +11,8 @@ from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
 from pydantic import ValidationError
 
 REFRESH_MARGIN = 60.0
-"""Seconds before its expiry a token is refreshed, so that no request goes out with one about to lapse."""
+"""Seconds before its expiry a token is refreshed, so that no request goes out with one about to lapse
+(a tenth of its lifetime, for a token that lives less than ten minutes)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +58,10 @@ class StoredLogin:
 
     def due(self, now: float | None = None) -> bool:
         """Whether the access token lapses within `REFRESH_MARGIN` (or already has)."""
-        return self.expires_at is not None and (now or time.time()) >= self.expires_at - REFRESH_MARGIN
+        if self.expires_at is None:
+            return False
+        margin = min(REFRESH_MARGIN, 0.1 * float(self.token.expires_in or 0))
+        return (now or time.time()) >= self.expires_at - margin
 
     def refreshed(self, token: OAuthToken) -> StoredLogin:
         """After a refresh: a server that did not rotate the refresh token keeps the old one (RFC 6749 §6)."""

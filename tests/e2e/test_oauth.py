@@ -1,0 +1,277 @@
+"""OAuth upstreams end to end, against real OAuth-protected MCP servers on loopback: the TypeScript
+SDK's example (`simpleStreamableHttp.js --oauth`; no refresh tokens, an invalid token answers 500)
+and an SDK 2.3 Python server protected with `mcp.server.auth` (`tests/servers/oauth_server.py`:
+short-lived tokens, rotating refresh tokens, a revocation hook).
+
+A login is completed as a browser would: the authorization server approves at once, so the test
+follows `/authorize`'s redirect to mcpmux's loopback callback itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import stat
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2
+import pytest
+
+from mcpmux.core.config import load_config
+from mcpmux.errors import UpstreamUnavailableError
+from mcpmux.mux.multiplexer import Mux
+from mcpmux.upstream.oauth.login_flow import LoginError, log_in
+from mcpmux.upstream.oauth.token_store import TokenStore
+from mcpmux.upstream.oauth.upstream_auth import token_store
+from mcpmux.upstream.supervisor import UpstreamState
+from tests.e2e.conftest import PY, ROOT, free_port, stop, text_of, wait_for_port
+
+TS_EXAMPLE = ROOT / ".npm/node_modules/@modelcontextprotocol/sdk/dist/esm/examples/server/simpleStreamableHttp.js"
+PY_SERVER = ROOT / "tests" / "servers" / "oauth_server.py"
+TTL = 2
+"""Seconds the Python server's access tokens live (mcpmux refreshes them a tenth of that early)."""
+
+
+def _config(path: Path, name: str, url: str, extra: str = "") -> Path:
+    path.write_text(f'[inference]\nbackend = "off"\n\n[servers.{name}]\nurl = "{url}"\n{extra}')
+    return path
+
+
+def _approve(url: str) -> str:
+    """What a browser does: `/authorize` (approved at once) redirects to the callback, which answers."""
+    location = httpx2.get(url, follow_redirects=False, timeout=10).headers["location"]
+    return httpx2.get(location, timeout=10).text
+
+
+def _cli(*args: str, home: Path) -> subprocess.Popen[str]:
+    env = {**os.environ, "MCPMUX_HOME": str(home)}
+    return subprocess.Popen(
+        [PY, "-m", "mcpmux", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
+
+
+def _url_line(process: subprocess.Popen[str]) -> str:
+    assert process.stderr is not None
+    for line in process.stderr:
+        if line.startswith("http"):
+            return line.strip()
+    raise AssertionError(f"no authorization URL on stderr (exit {process.wait(10)})")
+
+
+@pytest.fixture(scope="module")
+def ts_server() -> Iterator[str]:
+    if shutil.which("node") is None or not TS_EXAMPLE.exists():
+        pytest.skip("node or the TypeScript SDK's example is missing (make setup installs it)")
+    port, auth_port = free_port(), free_port()
+    env = {**os.environ, "MCP_PORT": str(port), "MCP_AUTH_PORT": str(auth_port)}
+    process = subprocess.Popen(["node", str(TS_EXAMPLE), "--oauth"], env=env, stdout=subprocess.DEVNULL)
+    try:
+        wait_for_port(port, process)
+        wait_for_port(auth_port, process)
+        yield f"http://localhost:{port}/mcp"
+    finally:
+        stop(process)
+
+
+@pytest.fixture(scope="module")
+def ts_login(ts_server: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """`mcpmux login demo --no-browser`, with a forged callback (wrong `state`) arriving before the real one."""
+    folder = tmp_path_factory.mktemp("ts")
+    config = _config(folder / "mcpmux.toml", "demo", ts_server)
+    home = folder / "home"
+    process = _cli("login", "demo", "--config", str(config), "--no-browser", home=home)
+    url = _url_line(process)
+    redirect_uri = httpx2.URL(url).params["redirect_uri"]
+    forged = httpx2.get(f"{redirect_uri}?code=stolen&state=not-the-one", timeout=10)
+    page = _approve(url)
+    out, err = process.communicate(timeout=60)
+    # `out` and `err`: what the command wrote after the URL line.
+    result = {"server": ts_server, "config": config, "home": home, "url": url, "forged": forged, "page": page}
+    return result | {"out": out, "err": err, "rc": process.returncode}
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_login_stores_a_token_that_calls_then_use(
+    ts_login: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert ts_login["rc"] == 0, ts_login["err"]
+    assert "logged in to demo" in ts_login["out"]
+    query = httpx2.URL(ts_login["url"]).params
+    assert query["code_challenge_method"] == "S256"
+    assert query["resource"] == ts_login["server"]  # RFC 8707: the token is asked for this server
+    assert ts_login["forged"].status_code == 400  # a callback whose state is not the login's is refused
+    assert "state does not match" in ts_login["forged"].text
+    assert "Logged in" in ts_login["page"]
+    monkeypatch.setenv("MCPMUX_HOME", str(ts_login["home"]))
+    [record] = list((ts_login["home"] / "oauth").glob("demo-*.json"))
+    assert stat.S_IMODE(record.stat().st_mode) == 0o600
+    token = json.loads(record.read_text())["token"]["access_token"]
+    assert token not in ts_login["out"] + ts_login["err"]
+    async with Mux.from_config(ts_login["config"]) as mux:
+        [status] = mux.status()
+        assert (status.state, status.auth.startswith("oauth, logged in")) == (UpstreamState.READY, True)
+        result = await mux.call_tool("demo__greet", {"name": "oauth"})
+    assert text_of(result) == "Hello, oauth!"
+
+
+@pytest.mark.anyio
+async def test_without_a_login_calls_fail_fast_naming_the_command(
+    ts_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MCPMUX_HOME", str(tmp_path / "home"))
+    config = load_config(_config(tmp_path / "mcpmux.toml", "demo", ts_server))
+    async with Mux(config) as mux:
+        [status] = mux.status()
+        assert status.state == UpstreamState.NEEDS_LOGIN
+        assert status.last_error == "upstream demo needs login: run `mcpmux login demo`"
+        upstream = mux.upstreams["demo"]
+        started = time.monotonic()
+        with pytest.raises(UpstreamUnavailableError, match=r"^upstream demo needs login: run `mcpmux login demo`$"):
+            await upstream.request("tools/call", lambda client: client.list_tools())
+        assert time.monotonic() - started < 0.5
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_a_lapsed_token_with_no_refresh_token_needs_login(
+    ts_login: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = tmp_path / "home"
+    shutil.copytree(ts_login["home"], home)
+    [record] = list((home / "oauth").glob("demo-*.json"))
+    data = json.loads(record.read_text())
+    record.write_text(json.dumps({**data, "expires_at": time.time() - 5}))
+    monkeypatch.setenv("MCPMUX_HOME", str(home))
+    async with Mux.from_config(ts_login["config"]) as mux:
+        [status] = mux.status()
+    assert (status.state, status.auth) == (UpstreamState.NEEDS_LOGIN, "oauth, needs login")
+
+
+@pytest.mark.anyio
+async def test_a_busy_callback_port_is_one_line(ts_server: str, tmp_path: Path) -> None:
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        path = _config(tmp_path / "mcpmux.toml", "demo", ts_server, f"oauth = {{ redirect_port = {port} }}\n")
+        with pytest.raises(LoginError) as refused:
+            await log_in("demo", load_config(path).servers["demo"], TokenStore(tmp_path), _never_shown)
+    assert str(refused.value) == (
+        f"the login callback port {port} ([servers.demo.oauth] redirect_port) is in use "
+        "(Address already in use): stop what holds it, or choose another redirect_port"
+    )
+    assert os.listdir(tmp_path) == [path.name]  # nothing stored
+
+
+async def _never_shown(url: str) -> None:
+    raise AssertionError(f"no authorization URL should be shown: {url}")
+
+
+@contextmanager
+def _py_server(ttl: int, refresh_delay: float = 0.0) -> Iterator[str]:
+    port = free_port()
+    args = [PY, str(PY_SERVER), str(port), str(ttl), str(refresh_delay)]
+    process = subprocess.Popen(args, stderr=subprocess.DEVNULL)
+    try:
+        wait_for_port(port, process)
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        stop(process)
+
+
+@pytest.fixture(scope="module")
+def py_server() -> Iterator[str]:
+    with _py_server(TTL) as url:
+        yield url
+
+
+async def _log_in(config_path: Path) -> None:
+    """The login flow of `mcpmux login`, in this process, approved as a browser would."""
+    config = load_config(config_path)
+    async with anyio.create_task_group() as tasks:
+
+        async def show(url: str) -> None:
+            tasks.start_soon(anyio.to_thread.run_sync, _approve, url)
+
+        await log_in("py", config.servers["py"], token_store(), show)
+
+
+def _record(home: Path) -> tuple[Path, dict[str, Any]]:
+    [record] = list((home / "oauth").glob("py-*.json"))
+    return record, json.loads(record.read_text())
+
+
+async def _refreshes(mux: Mux) -> int:
+    return int(text_of(await mux.call_tool("py__refreshes", {})))
+
+
+@pytest.mark.anyio
+async def test_a_lapsing_token_is_refreshed_and_a_refused_one_after_its_401(
+    py_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MCPMUX_HOME", str(tmp_path / "home"))
+    config = _config(tmp_path / "mcpmux.toml", "py", py_server)
+    await _log_in(config)
+    record, first = _record(tmp_path / "home")
+    async with Mux.from_config(config) as mux:
+        before = await _refreshes(mux)
+        await anyio.sleep(TTL - 0.3)  # within the last tenth of its life: refreshed before it is sent
+        assert await _refreshes(mux) == before + 1
+        _, second = _record(tmp_path / "home")
+        assert second["token"]["access_token"] != first["token"]["access_token"]
+        assert stat.S_IMODE(record.stat().st_mode) == 0o600
+        # A token the server no longer takes (401): refreshed with the stored refresh token, sent again.
+        record.write_text(json.dumps({**second, "token": {**second["token"], "access_token": "refused"}}))
+        assert await _refreshes(mux) == before + 2
+
+
+@pytest.mark.anyio
+async def test_a_revoked_login_needs_a_new_one(py_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MCPMUX_HOME", str(tmp_path / "home"))
+    config = _config(tmp_path / "mcpmux.toml", "py", py_server)
+    await _log_in(config)
+    async with Mux.from_config(config) as mux:
+        assert text_of(await mux.call_tool("py__echo", {"text": "before"})) == "before"
+        assert httpx2.post(py_server.replace("/mcp", "/testing/revoke")).status_code == 200
+        refused = await mux.call_tool("py__echo", {"text": "after"})
+        assert (refused.is_error, text_of(refused)) == (True, "upstream py needs login: run `mcpmux login py`")
+        with anyio.fail_after(5):
+            while mux.status()[0].state != UpstreamState.NEEDS_LOGIN:
+                await anyio.sleep(0.05)
+        await _log_in(config)  # the running upstream notices the new login and reconnects
+        with anyio.fail_after(10):
+            while mux.status()[0].state != UpstreamState.READY:
+                await anyio.sleep(0.1)
+        assert text_of(await mux.call_tool("py__echo", {"text": "again"})) == "again"
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_two_processes_with_a_lapsed_token_refresh_it_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = tmp_path / "home"
+    monkeypatch.setenv("MCPMUX_HOME", str(home))
+    # Tokens outlive both processes, so a second refresh would be a double; a refresh takes 4 s, so
+    # that both processes, started together, want one while the first is under way.
+    with _py_server(ttl=600, refresh_delay=4) as url:
+        config = _config(tmp_path / "mcpmux.toml", "py", url)
+        await _log_in(config)
+        record, data = _record(home)
+        record.write_text(json.dumps({**data, "expires_at": time.time() - 1}))
+        # Refresh tokens rotate: had both refreshed, the second would have spent a used one and need a login.
+        calls = [_cli("call", "--config", str(config), "py__refreshes", home=home) for _ in range(2)]
+        answers = [call.communicate(timeout=120) for call in calls]
+    assert [call.returncode for call in calls] == [0, 0], [err for _, err in answers]
+    assert [json.loads(out)["content"][0]["text"] for out, _ in answers] == ["1", "1"]
+    _, after = _record(home)
+    assert after["token"]["access_token"] != data["token"]["access_token"]

@@ -19,12 +19,18 @@ goes through the model's chat template; `maxTokens` is capped by the upstream's 
 "stopSequence"`); `metadata` may carry `seed`, `top_p`, `top_k` and `min_p` (other keys are ignored);
 `modelPreferences` hints pick a configured model by substring, in order, and its cost/speed/
 intelligence priorities pick one when no hint matches. `includeContext` is ignored: mcpmux has no
-conversation of its own to include. Only text can be answered locally: images, audio, tool use and
-tool results are refused by name.
+conversation of its own to include. Images and audio are refused by name: the local models read text.
+
+Tools (`tools` + `toolChoice`): the tools are written into the system message and the output is held
+by a grammar to one call of one of them (`required`), or to text or one call (`auto`, the default);
+`none` samples plain text. A call comes back as a `tool_use` block whose `input` matches the tool's
+`inputSchema`, with `stopReason: "toolUse"`; earlier `tool_use` and `tool_result` blocks are shown
+to the model in the same form (`serving.tool_calls`).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections import deque
@@ -38,8 +44,9 @@ from mcp.client.session import ClientRequestContext, SamplingFnT
 from mcp.shared.exceptions import MCPError
 
 from mcpmux.inference.engine.config import SamplingParams
-from mcpmux.inference.errors import EngineError
+from mcpmux.inference.errors import EngineError, InvalidSettingError
 from mcpmux.inference.serving.settings import SamplingSettings
+from mcpmux.inference.serving.tool_calls import CALL_MARKER, ToolSpec, ToolUse, call_text, result_text
 
 if TYPE_CHECKING:
     from mcpmux.inference.serving.service import InferenceService
@@ -53,7 +60,7 @@ ClientSampler = Callable[[str, types.CreateMessageRequestParams], Awaitable[Samp
 DEFAULT_TEMPERATURE = 1.0
 RECENT_TIMINGS = 4096
 _METADATA_PARAMS = {"seed": int, "top_p": float, "top_k": int, "min_p": float}
-_CONTENT_NAMES = {"image": "image", "audio": "audio", "tool_use": "tool use", "tool_result": "tool result"}
+_CONTENT_NAMES = {"image": "image", "audio": "audio", "resource": "embedded resource", "resource_link": "resource link"}
 
 
 class SamplingRefusedError(Exception):
@@ -154,7 +161,7 @@ class SamplingBridge:
 
     async def _sample_locally(
         self, upstream: str, settings: SamplingSettings, params: types.CreateMessageRequestParams
-    ) -> types.CreateMessageResult:
+    ) -> SamplingResult:
         service = self.service
         if service is None:
             raise SamplingRefusedError(
@@ -163,56 +170,96 @@ class SamplingBridge:
             )
         hints, priorities = _preferences(params.model_preferences)
         model = service.choose_model(hints, **priorities)
+        use = tool_use_of(upstream, params)
         messages = to_chat_messages(upstream, model, params)
-        sampling = to_sampling_params(params, settings)
+        if use is not None:
+            messages = use.with_tools(messages)
+        sampling = to_sampling_params(params, settings, use)
         started = time.perf_counter()
-        out = await _generate(service, messages, sampling, model, settings.priority, params)
+        try:
+            out = await _generate(service, messages, sampling, model, settings.priority, params)
+        except InvalidSettingError as err:
+            if use is None:
+                raise
+            raise SamplingRefusedError(
+                f"upstream {upstream!r} asked for sampling with tools whose input schemas the local model "
+                f"{model!r} cannot be held to ({err}); simplify those schemas, or forward such requests to a client "
+                "with policy 'client'"
+            ) from None
         latency = time.perf_counter() - started
         self.recent.append(SamplingTiming(upstream, model, out.ttft or latency, latency, out.completion_tokens))
-        return types.CreateMessageResult(
-            role="assistant",
-            content=types.TextContent(type="text", text=out.text),
-            model=model,
-            stop_reason=out.stop_reason,
-        )
+        text = types.TextContent(type="text", text=out.text)
+        if use is None:
+            return types.CreateMessageResult(role="assistant", content=text, model=model, stop_reason=out.stop_reason)
+        call = use.parse(out.text) if out.stop_reason == "endTurn" else None
+        if call is None:
+            return types.CreateMessageResultWithTools(
+                role="assistant", content=[text], model=model, stop_reason=out.stop_reason
+            )
+        block = types.ToolUseContent(type="tool_use", id=call.id, name=call.name, input=call.arguments)
+        return types.CreateMessageResultWithTools(role="assistant", content=[block], model=model, stop_reason="toolUse")
+
+
+def tool_use_of(upstream: str, params: types.CreateMessageRequestParams) -> ToolUse | None:
+    """The request's tools and tool choice; None when it has no tools."""
+    if not params.tools:
+        return None
+    mode = (params.tool_choice.mode if params.tool_choice else None) or "auto"
+    tools = tuple(ToolSpec(t.name, t.description or "", t.input_schema) for t in params.tools)
+    try:
+        return ToolUse(tools, mode)
+    except ValueError as err:
+        raise SamplingRefusedError(f"upstream {upstream!r} asked for sampling with tools, but {err}") from None
 
 
 def to_chat_messages(upstream: str, model: str, params: types.CreateMessageRequestParams) -> list[dict[str, str]]:
     """The request as chat-template messages; refuses what a text-only model cannot take, by name."""
-    if params.tools and (params.tool_choice is None or params.tool_choice.mode != "none"):
-        names = ", ".join(tool.name for tool in params.tools)
-        raise SamplingRefusedError(
-            f"upstream {upstream!r} asked for sampling with tools ({names}), but local model {model!r} has no "
-            "tool use; send the request without tools, or forward it to a client with policy 'client'"
-        )
     messages = [{"role": "system", "content": params.system_prompt}] if params.system_prompt else []
     for index, message in enumerate(params.messages):
         blocks = message.content if isinstance(message.content, list) else [message.content]
-        parts: list[str] = []
-        for block in blocks:
-            if not isinstance(block, types.TextContent):
-                what = _CONTENT_NAMES.get(block.type, block.type)
-                raise SamplingRefusedError(
-                    f"upstream {upstream!r} sent {what} content in sampling message {index}, which local model "
-                    f"{model!r} cannot read (text only); send text, or forward such requests to a client that "
-                    "supports them with policy 'client'"
-                )
-            parts.append(block.text)
+        parts = [_block_text(upstream, model, index, block) for block in blocks]
         messages.append({"role": message.role, "content": "\n".join(parts)})
     if len(messages) == (1 if params.system_prompt else 0):
         raise SamplingRefusedError(f"upstream {upstream!r} asked for sampling with no messages")
     return messages
 
 
-def to_sampling_params(params: types.CreateMessageRequestParams, settings: SamplingSettings) -> SamplingParams:
-    """Engine sampling parameters; stop sequences are matched by the bridge to report `stopSequence`."""
+def _block_text(upstream: str, model: str, index: int, block: Any) -> str:
+    """One content block as the text the model reads (tool calls and results in `tool_calls`' form)."""
+    if isinstance(block, types.TextContent):
+        return block.text
+    if isinstance(block, types.ToolUseContent):
+        return call_text(block.name, block.input)
+    if isinstance(block, types.ToolResultContent):
+        parts = [_block_text(upstream, model, index, inner) for inner in block.content]
+        if block.structured_content is not None and not parts:
+            parts.append(json.dumps(block.structured_content))
+        return result_text("\n".join(parts), is_error=bool(block.is_error))
+    what = _CONTENT_NAMES.get(block.type, block.type)
+    raise SamplingRefusedError(
+        f"upstream {upstream!r} sent {what} content in sampling message {index}, which local model "
+        f"{model!r} cannot read (text only); send text, or forward such requests to a client that "
+        "supports them with policy 'client'"
+    )
+
+
+def to_sampling_params(
+    params: types.CreateMessageRequestParams, settings: SamplingSettings, use: ToolUse | None = None
+) -> SamplingParams:
+    """Engine sampling parameters, with the tools' grammar; stop sequences are matched by the bridge to
+    report `stopSequence`."""
     extra: dict[str, Any] = {}
     for key, kind in _METADATA_PARAMS.items():
         value = (params.metadata or {}).get(key)
         if isinstance(value, int | float) and not isinstance(value, bool):
             extra[key] = kind(value)
     temperature = params.temperature if params.temperature is not None else DEFAULT_TEMPERATURE
-    return SamplingParams(max_tokens=min(params.max_tokens, settings.max_tokens), temperature=temperature, **extra)
+    return SamplingParams(
+        max_tokens=min(params.max_tokens, settings.max_tokens),
+        temperature=temperature,
+        grammar=use.grammar if use is not None else None,
+        **extra,
+    )
 
 
 async def _generate(
@@ -236,7 +283,7 @@ async def _generate(
             ttft = ttft or (time.perf_counter() - started if delta.text else 0.0)
             tokens = max(tokens + len(delta.token_ids), delta.completion_tokens)
             hits = [i for i in (text.find(s, searched_from) for s in stops) if i >= 0]
-            if hits:
+            if hits and not text.startswith(CALL_MARKER):  # a tool call is never cut
                 # Leaving the loop closes the stream, which aborts the request in the engine.
                 return _Generated(text[: min(hits)], "stopSequence", ttft, tokens)
             if delta.finish_reason == "length":

@@ -1,0 +1,194 @@
+"""Tool use for local models: the tools written into the prompt, a grammar that holds the output to a
+call, and the call read back. The sampling bridge (MCP `tools` + `toolChoice`) and the OpenAI API
+(`tools` + `tool_choice`) both use it.
+
+Prompt. The builtin models' chat templates have no tool section, so the tools are written into the
+system message, after the request's own system prompt: one JSON line per tool (`name`,
+`description`, `parameters`), and the one form a call takes:
+
+    <tool_call>{"name": "NAME", "arguments": {...}}
+
+Earlier turns use the same form: an assistant's call is that line, a tool's result a user message
+`<tool_result>...</tool_result>`, so the model reads the conversation the way it is asked to write.
+
+Grammar (llguidance Lark, one JSON layout: `grammar.JSON_LAYOUT`):
+
+- `required`: exactly one call; `name` is one of the tools, `arguments` matches that tool's schema;
+- `forced` (OpenAI's named tool choice): the same, over that one tool;
+- `auto`: plain text (which cannot start with "<") or one call, the model's choice;
+- `none`: no grammar, and the tools are not offered (earlier calls and results are still shown).
+
+One call per turn: a model that needs two tools calls them in two turns.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from mcpmux.inference.engine.config import Grammar
+
+CALL_MARKER = "<tool_call>"
+MODES = ("auto", "required", "none")
+Mode = Literal["auto", "required", "none"]
+# The layout the engine's JSON grammar writes (engine.grammar.JSON_LAYOUT), inside a Lark %json block.
+_JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+_CALL_HEAD = re.compile(re.escape(CALL_MARKER) + r'\{"name": ("(?:[^"\\]|\\.)*"), "arguments": ')
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """A tool the model may call: its name, what it does, and the JSON schema of its arguments."""
+
+    name: str
+    description: str
+    schema: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A call the model made: a fresh id, the tool's name, its arguments as parsed and as written."""
+
+    id: str
+    name: str
+    arguments: dict[str, Any]
+    arguments_json: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolUse:
+    """The tools of one request and how the model may use them (`forced` names the one tool it must call)."""
+
+    tools: tuple[ToolSpec, ...]
+    mode: Mode = "auto"
+    forced: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"tool choice must be one of {', '.join(MODES)} or a tool's name, got {self.mode!r}")
+        names = [tool.name for tool in self.tools]
+        if self.forced is not None and self.forced not in names:
+            raise ValueError(f"tool choice names {self.forced!r}, which is not among the tools: {', '.join(names)}")
+        if self.mode != "none" and not self.tools:
+            raise ValueError(f"tool choice {self.mode!r} needs at least one tool")
+
+    @property
+    def may_call(self) -> bool:
+        """Whether the output may be a call (the tools are offered and the grammar allows one)."""
+        return self.mode != "none"
+
+    @property
+    def grammar(self) -> Grammar | None:
+        """The Lark grammar the output must match; None under `none`."""
+        return None if self.mode == "none" else Grammar("lark", self._lark())
+
+    def offered(self) -> tuple[ToolSpec, ...]:
+        """The tools the grammar lets the model call."""
+        return tuple(t for t in self.tools if self.forced in (None, t.name))
+
+    def system_prompt(self, system: str | None) -> str | None:
+        """The request's system prompt followed by the tools and the call format (unchanged under `none`)."""
+        if not self.may_call:
+            return system
+        lines = [system] if system else []
+        lines.append("You can call these tools:")
+        for tool in self.offered():
+            lines.append(json.dumps({"name": tool.name, "description": tool.description, "parameters": tool.schema}))
+        lines.append(
+            f'To call a tool, answer with only {CALL_MARKER}{{"name": "<tool name>", "arguments": <JSON arguments>}}'
+        )
+        if self.mode == "auto" and self.forced is None:
+            lines.append("To answer without a tool, write plain text.")
+        else:
+            lines.append("You must call one of these tools now.")
+        return "\n".join(lines)
+
+    def with_tools(self, messages: list[dict[str, str]]) -> list[dict[str, str]]:
+        """Chat messages with the tools written into the system message (one is added if there is none)."""
+        if messages and messages[0]["role"] == "system":
+            head, rest = messages[0]["content"], messages[1:]
+        else:
+            head, rest = None, messages
+        system = self.system_prompt(head)
+        return ([{"role": "system", "content": system}] if system is not None else []) + rest
+
+    def parse(self, text: str) -> ToolCall | None:
+        """The call `text` holds, or None for plain text (or a call cut short by max_tokens)."""
+        head = _CALL_HEAD.match(text) if self.may_call else None
+        if head is None:
+            return None
+        try:
+            value = json.loads(text.removeprefix(CALL_MARKER))
+        except ValueError:
+            return None
+        names = {tool.name for tool in self.offered()}
+        if not isinstance(value, dict) or value.get("name") not in names:
+            return None
+        if not isinstance(value.get("arguments"), dict):
+            return None
+        return ToolCall(new_call_id(), value["name"], value["arguments"], text[head.end() : -1])
+
+    def _lark(self) -> str:
+        calls = []
+        for i, tool in enumerate(self.offered()):
+            head = json.dumps(f'{{"name": {json.dumps(tool.name)}, "arguments": ')
+            calls.append(f'call_{i}: {head} args_{i} "}}"\nargs_{i}: %json {json.dumps(_laid_out(tool.schema))}\n')
+        alternatives = " | ".join(f"call_{i}" for i in range(len(calls)))
+        start = "start: TEXT | call\nTEXT: /[^<][\\s\\S]*/\n" if self.mode == "auto" and self.forced is None else ""
+        return (start or "start: call\n") + f"call: {json.dumps(CALL_MARKER)} ({alternatives})\n" + "".join(calls)
+
+
+def _laid_out(schema: dict[str, Any]) -> dict[str, Any]:
+    return {**schema, "x-guidance": _JSON_LAYOUT}
+
+
+def new_call_id() -> str:
+    """An id for a call, unique enough to pair it with its result."""
+    return "call_" + uuid.uuid4().hex[:24]
+
+
+def call_text(name: str, arguments: Any) -> str:
+    """An earlier call as the model would have written it."""
+    return CALL_MARKER + json.dumps({"name": name, "arguments": arguments})
+
+
+def result_text(content: str, *, is_error: bool = False) -> str:
+    """An earlier call's result, as the user message the model reads it in."""
+    return f"<tool_result>{'error: ' if is_error else ''}{content}</tool_result>"
+
+
+@dataclass(slots=True)
+class CallStream:
+    """Reads a streamed output as it grows: plain text, or one call's name and then its arguments in
+    fragments (the closing brace of the call is held back until the output ends)."""
+
+    use: ToolUse
+    text: str = ""
+    call_id: str | None = None
+    name: str | None = None
+    _start: int = 0  # where the arguments begin in `text`
+    _sent: int = 0  # argument characters already handed out
+
+    @property
+    def is_call(self) -> bool:
+        """Whether the output is a call (known from its first character)."""
+        return self.use.may_call and self.text.startswith("<")
+
+    def feed(self, delta: str, *, final: bool = False) -> str:
+        """Add `delta`; return the argument text that is now safe to send (after `name` is known).
+        `final` marks the last delta: the held-back brace is dropped, or, for a call cut short, sent."""
+        self.text += delta
+        if self.name is None:
+            head = _CALL_HEAD.match(self.text)
+            if head is None:
+                return ""
+            self.name, self.call_id = json.loads(head.group(1)), new_call_id()
+            self._start = head.end()
+        complete = final and self.use.parse(self.text) is not None
+        end = len(self.text) if final and not complete else len(self.text) - 1
+        fragment = self.text[self._start + self._sent : end]
+        self._sent += len(fragment)
+        return fragment

@@ -19,7 +19,8 @@ A 2026-07-28 client is asked in its parked call's next input-required round
 request (`related_request_id`: its POST's SSE stream on HTTP). Either waits at most `limit`
 seconds (sampling rounds: the rounds' own idle timeout); on timeout, or when the upstream withdraws
 its request, a pushed request is cancelled (`notifications/cancelled`). A client without a back
-channel and no parked call (a fast-path stand-in) is passed over. The answer, the client's error
+channel and no parked call is passed over. A stdio fast-path call stands in for its client's 2025
+session (`mcpmux.server.stdio_fast`): its client is asked on that session. The answer, the client's error
 (raised as `MCPError`) or None (nobody could be asked) goes back to the policy in
 `mcpmux.mux.client_requests` or the sampling bridge.
 """
@@ -73,6 +74,11 @@ def _result_type(request: ClientRequest) -> type[Any]:
     return types.ListRootsResult
 
 
+def _askable(caller: Any) -> bool:
+    """Whether a caller registered in `callers` can be asked: it is, or holds, a client's session."""
+    return getattr(caller, "_connection", None) is not None
+
+
 class ClientRelay:
     """Finds the client an upstream's request belongs to and asks it (see the module's docstring)."""
 
@@ -98,7 +104,8 @@ class ClientRelay:
     async def ask(self, upstream: str, request: ClientRequest, limit: float | None) -> Any:
         """The answer of the client `request` belongs to; None when no client can be asked."""
         in_flight = list(self._callers.get(upstream, {}).items())
-        calls = [(session, request_id) for session, request_id in in_flight if isinstance(session, ServerSession)]
+        # A client's SDK session, or a fast-path stand-in holding the client's session (`stdio_fast`).
+        calls = [(session, request_id) for session, request_id in in_flight if _askable(session)]
         seen = sum(getattr(session, "calls", 1) for session, _ in in_flight)  # a stand-in counts its calls
         if calls and self._in_flight is not None and self._in_flight(upstream) > seen:
             # Also in flight: a call the relay does not see (an HTTP fast-path call, whose client can answer

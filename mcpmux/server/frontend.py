@@ -56,6 +56,7 @@ from mcpmux.server.http_fast import FastPathMiddleware
 from mcpmux.server.http_fast_front import HttpFastFront, protocol_class
 from mcpmux.server.input_rounds import InputRounds, ParkedCall, parks
 from mcpmux.server.resource_subscriptions import ResourceSubscriptions
+from mcpmux.server.standalone_stream import StandaloneStreamWatch
 from mcpmux.server.stdio_batch import StdioBatchEdge, claimed_stdio
 from mcpmux.server.stdio_fast import StdioFastFront
 
@@ -114,6 +115,11 @@ def _profile_of(ctx: Any) -> str | None:
     """The request's profile: over HTTP, from its path or token (`HttpEdge`); on stdio, the Mux's own."""
     request = ctx.request
     return request.scope.get(PROFILE_SCOPE) if request is not None else None
+
+
+def _declares_roots(connection: Connection) -> bool:
+    capabilities = connection.client_capabilities
+    return capabilities is not None and capabilities.roots is not None
 
 
 def _client_name(session: ServerSession) -> str | None:
@@ -385,8 +391,14 @@ class Frontend:
         session = self._seen(ctx)
         if self._stdio_front is not None:  # upstreams' requests during its fast-path calls go out on this session
             self._stdio_front.connection = session._connection
-        capabilities = session.client_capabilities
-        if capabilities is not None and capabilities.roots is not None:
+        if ctx.request is not None:
+            return  # over HTTP, its roots are announced once its standalone stream is open (`_stream_opened`)
+        if _declares_roots(session._connection):
+            await self.mux.roots_changed()
+
+    async def _stream_opened(self, session_id: str) -> None:
+        """A 2025 HTTP client opened its standalone stream: upstreams may now ask it for its roots."""
+        if any(c.session_id == session_id and _declares_roots(c) for c in list(self._connections)):
             await self.mux.roots_changed()
 
     async def _subscribe(self, ctx: Any, params: types.SubscribeRequestParams) -> types.EmptyResult:
@@ -441,6 +453,7 @@ class Frontend:
             streamable_http_path=path, host=host, transport_security=unchecked, max_request_body_size=limit
         )
         app.add_middleware(BatchArrayMiddleware, path=path, max_body=limit)
+        app.add_middleware(StandaloneStreamWatch, path=path, opened=self._stream_opened)
         inference = self.mux.inference
         if inference is not None and inference.settings.openai_api:
             from mcpmux.inference.openai.routes import openai_mount  # imported here: it pulls in torch

@@ -6,6 +6,10 @@ there (`FastPath.launch`) and answered from the upstream's wire, with no task at
 once something needs one, it runs in a task of the front's task group. A `notifications/cancelled`
 naming such a call cancels it (the upstream hears of it, the client gets no response, as on the
 SDK path). Every other line goes on to the SDK.
+
+A 2025 client that declared sampling or elicitation keeps the fast path once its session is set up
+(`connection`): a sampling, elicitation or roots request an upstream sends while the client's
+fast-path calls are in flight is asked of the client on that session, as the SDK path would.
 """
 
 from __future__ import annotations
@@ -13,11 +17,15 @@ from __future__ import annotations
 import logging
 import weakref
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
+import mcp_types as types
 from anyio.abc import TaskGroup
+from mcp.server.connection import Connection
+from mcp.shared.exceptions import NoBackChannelError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import BaseModel
 
 from mcpmux.mux.fast_path import FastCall, FastPath, Flight, decode, sampling_declared
 from mcpmux.server.stdio_batch import StdioBatchEdge
@@ -26,6 +34,7 @@ from mcpmux.wire.batch_array import id_key
 from mcpmux.wire.json_bytes import line
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T", bound=BaseModel)
 
 
 @dataclass(slots=True)
@@ -55,7 +64,10 @@ class StdioFastFront:
         self._tasks = tasks
         self._callers = callers
         self._running: dict[str, _Running] = {}
-        self._relays: dict[str, _LogRelay] = {}
+        self._relays: dict[str, _ClientStandIn] = {}
+        self.connection: Connection | None = None
+        """The client's 2025 session, once initialized (set by `Frontend`): upstreams' requests to the
+        client go out on it."""
         """Per upstream with calls of this client in flight: where its logs reach the client."""
         self._declares_sampling = False
         self._outbox: list[bytes] = []
@@ -68,7 +80,8 @@ class StdioFastFront:
         """
         if '"tools/call"' in line:
             message = decode(line)
-            call = self.fast.route(message, self._edge.protocol_version, self._declares_sampling)
+            asks = self._declares_sampling and self.connection is None  # with no session yet, the SDK path asks
+            call = self.fast.route(message, self._edge.protocol_version, asks)
             if call is None:
                 return False
             key = id_key(call.request_id)
@@ -165,7 +178,7 @@ class StdioFastFront:
             callers = self._callers.get(call.upstream.name)
             if callers is None:
                 callers = self._callers[call.upstream.name] = weakref.WeakKeyDictionary()
-            relay = self._relays[call.upstream.name] = _LogRelay(self, callers)
+            relay = self._relays[call.upstream.name] = _ClientStandIn(self, callers)
         relay.calls += 1
         if call.version not in MODERN_PROTOCOL_VERSIONS:
             relay.legacy_calls += 1
@@ -207,17 +220,40 @@ class StdioFastFront:
             self._writing = False
 
 
-class _LogRelay:
+class _ClientStandIn:
     """Stands in for the client's SDK session in `Frontend`'s callers of one upstream, while the client
-    has fast-path calls in flight there: it is told the upstream's logs.
+    has fast-path calls in flight there: it is told the upstream's logs, and asked what the upstream
+    asks of the client (`mcpmux.server.client_relay`).
 
     The logs go out while at least one of those calls is a 2025 one: a 2025 client hears every level,
     as from the SDK path; a 2026 request did not opt in (those that do take the SDK path), so it
-    hears none. It never carries sampling requests.
+    hears none. Requests go to the client's 2025 session, once there is one, while a 2025 call is in
+    flight (a 2026 client that can answer takes the SDK path, in input-required rounds).
     """
 
-    client_capabilities = None
-    can_send_request = False
+    @property
+    def _connection(self) -> Connection | None:
+        """The client's session, as `ServerSession._connection` names it (the relay's client identity)."""
+        return self._front.connection if self.legacy_calls else None
+
+    @property
+    def client_capabilities(self) -> types.ClientCapabilities | None:
+        connection = self._connection
+        return connection.client_capabilities if connection is not None else None
+
+    @property
+    def can_send_request(self) -> bool:
+        connection = self._connection
+        return connection is not None and connection.has_standalone_channel
+
+    async def send_request(self, request: types.ServerRequest, result_type: type[T], metadata: Any = None) -> T:
+        """Ask the client on its session (stdio has one stream: nothing to relate the request to)."""
+        connection = self._connection
+        if connection is None:
+            raise NoBackChannelError(request.method)  # its last 2025 call ended meanwhile
+        data = request.model_dump(by_alias=True, mode="json", exclude_none=True)
+        raw = await connection.send_raw_request(data["method"], data.get("params"))
+        return result_type.model_validate(raw, by_name=False)
 
     def __init__(self, front: StdioFastFront, callers: Any) -> None:
         self._front = front

@@ -506,6 +506,31 @@ async def test_calls_that_need_the_mux_take_the_sdk_path(tmp_path: Path) -> None
 
 
 @pytest.mark.anyio
+async def test_a_stdio_client_that_can_sample_keeps_the_fast_path_and_is_asked(tmp_path: Path) -> None:
+    """A 2025 client declaring sampling on stdio: its calls are relayed raw, and an upstream's sampling
+    request during one of them is asked of that client, on its session."""
+    asked: list[str] = []
+
+    async def sample(context: Any, params: types.CreateMessageRequestParams) -> types.CreateMessageResult:
+        content = params.messages[0].content
+        assert isinstance(content, types.TextContent)
+        asked.append(content.text)
+        return types.CreateMessageResult(
+            role="assistant", content=types.TextContent(type="text", text="hi"), model="the-client's"
+        )
+
+    config = write_config(tmp_path / "mux.json", {"probe": probe(sampling={"policy": "client"})})
+    async with mux_over_stdio(config, mode="legacy", sampling_callback=sample) as client:
+        await client.list_tools()  # the session is set up once `notifications/initialized` is handled
+        assert str(seen_id(await client.call_tool("probe__whoami", {}))).startswith("mux.")  # the fast path
+        answered = await client.call_tool("probe__ask", {})
+        first_legs = json.loads(text_of(await client.call_tool("probe__asked", {})))
+    assert json.loads(text_of(answered)) == {"answered": True}
+    assert asked == ["say hi"]
+    assert str(first_legs[0]).startswith("mux.")  # the sampling call went out on the fast path
+
+
+@pytest.mark.anyio
 async def test_an_input_required_round_is_handed_to_the_sdk_path(tmp_path: Path) -> None:
     servers = {"probe": probe(sampling={"policy": "off"})}
     fast_config = write_config(tmp_path / "fast.json", servers)

@@ -49,9 +49,15 @@ await client.connect(
 );
 const text = (result) => result.content.map((block) => block.text ?? "").join("");
 const tools = (await client.listTools()).tools.map((tool) => tool.name).filter((name) => name.startsWith(prefix));
-await new Promise((resolve) => setTimeout(resolve, 500)); // server-everything asks for roots 350 ms after start
 const out = { tools: tools.map((name) => name.slice(prefix.length)).sort(), asked };
-out.roots = text(await client.callTool({ name: `${prefix}get-roots-list`, arguments: {} }));
+// server-everything asks for the roots some time after the client is initialized (350 ms after its
+// start directly; through mcpmux, once the client's roots/list_changed has reached it): read them
+// until they are there, for at most 15 s.
+for (const start = Date.now(); ; ) {
+  out.roots = text(await client.callTool({ name: `${prefix}get-roots-list`, arguments: {} }));
+  if (!out.roots.includes("no roots are currently configured") || Date.now() - start > 15000) break;
+  await new Promise((resolve) => setTimeout(resolve, 100));
+}
 out.form = text(await client.callTool({ name: `${prefix}trigger-elicitation-request`, arguments: {} }));
 out.url = text(
   await client.callTool({

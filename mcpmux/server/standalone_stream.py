@@ -1,0 +1,43 @@
+"""Notices when a 2025 HTTP client opens its standalone stream (`GET /mcp` with its session id).
+
+A request mcpmux sends a client outside any call (an upstream's `roots/list` after the client
+connected with roots) can only ride that stream; sent before the stream is open, the SDK drops it
+and the upstream waits for an answer that never comes. So a client's roots are announced upstream
+once its stream is open (`Frontend`), not when it is initialized.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+_SESSION = b"mcp-session-id"
+
+
+class StandaloneStreamWatch:
+    """ASGI middleware: calls `opened(session_id)` once the response to a session's GET has started."""
+
+    def __init__(self, app: ASGIApp, *, path: str, opened: Callable[[str], Awaitable[None]]) -> None:
+        self.app = app
+        self.path = path.rstrip("/") or "/"
+        self.opened = opened
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        session = _session_of(scope) if scope["type"] == "http" and scope["method"] == "GET" else None
+        if session is None or (scope["path"].rstrip("/") or "/") != self.path:
+            await self.app(scope, receive, send)
+            return
+
+        async def watched(message: Message) -> None:
+            await send(message)
+            if message["type"] == "http.response.start" and message["status"] == 200:
+                await self.opened(session)
+
+        await self.app(scope, receive, watched)
+
+
+def _session_of(scope: Any) -> str | None:
+    value = next((value for key, value in scope["headers"] if key == _SESSION), None)
+    return value.decode("latin-1") if value is not None else None

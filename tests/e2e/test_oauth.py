@@ -9,6 +9,7 @@ follows `/authorize`'s redirect to mcpmux's loopback callback itself.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -25,12 +26,13 @@ import anyio
 import httpx2
 import pytest
 
+from mcpmux.cli.login import logout_main
 from mcpmux.core.config import load_config
 from mcpmux.errors import UpstreamUnavailableError
 from mcpmux.mux.multiplexer import Mux
 from mcpmux.upstream.oauth.login_flow import LoginError, log_in
 from mcpmux.upstream.oauth.token_store import TokenStore
-from mcpmux.upstream.oauth.upstream_auth import token_store
+from mcpmux.upstream.oauth.upstream_auth import login_command, token_store
 from mcpmux.upstream.supervisor import UpstreamState
 from tests.e2e.conftest import PY, ROOT, free_port, stop, text_of, wait_for_port
 
@@ -132,12 +134,14 @@ async def test_without_a_login_calls_fail_fast_naming_the_command(
     async with Mux(config) as mux:
         [status] = mux.status()
         assert status.state == UpstreamState.NEEDS_LOGIN
-        assert status.last_error == "upstream demo needs login: run `mcpmux login demo`"
+        needs = f"upstream demo needs login: run `{login_command('demo')}`"
+        assert status.last_error == needs
         upstream = mux.upstreams["demo"]
         started = time.monotonic()
-        with pytest.raises(UpstreamUnavailableError, match=r"^upstream demo needs login: run `mcpmux login demo`$"):
+        with pytest.raises(UpstreamUnavailableError) as refused:
             await upstream.request("tools/call", lambda client: client.list_tools())
         assert time.monotonic() - started < 0.5
+    assert str(refused.value) == needs
 
 
 @pytest.mark.slow
@@ -243,7 +247,7 @@ async def test_a_revoked_login_needs_a_new_one(py_server: str, tmp_path: Path, m
         assert text_of(await mux.call_tool("py__echo", {"text": "before"})) == "before"
         assert httpx2.post(py_server.replace("/mcp", "/testing/revoke")).status_code == 200
         refused = await mux.call_tool("py__echo", {"text": "after"})
-        assert (refused.is_error, text_of(refused)) == (True, "upstream py needs login: run `mcpmux login py`")
+        assert (refused.is_error, text_of(refused)) == (True, f"upstream py needs login: run `{login_command('py')}`")
         with anyio.fail_after(5):
             while mux.status()[0].state != UpstreamState.NEEDS_LOGIN:
                 await anyio.sleep(0.05)
@@ -275,3 +279,23 @@ async def test_two_processes_with_a_lapsed_token_refresh_it_once(
     assert [json.loads(out)["content"][0]["text"] for out, _ in answers] == ["1", "1"]
     _, after = _record(home)
     assert after["token"]["access_token"] != data["token"]["access_token"]
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_logout_forgets_the_login_and_tools_shows_needs_login(
+    py_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = tmp_path / "home"
+    monkeypatch.setenv("MCPMUX_HOME", str(home))
+    path = _config(tmp_path / "mcpmux.toml", "py", py_server)
+    await _log_in(path)
+    async with Mux.from_config(path) as mux:
+        assert mux.status()[0].auth.startswith("oauth, logged in (token expires in")
+    assert await logout_main(argparse.Namespace(name="py"), load_config(path)) == 0
+    assert list((home / "oauth").glob("py-*.json")) == []
+    tools = _cli("tools", "--config", str(path), home=home)
+    out, _ = tools.communicate(timeout=120)
+    assert tools.returncode == 1
+    needs = f"upstream py needs login: run `mcpmux login py --config {path}`"
+    assert out.splitlines()[0] == f"# py: needs login, http, -, auth: oauth, needs login  ({needs})"

@@ -299,3 +299,31 @@ async def test_logout_forgets_the_login_and_tools_shows_needs_login(
     assert tools.returncode == 1
     needs = f"upstream py needs login: run `mcpmux login py --config {path}`"
     assert out.splitlines()[0] == f"# py: needs login, http, -, auth: oauth, needs login  ({needs})"
+
+
+@pytest.mark.anyio
+async def test_a_preregistered_client_logs_in_and_refreshes_with_its_secret_from_the_environment(
+    py_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    port = free_port()
+    registered = httpx2.post(
+        py_server.replace("/mcp", "/register"),
+        json={
+            "redirect_uris": [f"http://127.0.0.1:{port}/callback"],
+            "token_endpoint_auth_method": "client_secret_post",
+            "grant_types": ["authorization_code", "refresh_token"],
+            "response_types": ["code"],
+        },
+    ).json()
+    monkeypatch.setenv("MCPMUX_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("PY_CLIENT_SECRET", registered["client_secret"])
+    settings = f'client_id = "{registered["client_id"]}", client_secret_env = "PY_CLIENT_SECRET"'
+    config = _config(tmp_path / "mcpmux.toml", "py", py_server, f"oauth = {{ {settings}, redirect_port = {port} }}\n")
+    await _log_in(config)
+    record, data = _record(tmp_path / "home")
+    assert data["client"]["client_id"] == registered["client_id"]
+    assert registered["client_secret"] not in record.read_text()  # it stays in its variable
+    # A refused token makes mcpmux refresh, which the server grants only with the client's secret.
+    record.write_text(json.dumps({**data, "token": {**data["token"], "access_token": "refused"}}))
+    async with Mux.from_config(config) as mux:
+        assert text_of(await mux.call_tool("py__echo", {"text": "with secret"})) == "with secret"

@@ -63,6 +63,13 @@ class StoredLogin:
         margin = min(REFRESH_MARGIN, 0.1 * float(self.token.expires_in or 0))
         return (now or time.time()) >= self.expires_at - margin
 
+    def refresh_due(self, now: float | None = None) -> bool:
+        """Whether to refresh before the next request: when `due`, if a refresh token allows it; without
+        one the token serves until it has lapsed (then only a new login helps)."""
+        if self.token.refresh_token:
+            return self.due(now)
+        return self.expires_at is not None and (now or time.time()) >= self.expires_at
+
     def refreshed(self, token: OAuthToken) -> StoredLogin:
         """After a refresh: a server that did not rotate the refresh token keeps the old one (RFC 6749 §6)."""
         if token.refresh_token is None:

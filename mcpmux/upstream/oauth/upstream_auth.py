@@ -113,13 +113,13 @@ class UpstreamOAuth(httpx2.Auth):
                 raise self._refuse("the server asks for OAuth and no login is stored")
             return
         for attempt in range(2):
-            if attempt or login.due():
+            if attempt or login.refresh_due():
                 stale = login.token.access_token
                 async with self.store.locked(self.name, self.url):
                     fresh = self._current(reread=True)
                     if fresh is None:
                         raise self._refuse("the stored login was removed")
-                    if fresh.token.access_token != stale and not fresh.due():
+                    if fresh.token.access_token != stale and not fresh.refresh_due():
                         login = fresh  # another process, or another request here, refreshed it meanwhile
                     else:
                         response = yield self._refresh_request(fresh)

@@ -9,6 +9,7 @@ from typing import Any
 
 from mcpmux.inference.engine.config import Grammar, SamplingParams
 from mcpmux.inference.errors import InvalidSettingError
+from mcpmux.inference.serving.tool_calls import MODES, ToolSpec, ToolUse, call_text, result_text
 
 # Used when a request gives no max_tokens: long enough for an answer, short enough not to hog the engine.
 DEFAULT_MAX_TOKENS = 256
@@ -39,6 +40,7 @@ class GenerationRequest:
     stream: bool
     include_usage: bool
     top_logprobs: int | None  # None: no logprobs
+    tools: ToolUse | None = None  # chat only: the tools the model may call
 
     def choices(self) -> list[tuple[int, Prompt, SamplingParams]]:
         """(index, prompt, params) per choice; choice j > 0 of a seeded request gets seed + j, so the
@@ -116,11 +118,24 @@ def _stop(body: dict[str, Any]) -> tuple[str, ...]:
 
 
 def _message(i: int, message: Any) -> dict[str, str]:
+    """One chat message as template text; a tool's result and an assistant's tool calls are written
+    the way `tool_calls` shows them to the model."""
     if not isinstance(message, dict) or not isinstance(message.get("role"), str):
         raise OpenAIBadRequest(f"messages[{i}] must be an object with a role and content", f"messages[{i}]")
-    content = message.get("content")
+    content = _content(i, message.get("content"))
+    if message["role"] == "tool":
+        return {"role": "user", "content": result_text(content)}
+    calls = message.get("tool_calls") if message["role"] == "assistant" else None
+    if calls:
+        if not isinstance(calls, list):
+            raise OpenAIBadRequest(f"messages[{i}].tool_calls must be a list", f"messages[{i}].tool_calls")
+        content = "\n".join([content] * bool(content) + [_call_text(i, call) for call in calls])
+    return {"role": message["role"], "content": content}
+
+
+def _content(i: int, content: Any) -> str:
     if content is None:
-        content = ""
+        return ""
     if isinstance(content, list):
         parts = []
         for part in content:
@@ -131,10 +146,63 @@ def _message(i: int, message: Any) -> dict[str, str]:
                     f"messages[{i}].content",
                 )
             parts.append(str(part.get("text", "")))
-        content = "".join(parts)
+        return "".join(parts)
     if not isinstance(content, str):
         raise OpenAIBadRequest(f"messages[{i}].content must be a string or text parts", f"messages[{i}].content")
-    return {"role": message["role"], "content": content}
+    return content
+
+
+def _call_text(i: int, call: Any) -> str:
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        raise OpenAIBadRequest(
+            f"messages[{i}].tool_calls entries must be {{type: function, function: {{name, arguments}}}}",
+            f"messages[{i}].tool_calls",
+        )
+    arguments = function.get("arguments") or "{}"
+    try:
+        parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
+    except ValueError:
+        parsed = arguments  # shown as written: the model sees what was sent
+    return call_text(function["name"], parsed)
+
+
+def _tools(body: dict[str, Any]) -> ToolUse | None:
+    """`tools` + `tool_choice` (`auto` by default, `required`, `none`, or a named function)."""
+    given = body.get("tools")
+    if not given:
+        if body.get("tool_choice") not in (None, "none"):
+            raise OpenAIBadRequest("tool_choice needs tools: give the functions the model may call", "tool_choice")
+        return None
+    if not isinstance(given, list):
+        raise OpenAIBadRequest("tools must be a list of {type: function, function: {...}} objects", "tools")
+    specs = []
+    for i, tool in enumerate(given):
+        function = tool.get("function") if isinstance(tool, dict) and tool.get("type") == "function" else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise OpenAIBadRequest(
+                f"tools[{i}] must be {{type: function, function: {{name, description, parameters}}}}", f"tools[{i}]"
+            )
+        parameters = function.get("parameters", {"type": "object", "properties": {}})
+        if not isinstance(parameters, dict):
+            raise OpenAIBadRequest(f"tools[{i}].function.parameters must be a JSON schema object", f"tools[{i}]")
+        specs.append(ToolSpec(function["name"], str(function.get("description") or ""), parameters))
+    choice = body.get("tool_choice", "auto")
+    try:
+        if isinstance(choice, str) and choice in MODES:
+            return ToolUse(tuple(specs), choice)  # type: ignore[arg-type]  # checked against MODES
+        named = choice.get("function") if isinstance(choice, dict) and choice.get("type") == "function" else None
+        if not isinstance(named, dict) or not isinstance(named.get("name"), str):
+            raise OpenAIBadRequest(
+                f"tool_choice must be 'auto', 'required', 'none' or {{type: function, function: {{name}}}}, "
+                f"got {choice!r}",
+                "tool_choice",
+            )
+        return ToolUse(tuple(specs), "required", named["name"])
+    except ValueError as exc:
+        if isinstance(exc, OpenAIBadRequest):
+            raise
+        raise OpenAIBadRequest(str(exc), "tool_choice") from exc
 
 
 def _model(body: dict[str, Any]) -> str | None:
@@ -153,10 +221,15 @@ def parse_generation(body: Any, *, chat: bool) -> GenerationRequest:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise OpenAIBadRequest("messages is required: a non-empty list of {role, content} objects", "messages")
-        prompts = [[_message(i, m) for i, m in enumerate(messages)]]
+        tools = _tools(body)
+        chat_messages = [_message(i, m) for i, m in enumerate(messages)]
+        prompts = [tools.with_tools(chat_messages) if tools is not None else chat_messages]
         top = _int(body, "top_logprobs", None, 0, 20)
         top_logprobs = (top or 0) if body.get("logprobs") else None
     else:
+        tools = None
+        if body.get("tools"):
+            raise OpenAIBadRequest("tools are for /v1/chat/completions; /v1/completions takes a prompt only", "tools")
         prompt = body.get("prompt")
         if isinstance(prompt, str):
             prompts = [prompt]
@@ -168,6 +241,15 @@ def parse_generation(body: Any, *, chat: bool) -> GenerationRequest:
     max_tokens = _int(body, "max_completion_tokens", None, 1) if chat else None
     max_tokens = max_tokens or _int(body, "max_tokens", DEFAULT_MAX_TOKENS, 1)
     seed = _int(body, "seed", None, -(2**63))
+    grammar = _response_format(body)
+    if tools is not None and tools.may_call:
+        if grammar is not None:
+            raise OpenAIBadRequest(
+                "response_format cannot be combined with tools the model may call; set tool_choice to 'none' "
+                "or drop response_format",
+                "response_format",
+            )
+        grammar = tools.grammar
     try:
         params = SamplingParams(
             max_tokens=max_tokens or DEFAULT_MAX_TOKENS,
@@ -176,7 +258,7 @@ def parse_generation(body: Any, *, chat: bool) -> GenerationRequest:
             seed=seed,
             stop=_stop(body),
             logprobs=top_logprobs,
-            grammar=_response_format(body),
+            grammar=grammar,
         )
     except InvalidSettingError as exc:
         raise OpenAIBadRequest(str(exc)) from exc
@@ -190,6 +272,7 @@ def parse_generation(body: Any, *, chat: bool) -> GenerationRequest:
         stream=bool(body.get("stream")),
         include_usage=bool(isinstance(options, dict) and options.get("include_usage")),
         top_logprobs=top_logprobs,
+        tools=tools,
     )
 
 

@@ -1,7 +1,9 @@
 """An OpenAI-compatible HTTP API over an `InferenceService`.
 
 `/v1/models`, `/v1/chat/completions` and `/v1/completions` (streamed as SSE ending `data: [DONE]`
-when `stream` is true; `response_format` `json_object` or `json_schema` constrains the output),
+when `stream` is true; `response_format` `json_object` or `json_schema` constrains the output;
+`tools` + `tool_choice` give `message.tool_calls` and `finish_reason: "tool_calls"`, streamed as
+`delta.tool_calls`: the call's id and name first, then its arguments in fragments),
 `/v1/embeddings`. Errors use OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`: 400
 for bad requests (missing messages, bad values, unknown model, a schema the grammar library cannot
 use), 503 when the engine's queue is full (retry later), 502 when a remote
@@ -27,7 +29,7 @@ from starlette.routing import Mount, Route
 from mcpmux.inference.engine.outputs import Completion
 from mcpmux.inference.errors import EngineError, QueueFullError
 from mcpmux.inference.openai.requests import OpenAIBadRequest, parse_embedding, parse_generation
-from mcpmux.inference.openai.stream import ChoiceResult, GenerationStream, choice_logprobs, usage_of
+from mcpmux.inference.openai.stream import ChoiceResult, GenerationStream, choice_logprobs, tool_call_json, usage_of
 from mcpmux.inference.serving.remote import RemoteError
 from mcpmux.inference.serving.service import InferenceService, UnknownModelError
 
@@ -113,7 +115,11 @@ class OpenAIRoutes:
             wanted = req.top_logprobs is not None
             logprobs = choice_logprobs(self.service, model, chat, done.logprobs) if wanted else None
             if chat:
-                message = {"role": "assistant", "content": done.text}
+                call = req.tools.parse(done.text) if req.tools is not None and finish == "stop" else None
+                message: dict[str, Any] = {"role": "assistant", "content": done.text}
+                if call is not None:
+                    message = {"role": "assistant", "content": None, "tool_calls": [tool_call_json(call)]}
+                    finish = "tool_calls"
                 choices.append({"index": index, "message": message, "finish_reason": finish, "logprobs": logprobs})
             else:
                 choices.append({"index": index, "text": done.text, "finish_reason": finish, "logprobs": logprobs})

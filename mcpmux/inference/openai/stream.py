@@ -27,6 +27,7 @@ from mcpmux.inference.engine.outputs import TokenLogprob
 from mcpmux.inference.openai.requests import GenerationRequest, Prompt
 from mcpmux.inference.serving.delta import Delta
 from mcpmux.inference.serving.service import InferenceService
+from mcpmux.inference.serving.tool_calls import CallStream, ToolCall
 
 Event = tuple[int, Delta | Exception]
 
@@ -52,6 +53,11 @@ def usage_of(finished: list[ChoiceResult], n: int) -> dict[str, Any]:
         "total_tokens": prompt + completion,
         "prompt_tokens_details": {"cached_tokens": sum(c.cached_tokens for c in firsts)},
     }
+
+
+def tool_call_json(call: ToolCall) -> dict[str, Any]:
+    """A call in OpenAI's `tool_calls` shape (`arguments` as the JSON text the model wrote)."""
+    return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments_json}}
 
 
 def choice_logprobs(
@@ -102,6 +108,8 @@ class GenerationStream(Response):
         self.service, self.req, self.model, self.on_error = service, req, model, on_error
         self.id = ("chatcmpl-" if req.chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
+        tools = req.tools if req.tools is not None and req.tools.may_call else None
+        self.calls = {index: CallStream(tools) for index, _, _ in req.choices()} if tools is not None else {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         sender, events = anyio.create_memory_object_stream[Event](math.inf)
@@ -158,6 +166,10 @@ class GenerationStream(Response):
             await self._event(send, self._chunk(roles))
 
     async def _deltas(self, send: Send, index: int, delta: Delta) -> None:
+        calls = self.calls.get(index)
+        if calls is not None and calls.sees_call(delta.text):
+            await self._call_deltas(send, index, delta, calls)
+            return
         if delta.text or delta.logprobs:
             logprobs = (
                 choice_logprobs(self.service, self.model, self.req.chat, delta.logprobs)
@@ -167,6 +179,22 @@ class GenerationStream(Response):
             await self._event(send, self._chunk([self._choice(index, {"content": delta.text}, delta.text, logprobs)]))
         if delta.finish_reason is not None:
             finish = "stop" if delta.finish_reason == "abort" else delta.finish_reason
+            await self._event(send, self._chunk([self._choice(index, {}, "", None, finish)]))
+
+    async def _call_deltas(self, send: Send, index: int, delta: Delta, calls: CallStream) -> None:
+        """A call's deltas: its id and name once known, then argument fragments; `tool_calls` at its end."""
+        named = calls.name is not None
+        fragment = calls.feed(delta.text, final=delta.finish_reason is not None)
+        if calls.name is not None and not named:
+            function = {"name": calls.name, "arguments": ""}
+            head = {"index": 0, "id": calls.call_id, "type": "function", "function": function}
+            await self._event(send, self._chunk([self._choice(index, {"tool_calls": [head]})]))
+        if fragment:
+            piece = {"index": 0, "function": {"arguments": fragment}}
+            await self._event(send, self._chunk([self._choice(index, {"tool_calls": [piece]})]))
+        if delta.finish_reason is not None:
+            finish = "stop" if delta.finish_reason == "abort" else delta.finish_reason
+            finish = "tool_calls" if calls.use.parse(calls.text) is not None else finish
             await self._event(send, self._chunk([self._choice(index, {}, "", None, finish)]))
 
     def _choice(

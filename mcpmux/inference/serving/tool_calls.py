@@ -169,16 +169,18 @@ class CallStream:
     text: str = ""
     call_id: str | None = None
     name: str | None = None
+    is_call: bool | None = None  # None until the first character is known
     _start: int = 0  # where the arguments begin in `text`
     _sent: int = 0  # argument characters already handed out
 
-    @property
-    def is_call(self) -> bool:
-        """Whether the output is a call (known from its first character)."""
-        return self.use.may_call and self.text.startswith("<")
+    def sees_call(self, delta: str) -> bool:
+        """Whether the output is a call, known from its first character (plain text cannot start with "<")."""
+        if self.is_call is None and delta:
+            self.is_call = self.use.may_call and delta.startswith("<")
+        return bool(self.is_call)
 
     def feed(self, delta: str, *, final: bool = False) -> str:
-        """Add `delta`; return the argument text that is now safe to send (after `name` is known).
+        """Add a call's next `delta`; return the argument text now safe to send (once `name` is known).
         `final` marks the last delta: the held-back brace is dropped, or, for a call cut short, sent."""
         self.text += delta
         if self.name is None:

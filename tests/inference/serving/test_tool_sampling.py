@@ -32,10 +32,10 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-def config_text(model: str, kv_cache_memory_mb: int = 16) -> str:
+def config_text(model: str, kv_cache_memory_mb: int = 16, timeout: int = 60) -> str:
     protocols = {"modern": "auto", "legacy": "legacy"}
     servers = "".join(
-        f'[servers.{name}]\ncommand = "{PY}"\nargs = ["{SERVER}"]\nprotocol = "{protocol}"\n'
+        f'[servers.{name}]\ncommand = "{PY}"\nargs = ["{SERVER}"]\nprotocol = "{protocol}"\ntimeout = {timeout}\n'
         for name, protocol in protocols.items()
     )
     return (
@@ -141,7 +141,7 @@ async def test_smollm2_calls_the_tool_a_question_needs(
     """The builtin model, held to the call format, picks the right tool and fills in its arguments."""
     monkeypatch.setenv("MCPMUX_CACHE_DIR", str(smollm2_cache_dir))
     config = tmp_path / "mcpmux.toml"
-    config.write_text(config_text("builtin:smollm2-135m", kv_cache_memory_mb=64))
+    config.write_text(config_text("builtin:smollm2-135m", kv_cache_memory_mb=64, timeout=600))
     async with served_in_process(config) as (_, _, url):
         prompt = "What is the weather in Paris for the next 3 days?"
         answer = await plan(url, "modern", prompt=prompt, choice="required", temperature=0)

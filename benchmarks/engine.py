@@ -8,7 +8,12 @@
   dependency): `Llama.generate` on the builtin model's own GGUF, which is Q4_1 (4-bit weights, so
   less work per token than the fp32 the others run), with the same thread count. llama-cpp-python's
   `Llama` serves one sequence at a time, as its server does by default: requests run in arrival order,
-  each reusing the KV of the prompt prefix it shares with the one before.
+  each reusing the KV of the prompt prefix it shares with the one before;
+- openvino (`--systems mcpmux,openvino`): OpenVINO GenAI's `ContinuousBatchingPipeline` on the same
+  fp32 weights exported to OpenVINO IR, in a venv of its own (`setup_openvino.sh` builds it on first
+  use; `openvino_driver.py` runs there), at the matching precision (`INFERENCE_PRECISION_HINT` and
+  `KV_CACHE_PRECISION` f32 or bf16); left out, with the reason, where it cannot be installed or the
+  CPU lacks the precision. Its greedy fp32 tokens are compared with mcpmux's on the first workload.
 
 Workloads: offline (all at t=0, varied lengths), Poisson arrivals at three rates, shared prefix
 (4 prefixes x suffixes), long prompts among short decodes. Every system generates exactly
@@ -17,6 +22,12 @@ mcpmux's fp32 greedy tokens must equal HF `generate`'s, or the benchmark stops.
 
     python benchmarks/engine.py --quick            # tiny random model, CI smoke
     python benchmarks/engine.py --requests 64      # SmolLM2-135M (builtin), the real comparison
+    python benchmarks/engine.py --systems mcpmux,openvino --prompts chat --requests 32 --min-tokens 16 \
+        --rates 4,16 --rounds 3 --no-prefix-caching --no-hf-gate      # against OpenVINO GenAI
+
+`--rounds N` runs every workload N times, the systems alternating (A,B then B,A, ...), so a busy
+host slows each about equally; the summary gives each system's median and the median of the
+per-round ratios to the last system, with the load average before and after.
 
 Prints a table and writes JSON under benchmarks/results/, plus a PNG of output throughput against
 TTFT p50 (one point per system and workload) when matplotlib is installed.
@@ -35,6 +46,7 @@ import json
 import math
 import os
 import random
+import statistics
 import sys
 import tempfile
 import threading
@@ -57,6 +69,9 @@ from mcpmux.inference.models.builtin import ensure_converted, gguf_path, lookup
 from mcpmux.inference.models.linear import linear
 from mcpmux.inference.models.loader import LoadedModel, load_model
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from openvino_peer import OpenVINOPeer, PeerUnavailable
+
 T = TypeVar("T")
 WORDS = "the quick brown fox jumps over a lazy dog while paged attention stores keys and values".split()  # noqa: SIM905
 
@@ -72,12 +87,14 @@ class Req:
 class Timing:
     arrival: float  # absolute perf_counter times
     token_times: list[float]
+    tokens: list[int] | None = None  # the generated ids, where the system reports them
 
 
 @dataclass(slots=True)
 class Row:
     system: str
     workload: str
+    round: int
     requests: int
     output_tokens: int
     wall_s: float
@@ -161,15 +178,31 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+TOPICS = ("paged attention", "the Rhine", "sourdough bread", "binary search", "the Moon landing", "photosynthesis",
+          "TCP handshakes", "chess openings")  # fmt: skip
+ASKS = ("Explain {} in two sentences.", "Write a short poem about {}.", "What are three facts about {}?",
+        "Summarize the history of {} for a child.")  # fmt: skip
+
+
 def text_ids(loaded: LoadedModel, rng: random.Random, n_words: int) -> list[int]:
     return loaded.encode_prompt(" ".join(rng.choice(WORDS) for _ in range(n_words)))
 
 
-def workloads(loaded: LoadedModel, n: int, out_scale: int, long_words: int, seed: int = 0) -> dict[str, list[Req]]:
+def chat_ids(loaded: LoadedModel, i: int) -> list[int]:
+    """The i-th of 32 distinct chat requests (8 topics x 4 asks), through the model's chat template."""
+    ask = ASKS[i // len(TOPICS) % len(ASKS)].format(TOPICS[i % len(TOPICS)])
+    return loaded.encode_chat([{"role": "user", "content": ask}])
+
+
+def workloads(loaded: LoadedModel, args: argparse.Namespace, long_words: int, seed: int = 0) -> dict[str, list[Req]]:
     rng = random.Random(seed)
-    offline = [Req(0.0, text_ids(loaded, rng, rng.randint(4, 60)), rng.randint(4, out_scale)) for _ in range(n)]
+    n, out_scale, low = args.requests, args.max_tokens, args.min_tokens
+    if args.prompts == "chat":
+        offline = [Req(0.0, chat_ids(loaded, i), rng.randint(low, out_scale)) for i in range(n)]
+    else:
+        offline = [Req(0.0, text_ids(loaded, rng, rng.randint(4, 60)), rng.randint(low, out_scale)) for _ in range(n)]
     loads: dict[str, list[Req]] = {"offline": offline}
-    for rate in (2.0, 8.0, 32.0):
+    for rate in (float(r) for r in args.rates.split(",")):
         t, reqs = 0.0, []
         for r in offline:
             t += rng.expovariate(rate)
@@ -194,7 +227,7 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def summarize(system: str, workload: str, timings: list[Timing], start: float) -> Row:
+def summarize(system: str, workload: str, rnd: int, timings: list[Timing], start: float) -> Row:
     ttft = [t.token_times[0] - t.arrival for t in timings]
     tpot = [
         (t.token_times[-1] - t.token_times[0]) / (len(t.token_times) - 1) for t in timings if len(t.token_times) > 1
@@ -202,7 +235,7 @@ def summarize(system: str, workload: str, timings: list[Timing], start: float) -
     itl = [b - a for t in timings for a, b in zip(t.token_times, t.token_times[1:], strict=False)]
     out = sum(len(t.token_times) for t in timings)
     wall = max(t.token_times[-1] for t in timings) - start
-    return Row(system, workload, len(timings), out, wall, out / wall, pct(ttft, 0.5), pct(ttft, 0.99),
+    return Row(system, workload, rnd, len(timings), out, wall, out / wall, pct(ttft, 0.5), pct(ttft, 0.99),
                pct(tpot, 0.5), pct(tpot, 0.99), pct(itl, 0.5), pct(itl, 0.99))  # fmt: skip
 
 
@@ -213,6 +246,7 @@ async def run_mcpmux(loaded: LoadedModel, reqs: list[Req], args: argparse.Namesp
     config = EngineConfig(
         model=loaded.name, block_size=16, num_blocks=args.num_blocks, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_batched_tokens, prefill_chunk_size=args.chunk,
+        enable_prefix_caching=args.prefix_caching,
     )  # fmt: skip
     timings: list[Timing | None] = [None] * len(reqs)
     async with await Engine.start(config, loaded) as engine:
@@ -224,9 +258,11 @@ async def run_mcpmux(loaded: LoadedModel, reqs: list[Req], args: argparse.Namesp
             await anyio.sleep(max(0.0, start + r.arrival - time.perf_counter()))
             params = SamplingParams(max_tokens=r.max_tokens, temperature=0.0, ignore_eos=True)
             times: list[float] = []
+            tokens: list[int] = []
             async for delta in engine.generate(r.prompt, params):
                 times += [time.perf_counter()] * len(delta.token_ids)
-            timings[i] = Timing(start + r.arrival, times)
+                tokens += delta.token_ids
+            timings[i] = Timing(start + r.arrival, times, tokens)
 
         async with anyio.create_task_group() as tg:
             for i, r in enumerate(reqs):
@@ -398,10 +434,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="tiny random model, few requests (CI smoke)")
     ap.add_argument("--model", default="builtin:smollm2-135m")
-    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--dtype", default="float32", help="float32 or bfloat16 (OpenVINO: f32 or bf16)")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where every system runs")
     ap.add_argument("--requests", type=int, default=64)
+    ap.add_argument("--prompts", default="words", choices=["words", "chat"], help="random words, or chat requests")
     ap.add_argument("--max-tokens", type=int, default=64, help="largest output length drawn")
+    ap.add_argument("--min-tokens", type=int, default=4, help="smallest output length drawn")
+    ap.add_argument("--rates", default="2,8,32", help="Poisson arrival rates, requests/s")
+    ap.add_argument("--rounds", type=int, default=1, help="runs of each workload, the systems alternating")
+    ap.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=True, help="mcpmux's")
+    ap.add_argument("--hf-gate", action=argparse.BooleanOptionalAction, default=True,
+                    help="check mcpmux's greedy tokens against HF generate first")  # fmt: skip
     ap.add_argument("--batch-size", type=int, default=16, help="HF static batch size")
     ap.add_argument("--num-blocks", type=int, default=1024)
     ap.add_argument("--max-num-seqs", type=int, default=64)
@@ -423,76 +466,176 @@ def main() -> None:
 
         args.model = str(on_own_thread(lambda: build_tiny_model("llama", Path(tempfile.mkdtemp()) / "tiny-llama")))
         args.requests, args.max_tokens = min(args.requests, 12), min(args.max_tokens, 16)
+        args.min_tokens = min(args.min_tokens, args.max_tokens)
+    systems = args.systems.split(",")
     folder = ensure_converted(args.model.removeprefix("builtin:")) if args.model.startswith("builtin:") else args.model
     loaded = on_own_thread(lambda: load_model(args.model, dtype=args.dtype, device=args.device))
     dtype = getattr(torch, args.dtype)
-    hf = on_own_thread(
-        lambda: (
-            AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="sdpa").to(args.device).eval()
+    hf = None
+    if args.hf_gate or {"hf-static", "hf-cb"} & set(systems):
+        hf = on_own_thread(
+            lambda: (
+                AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="sdpa")
+                .to(args.device)
+                .eval()
+            )
         )
-    )
-    loads = workloads(loaded, args.requests, args.max_tokens, 120 if args.quick else 400)
+    loads = workloads(loaded, args, 120 if args.quick else 400)
     if args.workloads != "all":
         loads = {k: v for k, v in loads.items() if k in args.workloads.split(",")}
-    correctness_gate(loaded, hf, loads[next(iter(loads))][:4])
+    if args.hf_gate:
+        correctness_gate(loaded, hf, loads[next(iter(loads))][:4])
+    peer = start_openvino(args, systems) if "openvino" in systems else None
+    if "openvino" in systems and peer is None:
+        systems.remove("openvino")
     rate = on_own_thread(lambda: max(matmul_gflops(loaded, n) for n in (64, 256, 512)))
     print(f"matmul rate (best probe, {args.threads} threads): {rate:.0f} GFLOP/s", flush=True)
     rows: list[Row] = []
-    for name, reqs in loads.items():
-        prompt_tokens = sum(len(r.prompt) for r in reqs)
-        print(f"{name}: {len(reqs)} requests, {prompt_tokens} prompt tokens, "
-              f"{sum(r.max_tokens for r in reqs)} output tokens", flush=True)  # fmt: skip
-        for system in args.systems.split(","):
-            work = Work()
-            cpu = time.process_time()
-            if system == "mcpmux":
-                timings, start, hits = anyio.run(run_mcpmux, loaded, reqs, args)
-                row = summarize(system, name, timings, start)
-                row.prefix_hit_tokens = hits
-                for r in reqs:
-                    work.sequence(len(r.prompt), r.max_tokens)
-                work.layer_tokens -= hits
-            elif system == "hf-static":
-                row = summarize(system, name, *on_own_thread(run_hf_static, hf, reqs, args.batch_size, work))
-            elif system == "llama.cpp":
-                row = summarize(system, name, *on_own_thread(run_llamacpp, args.model, reqs, args.threads))
-            elif system == "hf-cb":
-                row = summarize(system, name, *on_own_thread(run_hf_cb, hf, reqs, args))
-                for r in reqs:
-                    work.sequence(len(r.prompt), r.max_tokens)
-            else:
-                raise SystemExit(f"unknown system {system!r}; choose from hf-static, hf-cb, mcpmux, llama.cpp")
-            row.cpu_s = time.process_time() - cpu
-            row.prompt_tokens, row.layer_tokens, row.head_rows = prompt_tokens, work.layer_tokens, work.head_rows
-            row.gflop = work.gflop(loaded)
-            row.floor_s = row.gflop / rate
-            rows.append(row)
-            print(f"  {name:<18} {system:<10} {row.output_tok_s:8.1f} tok/s  TTFT p50 {row.ttft_p50:.3f}s  "
-                  f"{row.gflop:6.1f} GFLOP  floor {row.floor_s:5.1f}s  cpu {row.cpu_s:6.1f}s", flush=True)  # fmt: skip
+    tokens: dict[str, list[list[int]]] = {}
+    try:
+        for name, reqs in loads.items():
+            prompt_tokens = sum(len(r.prompt) for r in reqs)
+            print(f"{name}: {len(reqs)} requests, {prompt_tokens} prompt tokens, "
+                  f"{sum(r.max_tokens for r in reqs)} output tokens, load {load_average()}", flush=True)  # fmt: skip
+            for rnd in range(args.rounds):
+                for system in systems if rnd % 2 == 0 else systems[::-1]:
+                    row, outs = run_system(system, name, rnd, reqs, loaded, hf, peer, args)
+                    row.prompt_tokens = prompt_tokens
+                    row.floor_s = row.gflop / rate
+                    rows.append(row)
+                    if outs and name == next(iter(loads)) and rnd == 0:
+                        tokens[system] = outs
+                    print(f"  {name:<18} r{rnd} {system:<10} {row.output_tok_s:8.1f} tok/s  TTFT p50 "
+                          f"{row.ttft_p50:.3f}s  {row.gflop:6.1f} GFLOP  floor {row.floor_s:5.1f}s  "
+                          f"cpu {row.cpu_s:6.1f}s", flush=True)  # fmt: skip
+    finally:
+        if peer is not None:
+            peer.close()
+    compare_tokens(tokens, args.dtype)
     report(rows, args, rate)
+    round_summary(rows, systems)
+    print(f"load average at the end: {load_average()}")
+
+
+def start_openvino(args: argparse.Namespace, systems: list[str]) -> OpenVINOPeer | None:
+    precision = {"float32": "f32", "bfloat16": "bf16"}.get(args.dtype)
+    if precision is None or args.device != "cpu":
+        print(f"openvino left out: it runs here at float32 or bfloat16 on CPU, not {args.dtype} on {args.device}")
+        return None
+    if args.model != "builtin:smollm2-135m":
+        print(f"openvino left out: its IR is builtin:smollm2-135m's (setup_openvino.sh), not {args.model}")
+        return None
+    try:
+        return OpenVINOPeer.start(precision, args.threads, args.max_num_seqs, args.max_batched_tokens)
+    except PeerUnavailable as err:
+        print(f"openvino left out: {err}", flush=True)
+        return None
+
+
+def run_system(
+    system: str, name: str, rnd: int, reqs: list[Req], loaded: LoadedModel, hf: Any, peer: OpenVINOPeer | None,
+    args: argparse.Namespace,
+) -> tuple[Row, list[list[int]] | None]:  # fmt: skip
+    """One system's run of one workload: its row (cpu_s and layer_tokens filled) and its tokens if reported."""
+    work = Work()
+    cpu = time.process_time()
+    outs = None
+    if system == "mcpmux":
+        timings, start, hits = anyio.run(run_mcpmux, loaded, reqs, args)
+        row = summarize(system, name, rnd, timings, start)
+        row.prefix_hit_tokens = hits
+        outs = [t.tokens or [] for t in timings]
+    elif system == "openvino":
+        assert peer is not None
+        answer = peer.run([(r.arrival, r.prompt, r.max_tokens) for r in reqs])
+        row = summarize(
+            system, name, rnd, [Timing(r.arrival, t) for r, t in zip(reqs, answer["times"], strict=True)], 0
+        )
+        outs = answer["tokens"]
+        cpu -= answer["cpu_s"]  # the driver's CPU, added below to this process's
+    elif system == "hf-static":
+        row = summarize(system, name, rnd, *on_own_thread(run_hf_static, hf, reqs, args.batch_size, work))
+    elif system == "llama.cpp":
+        row = summarize(system, name, rnd, *on_own_thread(run_llamacpp, args.model, reqs, args.threads))
+    elif system == "hf-cb":
+        row = summarize(system, name, rnd, *on_own_thread(run_hf_cb, hf, reqs, args))
+    else:
+        raise SystemExit(f"unknown system {system!r}; choose from hf-static, hf-cb, mcpmux, llama.cpp, openvino")
+    row.cpu_s = time.process_time() - cpu
+    if system != "hf-static":  # counted during the run; the others do no padding
+        for r in reqs:
+            work.sequence(len(r.prompt), r.max_tokens)
+        work.layer_tokens -= row.prefix_hit_tokens or 0
+    row.layer_tokens, row.head_rows = work.layer_tokens, work.head_rows
+    row.gflop = work.gflop(loaded)
+    return row, outs
+
+
+def load_average() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def compare_tokens(tokens: dict[str, list[list[int]]], dtype: str) -> None:
+    """mcpmux's greedy tokens against each other system's that reports them, request by request."""
+    ours = tokens.get("mcpmux")
+    for system, theirs in tokens.items():
+        if ours is None or system == "mcpmux":
+            continue
+        same = sum(a == b for a, b in zip(ours, theirs, strict=True))
+        first = next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=True)) if a != b), None)
+        where = "" if first is None else f"; first difference in request {first}"
+        print(f"greedy {dtype} tokens, mcpmux vs {system}: {same}/{len(ours)} requests identical{where}")
+
+
+def round_summary(rows: list[Row], systems: list[str]) -> None:
+    """Per workload: each system's median over rounds, and the median per-round ratio to the last system."""
+    if len(systems) < 2:
+        return
+    base = systems[-1]
+    print(f"\nmedians over rounds; x: per-round ratio to {base} (same round, same load), median; above 1 is better")
+    head = f"{'workload':<18} {'system':<10} {'tok/s':>8} {'x tok/s':>8} {'TTFT p50':>9} {'x TTFT':>7} " \
+           f"{'TPOT p50':>9} {'cpu s':>7} {'x cpu':>6} {'spread':>7}"  # fmt: skip
+    print(head + "\n" + "-" * len(head))
+    for workload in dict.fromkeys(r.workload for r in rows):
+        for system in systems:
+            mine = [r for r in rows if r.workload == workload and r.system == system]
+            theirs = {r.round: r for r in rows if r.workload == workload and r.system == base}
+            pairs = [(r, theirs[r.round]) for r in mine if r.round in theirs]
+            speed = statistics.median(a.output_tok_s / b.output_tok_s for a, b in pairs)
+            ttft = statistics.median(b.ttft_p50 / a.ttft_p50 for a, b in pairs if a.ttft_p50 > 0)
+            cpu = statistics.median(b.cpu_s / a.cpu_s for a, b in pairs if a.cpu_s > 0)
+            tok_s = [r.output_tok_s for r in mine]
+            spread = (max(tok_s) - min(tok_s)) / statistics.median(tok_s)
+            print(f"{workload:<18} {system:<10} {statistics.median(tok_s):8.1f} {speed:8.2f} "
+                  f"{statistics.median(r.ttft_p50 for r in mine):9.3f} {ttft:7.2f} "
+                  f"{statistics.median(r.tpot_p50 for r in mine):9.4f} {statistics.median(r.cpu_s for r in mine):7.1f} "
+                  f"{cpu:6.2f} {spread:7.0%}")  # fmt: skip
 
 
 def report(rows: list[Row], args: argparse.Namespace, rate: float) -> None:
-    head = f"{'workload':<18} {'system':<10} {'tok/s':>8} {'x static':>8} {'TTFT p50':>9} {'TTFT p99':>9} " \
+    head = f"{'workload':<18} {'rnd':>3} {'system':<10} {'tok/s':>8} {'x static':>8} {'TTFT p50':>9} {'TTFT p99':>9} " \
            f"{'TPOT p50':>9} {'ITL p99':>8} {'prefix hit':>10} {'GFLOP':>7} {'floor s':>7} {'cpu s':>7} " \
            f"{'tok/cpu-s':>9} {'x static cpu':>12}"  # fmt: skip
     print(f"\nfloor: the counted GFLOP at {rate:.0f} GFLOP/s; cpu s: process CPU time (all threads)")
     print(head + "\n" + "-" * len(head))
     for row in rows:
-        static = next((r for r in rows if r.workload == row.workload and r.system == "hf-static"), None)
+        key = (row.workload, row.round, "hf-static")
+        static = next((r for r in rows if (r.workload, r.round, r.system) == key), None)
         ratio = row.output_tok_s / static.output_tok_s if static else float("nan")
         cpu_ratio = static.cpu_s / row.cpu_s if static and row.cpu_s else float("nan")
         hits = "-" if row.prefix_hit_tokens is None else str(row.prefix_hit_tokens)
         per_cpu = row.output_tokens / row.cpu_s if row.cpu_s else float("nan")
-        print(f"{row.workload:<18} {row.system:<10} {row.output_tok_s:8.1f} {ratio:8.2f} {row.ttft_p50:9.3f} "
-              f"{row.ttft_p99:9.3f} {row.tpot_p50:9.4f} {row.itl_p99:8.4f} {hits:>10} {row.gflop:7.1f} "
-              f"{row.floor_s:7.1f} {row.cpu_s:7.1f} {per_cpu:9.1f} {cpu_ratio:12.2f}")  # fmt: skip
+        print(f"{row.workload:<18} {row.round:>3} {row.system:<10} {row.output_tok_s:8.1f} {ratio:8.2f} "
+              f"{row.ttft_p50:9.3f} {row.ttft_p99:9.3f} {row.tpot_p50:9.4f} {row.itl_p99:8.4f} {hits:>10} "
+              f"{row.gflop:7.1f} {row.floor_s:7.1f} {row.cpu_s:7.1f} {per_cpu:9.1f} {cpu_ratio:12.2f}")  # fmt: skip
     out_dir = Path(__file__).resolve().parent / "results"
     out_dir.mkdir(exist_ok=True)
     path = out_dir / f"engine-{time.strftime('%Y%m%d-%H%M%S')}.json"
     meta = {"model": args.model, "dtype": args.dtype, "device": args.device, "threads": args.threads,
             "requests": args.requests, "max_tokens": args.max_tokens, "batch_size": args.batch_size,
-            "quick": args.quick, "matmul_gflops": rate}  # fmt: skip
+            "quick": args.quick, "matmul_gflops": rate, "systems": args.systems, "rounds": args.rounds,
+            "prompts": args.prompts, "prefix_caching": args.prefix_caching,
+            "load_average": os.getloadavg()}  # fmt: skip
     path.write_text(json.dumps({"meta": meta, "rows": [asdict(r) for r in rows]}, indent=2))
     print(f"\nwrote {path}")
     plot(rows, path.with_suffix(".png"), f"{args.model}, {args.dtype}, {args.threads} threads")

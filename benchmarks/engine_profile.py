@@ -1,11 +1,19 @@
 """Where one engine step's time goes, on CPU or CUDA: scheduling, batch preparation, the forward,
-sampling and bookkeeping, then the busiest torch operators of a few decode steps.
+sampling, detokenization and bookkeeping, then the busiest torch operators of a few decode steps.
 
     .venv/bin/python benchmarks/engine_profile.py --model builtin:smollm2-135m          # CPU
     python3 benchmarks/engine_profile.py --model /tmp/smollm2-random --device cuda        # a GPU
 
 `--seqs` requests with `--prompt-len`-token prompts are admitted and prefilled first; the figures
 are then taken over `--steps` decode-only steps of all of them (each step one token per sequence).
+Inside the forward each kernel call is timed too (the layer matmuls, the output head, attention, the
+KV write, RMSNorm, rotary); what is left of the forward is Python and dispatch: the embedding,
+reshapes, splits and the SwiGLU product, and calling it all, layer by layer. The operator table
+counts the torch operators one step dispatches.
+
+`--clock cpu` runs torch on one thread and times with that thread's CPU clock instead of the wall
+clock: the work itself, unchanged by what else the host runs (a shared host stretches wall times
+unevenly, most of all where two threads wait for each other at every operator).
 On CUDA each timed part ends with a device synchronisation, so host time and device time are not
 confused: `forward` is launch overhead plus kernel time, and the operator table's CUDA column says
 how much of it the GPU was busy.
@@ -27,20 +35,25 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from mcpmux.inference import kernels as kernel_api
 from mcpmux.inference.engine import model_runner
 from mcpmux.inference.engine.config import EngineConfig, SamplingParams
+from mcpmux.inference.engine.detokenizer import IncrementalDetokenizer
 from mcpmux.inference.engine.llm_engine import LLMEngine
+from mcpmux.inference.models import llama
+
+CLOCK: list[Callable[[], float]] = [time.perf_counter]
 
 
 def timed(parts: dict[str, float], name: str, fn: Callable[..., Any], device: torch.device) -> Callable[..., Any]:
     """`fn`, adding its wall time (device work included) to `parts[name]` on every call."""
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter()
+        start = CLOCK[0]()
         result = fn(*args, **kwargs)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        parts[name] += time.perf_counter() - start
+        parts[name] += CLOCK[0]() - start
         return result
 
     return wrapper
@@ -55,7 +68,11 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True, help="on CUDA")
+    ap.add_argument("--clock", default="wall", choices=["wall", "cpu"], help="cpu: one thread, its CPU time")
     args = ap.parse_args()
+    if args.clock == "cpu":
+        torch.set_num_threads(1)
+        CLOCK[0] = time.thread_time
     config = EngineConfig(
         model=args.model, device=args.device, dtype=args.dtype, num_blocks=max(args.seqs * 16, 1024),
         max_num_seqs=args.seqs, max_num_batched_tokens=max(512, args.seqs), cuda_graphs=args.cuda_graphs,
@@ -82,18 +99,32 @@ def main() -> None:
     engine.loaded.model = timed(parts, "forward", model, device)  # type: ignore[assignment]
     if runner.graphs is not None:
         runner.graphs.forward = timed(parts, "forward", runner.graphs.forward, device)  # type: ignore[method-assign]
-    model_runner.sample = timed(parts, "sample", model_runner.sample, device)  # type: ignore[assignment]
-    start = time.perf_counter()
+    model_runner.sample = timed(parts, "sample", model_runner.sample, device)
+    detokenize = IncrementalDetokenizer.add
+    IncrementalDetokenizer.add = timed(parts, "detokenize", detokenize, device)  # type: ignore[method-assign]
+    inner: dict[str, float] = defaultdict(float)
+    llama.linear = timed(inner, "layer matmuls", llama.linear, device)
+    llama.vocab_linear = timed(inner, "output head", llama.vocab_linear, device)
+    for name, label in (("paged_attention", "attention"), ("write_kv", "KV write"), ("rms_norm", "RMSNorm"),
+                        ("rotary_embedding", "rotary")):  # fmt: skip
+        setattr(kernel_api, name, timed(inner, label, getattr(kernel_api, name), device))
+    start = CLOCK[0]()
     for _ in range(args.steps):
         engine.step()
-    total = time.perf_counter() - start
+    total = CLOCK[0]() - start
     named = sum(parts.values())
     graphs = "" if device.type != "cuda" else f", CUDA graphs {'on' if engine.runner.graphs else 'off'}"
-    print(f"{args.model} on {device}, {args.dtype}{graphs}: {args.seqs} sequences decoding, {args.steps} steps")
+    clock = "wall clock" if args.clock == "wall" else "CPU time of one thread"
+    print(f"{args.model} on {device}, {args.dtype}{graphs}: {args.seqs} sequences decoding, {args.steps} steps, "
+          f"{clock}")  # fmt: skip
     print(f"step: {total / args.steps * 1e3:.2f} ms ({args.seqs / (total / args.steps):.0f} tokens/s)")
     for name, seconds in sorted(parts.items(), key=lambda kv: -kv[1]):
         print(f"  {name:<14} {seconds / args.steps * 1e3:8.2f} ms  {seconds / total * 100:5.1f}%")
     print(f"  {'the rest':<14} {(total - named) / args.steps * 1e3:8.2f} ms  {(total - named) / total * 100:5.1f}%")
+    print("inside the forward:")
+    inner["Python, dispatch"] = parts["forward"] - sum(inner.values())
+    for name, seconds in sorted(inner.items(), key=lambda kv: -kv[1]):
+        print(f"  {name:<16} {seconds / args.steps * 1e3:8.2f} ms  {seconds / total * 100:5.1f}% of the step")
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof:
@@ -101,6 +132,8 @@ def main() -> None:
             engine.step()
     sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
     print(prof.key_averages().table(sort_by=sort, row_limit=18))
+    ops = sum(e.count for e in prof.key_averages() if e.key.startswith(("aten::", "mkldnn::")))
+    print(f"torch operators per step: {ops / 3:.0f} ({ops / 3 / engine.loaded.num_layers:.0f} per layer)")
     if device.type == "cuda":
         kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
         print(f"device kernels per step: {len(kernels) / 3:.0f}")

@@ -24,10 +24,11 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # Third-party npm MCP servers used by the tests and the example (only where node is installed).
-$(NPM_STAMP):
+$(NPM_STAMP): Makefile
 	@if command -v npm >/dev/null 2>&1; then \
 		mkdir -p $(NPM_DIR) && npm install --silent --no-audit --no-fund --prefix $(NPM_DIR) \
-			@modelcontextprotocol/server-everything@2026.8.31 && touch $(NPM_STAMP); \
+			@modelcontextprotocol/server-everything@2026.8.31 \
+			@modelcontextprotocol/server-filesystem@2026.8.31 && touch $(NPM_STAMP); \
 	else echo "npm not found: tests that use npm MCP servers will be skipped" >&2; fi
 
 # The example config answers upstream sampling with SmolLM2: convert it once (~20 s) before serving.

@@ -2,8 +2,11 @@
 
 `generate` takes a `prompt` or chat `messages` plus sampling parameters and returns the text; when
 the client passes a progress token, each new piece of text is sent as a progress notification whose
-message is the text so far. `embed` returns one normalized vector per input text. Both run on the
-Mux's `InferenceService`, so they share its engine (and its batch) with upstream sampling and /v1.
+message is the text so far. With a JSON `schema`, the output is held to it token by token and its
+parsed value is `structuredContent.value`; a schema the grammar engine cannot use, or an output cut
+by `max_tokens` before it is complete, is an error result saying which. `embed` returns one
+normalized vector per input text. Both run on the Mux's `InferenceService`, so they share its engine
+(and its batch) with upstream sampling and /v1.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import mcp_types as types
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from mcpmux.errors import error_result
-from mcpmux.inference.engine.config import SamplingParams
+from mcpmux.inference.engine.config import Grammar, SamplingParams
 from mcpmux.inference.errors import EngineError
 from mcpmux.tools.base import Caller, LocalTool
 from mcpmux.upstream.lane import ProgressFn
@@ -47,6 +50,7 @@ class _GenerateArgs(_Strict):
     top_k: int = Field(default=0, ge=0)
     seed: int | None = None
     stop: list[str] = Field(default_factory=list)
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
 
     @model_validator(mode="after")
     def _one_input(self) -> _GenerateArgs:
@@ -74,6 +78,7 @@ GENERATE_DESCRIPTIONS = {
     "temperature": "0 is greedy; higher is more random.",
     "seed": "Makes sampling reproducible.",
     "stop": "Strings that end the output (not included).",
+    "schema": "A JSON schema the output must match; its parsed value is structuredContent.value.",
 }
 
 
@@ -107,6 +112,7 @@ def inference_tools(service: Callable[[], InferenceService | None], namespace: s
                 top_k=args.top_k,
                 seed=args.seed,
                 stop=tuple(args.stop),
+                grammar=Grammar("json_schema", json.dumps(args.schema_)) if args.schema_ is not None else None,
             )
             chat = [m.model_dump() for m in args.messages or ()]
             prompt: str | list[dict[str, str]] = chat or args.prompt or ""
@@ -124,12 +130,19 @@ def inference_tools(service: Callable[[], InferenceService | None], namespace: s
                         usage = (delta.prompt_tokens, delta.cached_prompt_tokens, delta.completion_tokens)
         except EngineError as err:
             return error_result(f"{generate_name} failed: {err}")
-        structured = {
+        structured: dict[str, Any] = {
             "text": text,
             "model": model,
             "finish_reason": finish,
             "usage": {"prompt_tokens": usage[0], "cached_prompt_tokens": usage[1], "completion_tokens": usage[2]},
         }
+        if args.schema_ is not None:
+            if finish != "stop":
+                return error_result(
+                    f"{generate_name} stopped ({finish}) after {args.max_tokens} tokens before its output matched "
+                    f"the schema; raise max_tokens or simplify the schema. The output so far: {text}"
+                )
+            structured["value"] = json.loads(text)
         return types.CallToolResult(content=[types.TextContent(type="text", text=text)], structured_content=structured)
 
     async def embed(arguments: dict[str, Any], progress: ProgressFn | None, caller: Caller) -> types.CallToolResult:

@@ -1,0 +1,247 @@
+"""What constrained decoding costs per output token: TPOT with and without a grammar, on mcpmux's engine
+and on HF transformers generating with the same grammar library as a logits processor.
+
+The grammar is a tool call as MCP sampling and `/v1` tools ask for it (`serving.tool_calls`,
+`required` over two tools with small JSON schemas); the unconstrained requests generate the same
+number of tokens (eos ignored). Every request of a level is sent at once (1, 16, 64 concurrent);
+TPOT = (end - first token) / (tokens - 1) per request, median over the requests.
+
+- mcpmux: the async `Engine` (continuous batching; llguidance masks the constrained rows each step);
+- hf: `model.generate` on one left-padded static batch of that many prompts, with an llguidance
+  `LogitsProcessor` (a matcher per row, consume the last token, fill the bitmask, apply it): the
+  code a user of transformers would write. Its TPOT is the batch's time per step after the first.
+
+    python benchmarks/structured.py                   # builtin SmolLM2-135M on CPU (~5 min on 2 cores)
+    python benchmarks/structured.py --quick           # tiny random model, a smoke run
+
+Prints a table and writes JSON (benchmarks/results/structured.json). Ratios are what to read on a
+shared machine: constrained TPOT over plain TPOT, per system and concurrency.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from mcpmux.inference.engine.async_engine import Engine  # noqa: E402
+from mcpmux.inference.engine.config import EngineConfig, SamplingParams  # noqa: E402
+from mcpmux.inference.serving.tool_calls import ToolSpec, ToolUse  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results" / "structured.json"
+TOOLS = (
+    ToolSpec(
+        "weather",
+        "The weather forecast for a city.",
+        {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "pattern": "^[A-Za-z ]{1,12}$"},
+                "days": {"type": "integer", "minimum": 1, "maximum": 7},
+            },
+            "required": ["city", "days"],
+            "additionalProperties": False,
+        },
+    ),
+    ToolSpec(
+        "add",
+        "Add two small numbers.",
+        {
+            "type": "object",
+            "properties": {"a": {"type": "integer", "maximum": 999}, "b": {"type": "integer", "maximum": 999}},
+            "required": ["a", "b"],
+            "additionalProperties": False,
+        },
+    ),
+)
+CITIES = ["Paris", "Rome", "Oslo", "Lima", "Cairo", "Tokyo", "Quito", "Dakar"]
+
+
+def conversations(n: int, use: ToolUse) -> list[list[dict[str, str]]]:
+    questions = [f"What is the weather in {CITIES[i % len(CITIES)]} for the next {1 + i % 7} days?" for i in range(n)]
+    return [use.with_tools([{"role": "user", "content": q}]) for q in questions]
+
+
+async def mcpmux_tpot(engine: Engine, prompts: list[Any], params: SamplingParams) -> tuple[float, float]:
+    """Median TPOT (s) and mean output tokens of `prompts` sent at once."""
+    tpots: list[float] = []
+    counts: list[int] = []
+
+    async def one(prompt: Any) -> None:
+        first = end = 0.0
+        tokens = 0
+        async for out in engine.generate(prompt, params):
+            tokens = out.completion_tokens or tokens + len(out.token_ids)
+            now = time.perf_counter()
+            first = first or now
+            end = now
+        counts.append(tokens)
+        if tokens > 1:
+            tpots.append((end - first) / (tokens - 1))
+
+    async with anyio.create_task_group() as tg:
+        for prompt in prompts:
+            tg.start_soon(one, prompt)
+    return statistics.median(tpots), statistics.mean(counts)
+
+
+class GuidanceProcessor:
+    """An llguidance logits processor for HF `generate`: one matcher per row."""
+
+    def __init__(self, matchers: list[Any], vocab_size: int) -> None:
+        import llguidance.torch as llt
+
+        self.llt = llt
+        self.matchers = matchers
+        self.bitmask = llt.allocate_token_bitmask(len(matchers), vocab_size)
+        self.prompt_len: int | None = None
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.prompt_len is None:
+            self.prompt_len = input_ids.shape[1]
+        elif input_ids.shape[1] > self.prompt_len:
+            for row, matcher in enumerate(self.matchers):
+                if not matcher.is_stopped():
+                    matcher.consume_token(int(input_ids[row, -1]))
+        for row, matcher in enumerate(self.matchers):
+            self.llt.fill_next_token_bitmask(matcher, self.bitmask, row)
+        self.llt.apply_token_bitmask_inplace(scores, self.bitmask)
+        return scores
+
+
+def hf_tpot(model: Any, tokenizer: Any, prompts: list[Any], new_tokens: int, grammar: str | None) -> tuple[float, int]:
+    """TPOT (s) of one static batch and the steps it ran: (time - time of a 1-token run) / (steps - 1)."""
+    import llguidance
+    import llguidance.hf
+
+    texts = [tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=False) for p in prompts]
+    batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    vocab = model.config.vocab_size
+    lltok = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab) if grammar else None
+
+    def run(limit: int) -> tuple[float, int]:
+        kwargs: dict[str, Any] = {"max_new_tokens": limit, "do_sample": False, "pad_token_id": tokenizer.pad_token_id}
+        if grammar is not None:
+            pristine = llguidance.LLMatcher(lltok, grammar, log_level=0)
+            processor = GuidanceProcessor([pristine.deep_copy() for _ in prompts], vocab)
+            kwargs["logits_processor"] = [processor]
+        else:
+            kwargs["min_new_tokens"] = limit
+        started = time.perf_counter()
+        with torch.inference_mode():
+            out = model.generate(**batch, **kwargs)
+        return time.perf_counter() - started, out.shape[1] - batch["input_ids"].shape[1]
+
+    run(2)  # warm-up: the first generate of a shape pays for allocations
+    first, _ = run(1)
+    total, steps = run(new_tokens)
+    return (total - first) / max(1, steps - 1), steps
+
+
+async def measure(args: argparse.Namespace) -> dict[str, Any]:
+    torch.set_num_threads(args.threads)
+    use = ToolUse(TOOLS, "required")
+    grammar = use.grammar
+    assert grammar is not None
+    config = EngineConfig(model=args.model, kv_cache_memory_mb=args.kv_mb, max_num_seqs=max(args.concurrency))
+    rows: list[dict[str, Any]] = []
+    async with await Engine.start(config) as engine:
+        constrained = SamplingParams(max_tokens=args.max_tokens, temperature=0, grammar=grammar)
+        await engine.complete(conversations(1, use)[0], constrained)  # warm-up: tokenizer conversion, compile
+        for level in args.concurrency:
+            prompts = conversations(level, use)
+            tpot_c, tokens = await mcpmux_tpot(engine, prompts, constrained)
+            plain = SamplingParams(max_tokens=max(2, round(tokens)), temperature=0, ignore_eos=True)
+            tpot_p, _ = await mcpmux_tpot(engine, prompts, plain)
+            rows.append(_row("mcpmux", level, tpot_p, tpot_c, tokens))
+            print(_line(rows[-1]), flush=True)
+        folder = engine.core.loaded.name
+    if args.hf_concurrency:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        path = _model_folder(args.model)
+        tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
+        tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        for level in args.hf_concurrency:
+            prompts = conversations(level, use)
+            tpot_c, steps = hf_tpot(model, tokenizer, prompts, args.max_tokens, grammar.source)
+            tpot_p, _ = hf_tpot(model, tokenizer, prompts, steps, None)
+            rows.append(_row("hf+llguidance", level, tpot_p, tpot_c, steps))
+            print(_line(rows[-1]), flush=True)
+    return {
+        "model": args.model,
+        "served_as": folder,
+        "threads": args.threads,
+        "load_average": os.getloadavg(),
+        "grammar": "tool call, required over 2 tools (serving.tool_calls)",
+        "rows": rows,
+    }
+
+
+def _model_folder(spec: str) -> str:
+    if spec.startswith("builtin:"):
+        from mcpmux.inference.models import builtin
+
+        return str(builtin.ensure_converted(spec.removeprefix("builtin:")))
+    return spec
+
+
+def _row(system: str, level: int, plain: float, constrained: float, tokens: float) -> dict[str, Any]:
+    return {
+        "system": system,
+        "concurrency": level,
+        "tokens": round(tokens, 1),
+        "tpot_plain_ms": round(plain * 1000, 2),
+        "tpot_constrained_ms": round(constrained * 1000, 2),
+        "ratio": round(constrained / plain, 3),
+    }
+
+
+def _line(row: dict[str, Any]) -> str:
+    return (
+        f"{row['system']:<14} {row['concurrency']:>4} {row['tokens']:>7} {row['tpot_plain_ms']:>10.2f} "
+        f"{row['tpot_constrained_ms']:>12.2f} {row['ratio']:>7.3f}"
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="builtin:smollm2-135m")
+    parser.add_argument("--concurrency", default="1,16,64", help="mcpmux levels, comma-separated")
+    parser.add_argument("--hf-concurrency", default="1,16", help="HF levels (empty: skip HF)")
+    parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--kv-mb", type=int, default=512)
+    parser.add_argument("--quick", action="store_true", help="a tiny random model (smoke run)")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    args.concurrency = [int(c) for c in args.concurrency.split(",") if c]
+    args.hf_concurrency = [int(c) for c in args.hf_concurrency.split(",") if c]
+    with tempfile.TemporaryDirectory() as scratch:
+        if args.quick:
+            from tests.inference.tiny_models import build_tiny_model
+
+            args.model = str(build_tiny_model("llama", Path(scratch) / "tiny"))
+            args.concurrency, args.hf_concurrency, args.kv_mb = [1, 4], [1, 4], 16
+        print(f"{'system':<14} {'conc':>4} {'tokens':>7} {'plain ms':>10} {'grammar ms':>12} {'ratio':>7}")
+        report = anyio.run(measure, args)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

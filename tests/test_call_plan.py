@@ -20,6 +20,7 @@ def _plan(
     tool: str = "get",
     listed: bool = True,
     input_schema: dict[str, Any] | None = None,
+    task_support: str | None = None,
     **mux: Any,
 ) -> CallPlan:
     config = ServerConfig.model_validate({"command": "srv", **(server or {})})
@@ -28,6 +29,7 @@ def _plan(
             "name": tool,
             "inputSchema": input_schema or {"type": "object"},
             **({"annotations": annotations} if annotations is not None else {}),
+            **({"execution": {"taskSupport": task_support}} if task_support is not None else {}),
         }
     )
     return plan_tool(tool, tool_def if listed else None, config, MuxSettings.model_validate(mux))
@@ -133,3 +135,12 @@ def test_output_schema_is_checked_only_where_declared() -> None:
 def test_a_tool_the_upstream_does_not_list_shares_nothing() -> None:
     plan = _plan({}, READ_ONLY_IDEMPOTENT, listed=False)
     assert (plan.cache, plan.coalesce, plan.output) == (None, False, None)
+
+
+@pytest.mark.parametrize(
+    ("support", "as_task"), [(None, False), ("forbidden", False), ("optional", False), ("required", True)]
+)
+def test_a_tool_the_upstream_runs_only_as_a_task_is_run_as_one(support: str | None, as_task: bool) -> None:
+    plan = _plan(task_support=support)
+    assert plan.as_task is as_task
+    assert (plan.slow is not None and "as a task" in plan.slow) is as_task  # the SDK path creates and awaits it

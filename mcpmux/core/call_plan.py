@@ -15,6 +15,9 @@ Every front and both ways of serving a call (the SDK path's `UpstreamDispatcher`
 - **priority**: its `[servers.X.priorities]` entry.
 - **asks_client**: whether its upstream may ask the calling client for sampling or elicitation; the
   call then goes where that request can be answered.
+- **as_task**: the upstream runs the tool only as a task (2025-11-25 `execution.taskSupport =
+  "required"`): mcpmux creates the task and waits for its result (`mcpmux.upstream.tasks`), so any
+  client gets a plain result.
 - **slow**: why it cannot be relayed raw (None: it can); such a call is served through the SDK.
 """
 
@@ -53,6 +56,7 @@ class CallPlan:
     batch: BatchForm | None
     priority: int
     asks_client: bool
+    as_task: bool
     slow: str | None
     """Why the call cannot be relayed raw (None: it can): a sentence for logs and tests."""
 
@@ -75,6 +79,7 @@ def plan_tool(tool: str, listed: types.Tool | None, server: ServerConfig, mux: M
     )
     batch = next((form for form in server.batch if form.tool == tool), None)
     schema = listed.output_schema if listed is not None else None
+    execution = listed.execution if listed is not None else None
     plan = CallPlan(
         tool=tool,
         output=None if schema is None else OutputCheck(schema),
@@ -83,6 +88,7 @@ def plan_tool(tool: str, listed: types.Tool | None, server: ServerConfig, mux: M
         batch=batch,
         priority=priority_for(server.priorities, tool),
         asks_client=server.sampling.asks_client or server.elicitation.policy == "client",
+        as_task=execution is not None and execution.task_support == "required",
         slow=None,
     )
     slow = _slow_reason(plan, listed, mux)
@@ -96,6 +102,8 @@ def _slow_reason(plan: CallPlan, listed: types.Tool | None, mux: MuxSettings) ->
         return "[mux] client_priorities weigh the caller's name, which only the SDK path knows"
     if plan.batch is not None:
         return f"it merges into the list form {plan.batch.batch_tool!r}"
+    if plan.as_task:
+        return "the upstream runs it only as a task, which mcpmux creates and waits for"
     if plan.cache is not None and plan.cache.scope == "client":
         return 'its results are cached per client (scope = "client"), and only the SDK path knows the client'
     if listed is not None and "x-mcp-header" in json.dumps(listed.input_schema):

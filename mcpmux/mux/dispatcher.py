@@ -21,11 +21,12 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from typing import Any
 
 import mcp_types as types
+from mcp import Client
 
 from mcpmux.batching import (
     AdmissionGate,
@@ -46,6 +47,7 @@ from mcpmux.core.server_policy import BatchForm
 from mcpmux.errors import error_result
 from mcpmux.upstream.lane import ProgressFn
 from mcpmux.upstream.supervisor import Upstream
+from mcpmux.upstream.tasks import call_as_task
 
 BatchItem = tuple[str, dict[str, Any], Any]  # (key of the other arguments, the other arguments, the varying value)
 logger = logging.getLogger(__name__)
@@ -182,16 +184,21 @@ class UpstreamDispatcher:
             # The batch call itself runs in the batcher's task, outside this request's log context.
             logger.debug("call joins a %s batch", form.batch_tool)
             return await batcher.submit(item, priority=priority, deadline=self.queue_deadline())
-        return await self._gated(tool, arguments, progress, priority)
+        return await self._gated(tool, arguments, progress, priority, as_task=plan.as_task)
 
     async def _gated(
-        self, tool: str, arguments: dict[str, Any], progress: ProgressFn | None, priority: int
+        self, tool: str, arguments: dict[str, Any], progress: ProgressFn | None, priority: int, as_task: bool = False
     ) -> types.CallToolResult:
+        upstream = self.upstream
+
+        def send(client: Client) -> Awaitable[types.CallToolResult]:
+            if as_task:
+                return call_as_task(client, upstream.lane, tool, arguments, progress, int(upstream.timeout * 1000))
+            return client.call_tool(tool, arguments, progress_callback=progress)
+
         async with self.slot(priority):
             logger.debug("upstream call sent: %s", tool)
-            result: types.CallToolResult = await self.upstream.request(
-                f"tool {tool!r}", lambda client: client.call_tool(tool, arguments, progress_callback=progress)
-            )
+            result: types.CallToolResult = await upstream.request(f"tool {tool!r}", send)
             logger.debug("upstream call answered: %s%s", tool, " (isError)" if result.is_error else "")
             return result
 

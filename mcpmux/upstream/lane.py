@@ -276,7 +276,14 @@ class UpstreamLane:
         return True
 
     async def call(
-        self, client: Client, tool: str, arguments: dict[str, Any], progress: ProgressFn | None, *, logs: bool = True
+        self,
+        client: Client,
+        tool: str,
+        arguments: dict[str, Any],
+        progress: ProgressFn | None,
+        *,
+        logs: bool = True,
+        task: dict[str, Any] | None = None,
     ) -> Any:
         """Call `tool` (its upstream name) and return the raw `result` object of the response.
 
@@ -285,12 +292,15 @@ class UpstreamLane:
         upstream logging at debug level is only work. The upstream is asked for progress only when
         `progress` is given. Raises `MCPError` for a JSON-RPC error response and for a lost
         connection (code -32000), as the SDK's session does. Cancelling the caller sends
-        `notifications/cancelled` with the lane id.
+        `notifications/cancelled` with the lane id. `task` (2025-11-25 task metadata) asks the
+        upstream to run the call as a task: the result is then its `CreateTaskResult`.
         """
         send = self.send
         if self.closed or send is None:
             raise MCPError(code=CONNECTION_CLOSED, message="Connection closed")
         request_id, message, headers = self._request(client, tool, arguments, logs, progress is not None)
+        if task is not None:
+            message["params"]["task"] = task
         outcomes = self._pending[request_id] = _Outcomes()
         return await self._settle(LaneFlight(self, request_id, outcomes, client), progress, send(message, headers))
 

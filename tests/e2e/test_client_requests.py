@@ -341,6 +341,20 @@ async def test_the_typescript_client_gets_through_mcpmux_what_it_gets_direct(tmp
 
 
 @needs_everything
+@pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
+async def test_a_tool_the_upstream_runs_only_as_a_task_answers_any_client(tmp_path: Path, mode: str) -> None:
+    """server-everything's `simulate-research-query` requires task execution: mcpmux runs the task
+    and waits for it, so a client that knows nothing of tasks (here in either era) gets the report."""
+    async for direct in _direct_everything(Person()):
+        refused = await direct.call_tool("simulate-research-query", {"topic": "bees"})
+    assert refused.is_error  # called without a task, directly: the upstream refuses
+    async with mux_over_stdio(_everything_config(tmp_path), mode=mode) as client:
+        result = await client.call_tool(f"{PREFIX}simulate-research-query", {"topic": "bees"})
+    assert not result.is_error, text_of(result)
+    assert "# Research Report: bees" in text_of(result)
+
+
+@needs_everything
 async def test_a_client_without_elicitation_gets_a_decline_the_model_can_read(tmp_path: Path) -> None:
     async with mux_over_stdio(_everything_config(tmp_path), mode="legacy") as client:
         result = await client.call_tool(f"{PREFIX}trigger-elicitation-request", {})

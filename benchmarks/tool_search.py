@@ -1,6 +1,6 @@
 """Tool search quality, latency, index build time and listing size (issue 26).
 
-    python benchmarks/tool_search.py [--sizes 200 2000] [--json OUT]
+    python benchmarks/tool_search.py [--sizes 200 2000] [--cold-max N] [--torch-threads N] [--json OUT]
 
 Data: `tests/data/tool_catalogs.json` (the tool lists of 11 real servers, stored by
 `benchmarks/tool_catalogs.py`) and `tests/data/tool_search_queries.json` (152 labeled queries, each
@@ -237,7 +237,14 @@ async def main() -> None:
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--cold-max", type=int, default=10_000, help="time the cold build only up to this many tools")
+    parser.add_argument(
+        "--torch-threads", type=int, default=None, help="torch's intra-op threads for the embeddings (default: torch's)"
+    )
     args = parser.parse_args()
+    if args.torch_threads is not None:
+        import torch
+
+        torch.set_num_threads(args.torch_threads)
     model = await anyio.to_thread.run_sync(Model)
     report: dict[str, Any] = {"quality": await quality(model), "listing": listing_size()}
     sys.stdout.write(_table(report))

@@ -257,7 +257,9 @@ class ToolIndex:
     def dense_scores(self, query_vector: Sequence[float]) -> np.ndarray | None:
         if self._matrix is None:
             return None
-        return np.asarray(self._matrix @ _unit(np.asarray(query_vector, dtype=np.float32)))
+        # einsum, not `@`: a matrix-vector product through OpenBLAS wakes its thread pool, which in a
+        # process running torch fights torch's spinning threads (2,000 tools: 23 ms p50, einsum 0.4 ms).
+        return np.einsum("ij,j->i", self._matrix, _unit(np.asarray(query_vector, dtype=np.float32)))
 
     def search(
         self,

@@ -19,6 +19,7 @@ from mcp.shared.exceptions import MCPError
 from mcpmux.core.config import config_from_dict
 from mcpmux.errors import ConfigError, UnknownToolError
 from mcpmux.mux.multiplexer import Mux
+from mcpmux.server.edge_policy import EdgePolicy
 from tests.e2e.conftest import bearer_client, demo, served_in_process, text_of
 
 pytestmark = pytest.mark.anyio
@@ -196,3 +197,17 @@ async def test_wrong_paths_are_refused_with_what_to_do(http_url: str) -> None:
         assert (await http.post(f"{http_url}/b", headers=session, json=listing)).status_code == 404  # a's session
         assert (await http.post(http_url, headers=session, json=listing)).status_code == 404
         assert (await http.post(f"{http_url}/a", headers=session, json=listing)).status_code == 200
+
+
+def test_profile_tokens_are_read_like_http_ones_and_one_token_has_one_profile() -> None:
+    raw = {"http": {"auth_token_env": "ANY"}, "profiles": {"p": {"auth_token_env": "P_TOKENS"}}}
+    config = config_from_dict(raw)
+    policy = EdgePolicy.load(config, "127.0.0.1", environ={"ANY": "t1", "P_TOKENS": "t2, t3"})
+    assert policy.token_profiles == (None, "p", "p")
+    assert policy.client_of("Bearer t3") == 2
+    with pytest.raises(ConfigError, match=r"profiles\.p\.auth_token_env: environment variable P_TOKENS is not set"):
+        EdgePolicy.load(config, "127.0.0.1", environ={"ANY": "t1"})
+    with pytest.raises(ConfigError, match=r"profiles\.p: one of its tokens is also one of http.s"):
+        EdgePolicy.load(config, "127.0.0.1", environ={"ANY": "same", "P_TOKENS": "same"})
+    with pytest.raises(ConfigError, match="profile name 'a b' must be 1-64 characters"):
+        config_from_dict({"profiles": {"a b": {}}})

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from mcpmux.core.config import config_from_dict
-from mcpmux.errors import ConfigError
+from mcpmux.errors import ConfigError, MuxError
+from mcpmux.server.edge_policy import prepare_edge
 
 URL = "https://mcp.example.com/mcp"
 
@@ -48,3 +49,22 @@ def test_a_secret_given_in_place_of_a_variable_name_is_not_echoed() -> None:
     with pytest.raises(ConfigError) as caught:
         config_from_dict({"servers": {"d": {"url": URL, "oauth": {"client_secret_env": "s3cr3t-value!"}}}})
     assert "s3cr3t-value!" not in str(caught.value)
+
+
+FRONT = {"issuer": "https://as.example.com", "audience": "https://mux.example.com/mcp"}
+
+
+def test_http_oauth_needs_an_introspection_endpoint_and_urls() -> None:
+    with pytest.raises(ConfigError, match=r"http.oauth.introspection_endpoint: required key is missing"):
+        config_from_dict({"http": {"oauth": FRONT}}, source="c.toml")
+    with pytest.raises(ConfigError, match=r"http.oauth.issuer: must be an http:// or https:// URL, got 'as'"):
+        config_from_dict({"http": {"oauth": {**FRONT, "issuer": "as", "introspection_endpoint": "https://as/i"}}})
+
+
+def test_http_oauth_counts_as_authentication_for_a_remote_bind() -> None:
+    front = {**FRONT, "introspection_endpoint": "https://as.example.com/introspect"}
+    policy = prepare_edge(config_from_dict({"http": {"oauth": front}}), "0.0.0.0", allow_unauthenticated_remote=False)
+    assert policy.oauth is not None
+    assert policy.oauth.audience == "https://mux.example.com/mcp"
+    with pytest.raises(MuxError, match=r"refusing to serve HTTP on 0\.0\.0\.0 without authentication"):
+        prepare_edge(config_from_dict({}), "0.0.0.0", allow_unauthenticated_remote=False)

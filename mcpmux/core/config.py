@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from mcpmux.core.oauth_settings import AuthMode, OAuthSettings
+from mcpmux.core.oauth_settings import AuthMode, OAuthSettings, ResourceServerSettings
 from mcpmux.core.server_policy import BatchForm, CacheSettings, ElicitationSettings, LimitSettings, RootEntry
 from mcpmux.errors import ConfigError
 from mcpmux.inference.serving.settings import InferenceSettings, SamplingSettings
@@ -175,6 +175,8 @@ class HttpSettings(_Model):
     idle_connections_per_client: int = Field(default=8, ge=0)
     """Idle keep-alive connections one client address may hold; past it (the longest idle for 0.25 s),
     a fast-path response closes its connection (`Connection: close`, mcpmux.server.http_keepalive). 0: no limit."""
+    oauth: ResourceServerSettings | None = None
+    """`[http.oauth]`: accept OAuth access tokens issued for this server too (docs/guide/security.md)."""
 
     @field_validator("auth_token_env")
     @classmethod

@@ -1,7 +1,7 @@
-"""`[servers.NAME.oauth]`: how mcpmux signs in to an OAuth-protected HTTP upstream (docs/guide/security.md).
-
-All keys are optional: with none, mcpmux discovers the authorization server from the upstream's
-401 and registers itself there dynamically (RFC 7591).
+"""OAuth settings (docs/guide/security.md): `[servers.NAME.oauth]`, how mcpmux signs in to an
+OAuth-protected HTTP upstream (every key optional: with none, mcpmux discovers the authorization
+server from the upstream's 401 and registers itself there, RFC 7591), and `[http.oauth]`, the HTTP
+front as a resource server.
 """
 
 from __future__ import annotations
@@ -33,12 +33,48 @@ class OAuthSettings(BaseModel):
     @field_validator("client_secret_env")
     @classmethod
     def _check_env_name(cls, value: str | None) -> str | None:
-        if value is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", value):
-            raise ValueError("must be the NAME of an environment variable (letters, digits, _), not a secret")
-        return value
+        return _env_name(value)
 
     @model_validator(mode="after")
     def _check_secret_has_client(self) -> OAuthSettings:
         if self.client_secret_env is not None and self.client_id is None:
             raise ValueError("'client_secret_env' needs 'client_id' (the client that secret belongs to)")
         return self
+
+
+class ResourceServerSettings(BaseModel):
+    """`[http.oauth]`: the HTTP front as an OAuth 2.1 resource server, its clients' tokens checked
+    at the authorization server's introspection endpoint (RFC 7662)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    issuer: str
+    """The authorization server clients get tokens from (named in `/.well-known/oauth-protected-resource`)."""
+    audience: str
+    """mcpmux's own MCP URL as clients reach it, e.g. "https://mux.example.com/mcp": a token must be
+    issued for it (RFC 8707 `resource`, the introspection's `aud`)."""
+    introspection_endpoint: str
+    client_id: str | None = None
+    """mcpmux's client at the authorization server, when its introspection endpoint wants one."""
+    client_secret_env: str | None = None
+    """NAME of an environment variable holding that client's secret."""
+    scopes: list[str] = Field(default_factory=list)
+    """Scopes every token must carry; empty: any."""
+
+    @field_validator("issuer", "audience", "introspection_endpoint")
+    @classmethod
+    def _check_url(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError(f"must be an http:// or https:// URL, got {value!r}")
+        return value
+
+    @field_validator("client_secret_env")
+    @classmethod
+    def _check_env_name(cls, value: str | None) -> str | None:
+        return _env_name(value)
+
+
+def _env_name(value: str | None) -> str | None:
+    if value is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", value):
+        raise ValueError("must be the NAME of an environment variable (letters, digits, _), not a secret")
+    return value

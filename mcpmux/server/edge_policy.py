@@ -17,6 +17,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from mcpmux.core.config import Config
+from mcpmux.core.oauth_settings import ResourceServerSettings
 from mcpmux.errors import ConfigError, MuxError
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
@@ -64,6 +65,8 @@ class EdgePolicy:
     """Per token (same order as `tokens`): the profile it is bound to, or None (`[http]`'s tokens)."""
     profiles: frozenset[str] = frozenset()
     """The `[profiles.NAME]` defined: each is served at `<path>/NAME` too."""
+    oauth: ResourceServerSettings | None = None
+    """`[http.oauth]`: OAuth access tokens are taken too (`mcpmux.server.oauth_resource`)."""
 
     @classmethod
     def load(cls, config: Config, bind_host: str, environ: Mapping[str, str] | None = None) -> EdgePolicy:
@@ -92,6 +95,7 @@ class EdgePolicy:
             rate_burst=http.rate_burst,
             metrics_auth=http.metrics_auth,
             idle_per_client=http.idle_connections_per_client,
+            oauth=http.oauth,
         )
 
     def host_allowed(self, host: str | None) -> bool:
@@ -176,7 +180,7 @@ def _tokens_of(config: Config, where: str, env: str | None, file: str | None, en
 def prepare_edge(config: Config, host: str, allow_unauthenticated_remote: bool) -> EdgePolicy:
     """The edge policy for serving on `host`; refuses a non-loopback bind without tokens unless allowed."""
     policy = EdgePolicy.load(config, host)
-    if not policy.tokens and not is_loopback(host) and not allow_unauthenticated_remote:
+    if not policy.tokens and policy.oauth is None and not is_loopback(host) and not allow_unauthenticated_remote:
         raise MuxError(
             f"refusing to serve HTTP on {host} without authentication: anyone who can reach that address could "
             f"use every upstream tool. Set [http] auth_token_env or auth_token_file in {config.source} (clients "

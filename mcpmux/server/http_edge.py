@@ -33,6 +33,7 @@ from cachetools import LRUCache
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mcpmux.server.edge_policy import EdgePolicy
+from mcpmux.server.oauth_resource import TokenIntrospector
 
 logger = logging.getLogger(__name__)
 
@@ -70,12 +71,19 @@ class HttpEdge:
         """Whether sessions are bound to the token and profile that opened them."""
         self.session_owners: LRUCache[str, _Owner] = LRUCache(maxsize=_MAX_BOUND_SESSIONS)
         """The token (by index) and profile that opened each session, when tokens or profiles are configured."""
+        self.oauth = TokenIntrospector(policy.oauth) if policy.oauth is not None else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":  # lifespan; the app serves no websocket routes
             await self.app(scope, receive, send)
             return
         headers, client = self._read(scope)
+        if self.oauth is not None:
+            if scope["path"].rstrip("/") in self.oauth.metadata_paths:
+                await _send_json(send, 200, self.oauth.metadata())
+                return
+            if client is None:
+                await self.oauth.check(headers.get("authorization"))  # `_check_headers` reads the answer
         refusal = (
             self._check_headers(scope, headers, client)
             or self._check_profile(scope, client)
@@ -184,16 +192,25 @@ class HttpEdge:
         if not self.policy.origin_allowed(headers.get("origin")):
             return 403, "Origin not allowed (DNS-rebinding protection): add it to [http] allowed_origins", []
         metrics_open = not self.policy.metrics_auth and scope["path"].rstrip("/") == METRICS_PATH
-        if self.policy.tokens and client is None and not metrics_open:
+        oauth = self.oauth
+        needs_token = bool(self.policy.tokens) or oauth is not None
+        if needs_token and client is None and not metrics_open:
+            if oauth is not None and oauth.admits(headers.get("authorization")):
+                return None
             if "authorization" not in headers:
                 problem = "this server needs a bearer token: send 'Authorization: Bearer <token>'"
-                return 401, problem, [(b"www-authenticate", REALM.encode())]
-            challenge = f'{REALM}, error="invalid_token"'.encode()
-            return 401, "the bearer token was not accepted", [(b"www-authenticate", challenge)]
+                return 401, problem, [(b"www-authenticate", self._challenge(invalid=False))]
+            return 401, "the bearer token was not accepted", [(b"www-authenticate", self._challenge(invalid=True))]
         declared = headers.get("content-length", "")
         if declared.isdigit() and int(declared) > self.policy.max_body_bytes:
             return 413, self._too_large(), []
         return None
+
+    def _challenge(self, *, invalid: bool) -> bytes:
+        """`WWW-Authenticate` for a 401: with `[http.oauth]`, where its metadata is (RFC 9728)."""
+        if self.oauth is not None:
+            return self.oauth.challenge(invalid)
+        return f'{REALM}, error="invalid_token"'.encode() if invalid else REALM.encode()
 
     def _check_rate(self, key: str) -> _Refusal | None:
         wait = self.limiter.take(key, time.monotonic())
@@ -241,6 +258,12 @@ class HttpEdge:
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *(extra or [])]
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
+
+
+async def _send_json(send: Send, status: int, body: bytes) -> None:
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 @dataclass(slots=True)

@@ -17,24 +17,31 @@ import socket
 import stat
 import subprocess
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
 import anyio
 import httpx2
 import pytest
+from mcp import Client
+from mcp.client.auth import OAuthClientProvider
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.auth import AuthorizationCodeResult, OAuthClientInformationFull, OAuthClientMetadata, OAuthToken
+from pydantic import AnyUrl
 
 from mcpmux.cli.login import logout_main
 from mcpmux.core.config import load_config
 from mcpmux.errors import UpstreamUnavailableError
 from mcpmux.mux.multiplexer import Mux
+from mcpmux.server.edge_policy import EdgePolicy
+from mcpmux.server.frontend import Frontend, bind
 from mcpmux.upstream.oauth.login_flow import LoginError, log_in
 from mcpmux.upstream.oauth.token_store import TokenStore
 from mcpmux.upstream.oauth.upstream_auth import login_command, token_store
 from mcpmux.upstream.supervisor import UpstreamState
-from tests.e2e.conftest import PY, ROOT, free_port, stop, text_of, wait_for_port
+from tests.e2e.conftest import PY, ROOT, bearer_client, free_port, stop, text_of, wait_for_port
 
 TS_EXAMPLE = ROOT / ".npm/node_modules/@modelcontextprotocol/sdk/dist/esm/examples/server/simpleStreamableHttp.js"
 PY_SERVER = ROOT / "tests" / "servers" / "oauth_server.py"
@@ -327,3 +334,105 @@ async def test_a_preregistered_client_logs_in_and_refreshes_with_its_secret_from
     record.write_text(json.dumps({**data, "token": {**data["token"], "access_token": "refused"}}))
     async with Mux.from_config(config) as mux:
         assert text_of(await mux.call_tool("py__echo", {"text": "with secret"})) == "with secret"
+
+
+@asynccontextmanager
+async def _front(config: Path, port: int) -> AsyncIterator[str]:
+    """mcpmux's HTTP front in this process on `port` (its `[http.oauth] audience` names it)."""
+    stopping = anyio.Event()
+    async with Mux.from_config(config) as mux, anyio.create_task_group() as tasks:
+        policy = EdgePolicy.load(mux.config, "127.0.0.1")
+        tasks.start_soon(Frontend(mux).serve_http, bind("127.0.0.1", port), policy, "/mcp", stopping)
+        with anyio.fail_after(30):
+            while socket.socket().connect_ex(("127.0.0.1", port)) != 0:
+                await anyio.sleep(0.05)
+        yield f"http://127.0.0.1:{port}/mcp"
+        stopping.set()
+
+
+class _Browser:
+    """What a person's browser does for an SDK client logging in: follow `/authorize` to the callback."""
+
+    def __init__(self) -> None:
+        self.callback = ""
+
+    async def open(self, url: str) -> None:
+        async with httpx2.AsyncClient() as http:
+            self.callback = (await http.get(url)).headers["location"]
+
+    async def answer(self) -> AuthorizationCodeResult:
+        query = httpx2.URL(self.callback).params
+        return AuthorizationCodeResult(code=query["code"], state=query.get("state"))
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_the_http_front_as_a_resource_server(
+    ts_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An SDK client finds the front's authorization server from its 401, logs in there and calls
+    through; a token issued for another server (the upstream's own) and an unknown token are refused;
+    the static tokens still work."""
+    monkeypatch.setenv("MCPMUX_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("FRONT_TOKEN", "static-front-token")
+    auth_server = str(
+        httpx2.get(ts_server.replace("/mcp", "/.well-known/oauth-protected-resource/mcp")).json()[
+            "authorization_servers"
+        ][0]
+    )
+    port = free_port()
+    audience = f"http://127.0.0.1:{port}/mcp"
+    config = tmp_path / "mcpmux.toml"
+    config.write_text(
+        '[inference]\nbackend = "off"\n\n[http]\nauth_token_env = "FRONT_TOKEN"\n\n'
+        f'[http.oauth]\nissuer = "{auth_server}"\naudience = "{audience}"\n'
+        f'introspection_endpoint = "{auth_server.rstrip("/")}/introspect"\n\n'
+        f'[servers.demo]\ncommand = "{PY}"\nargs = ["{ROOT / "tests" / "servers" / "demo_server.py"}", "demo"]\n'
+    )
+    upstream_config = _config(tmp_path / "upstream.toml", "ts", ts_server)
+    async with anyio.create_task_group() as tasks:
+
+        async def show(url: str) -> None:
+            tasks.start_soon(anyio.to_thread.run_sync, _approve, url)
+
+        other = await log_in("ts", load_config(upstream_config).servers["ts"], token_store(), show)
+    async with _front(config, port) as url, httpx2.AsyncClient(timeout=30) as plain:
+        bare = await plain.post(url, json={})
+        assert bare.status_code == 401
+        metadata_url = f"http://127.0.0.1:{port}/.well-known/oauth-protected-resource/mcp"
+        assert bare.headers["www-authenticate"] == f'Bearer resource_metadata="{metadata_url}"'
+        metadata = (await plain.get(metadata_url)).json()
+        assert (metadata["resource"], metadata["authorization_servers"]) == (audience, [auth_server])
+        for refused in (other.token.access_token, "made-up"):  # issued for the upstream; unknown
+            answer = await plain.post(url, json={}, headers={"Authorization": f"Bearer {refused}"})
+            assert answer.status_code == 401
+            assert 'error="invalid_token"' in answer.headers["www-authenticate"]
+        browser = _Browser()
+        callback = AnyUrl("http://127.0.0.1:1/callback")  # never listened on: `_Browser` reads the redirect
+        client_metadata = OAuthClientMetadata(redirect_uris=[callback], token_endpoint_auth_method="none")
+        oauth = OAuthClientProvider(url, client_metadata, _MemoryTokens(), browser.open, browser.answer)
+        async with (
+            httpx2.AsyncClient(auth=oauth, timeout=30) as http,
+            Client(streamable_http_client(url, http_client=http)) as client,
+        ):
+            assert text_of(await client.call_tool("demo__echo", {"text": "hi"})) == "demo: hi"
+        async with bearer_client(url, "static-front-token") as client:
+            assert text_of(await client.call_tool("demo__echo", {"text": "static"})) == "demo: static"
+
+
+class _MemoryTokens:
+    def __init__(self) -> None:
+        self.tokens: OAuthToken | None = None
+        self.client: OAuthClientInformationFull | None = None
+
+    async def get_tokens(self) -> OAuthToken | None:
+        return self.tokens
+
+    async def set_tokens(self, tokens: OAuthToken) -> None:
+        self.tokens = tokens
+
+    async def get_client_info(self) -> OAuthClientInformationFull | None:
+        return self.client
+
+    async def set_client_info(self, client_info: OAuthClientInformationFull) -> None:
+        self.client = client_info

@@ -28,7 +28,7 @@ import pytest
 from mcp import Client
 from mcp.client.auth import OAuthClientProvider
 from mcp.client.streamable_http import streamable_http_client
-from mcp.shared.auth import AuthorizationCodeResult, OAuthClientInformationFull, OAuthClientMetadata, OAuthToken
+from mcp.shared.auth import AuthorizationCodeResult, OAuthClientMetadata
 from pydantic import AnyUrl
 
 from mcpmux.cli.login import logout_main
@@ -37,7 +37,7 @@ from mcpmux.errors import UpstreamUnavailableError
 from mcpmux.mux.multiplexer import Mux
 from mcpmux.server.edge_policy import EdgePolicy
 from mcpmux.server.frontend import Frontend, bind
-from mcpmux.upstream.oauth.login_flow import LoginError, log_in
+from mcpmux.upstream.oauth.login_flow import LoginError, MemoryTokenStorage, log_in
 from mcpmux.upstream.oauth.token_store import TokenStore
 from mcpmux.upstream.oauth.upstream_auth import login_command, token_store
 from mcpmux.upstream.supervisor import UpstreamState
@@ -410,7 +410,7 @@ async def test_the_http_front_as_a_resource_server(
         browser = _Browser()
         callback = AnyUrl("http://127.0.0.1:1/callback")  # never listened on: `_Browser` reads the redirect
         client_metadata = OAuthClientMetadata(redirect_uris=[callback], token_endpoint_auth_method="none")
-        oauth = OAuthClientProvider(url, client_metadata, _MemoryTokens(), browser.open, browser.answer)
+        oauth = OAuthClientProvider(url, client_metadata, MemoryTokenStorage(), browser.open, browser.answer)
         async with (
             httpx2.AsyncClient(auth=oauth, timeout=30) as http,
             Client(streamable_http_client(url, http_client=http)) as client,
@@ -418,21 +418,3 @@ async def test_the_http_front_as_a_resource_server(
             assert text_of(await client.call_tool("demo__echo", {"text": "hi"})) == "demo: hi"
         async with bearer_client(url, "static-front-token") as client:
             assert text_of(await client.call_tool("demo__echo", {"text": "static"})) == "demo: static"
-
-
-class _MemoryTokens:
-    def __init__(self) -> None:
-        self.tokens: OAuthToken | None = None
-        self.client: OAuthClientInformationFull | None = None
-
-    async def get_tokens(self) -> OAuthToken | None:
-        return self.tokens
-
-    async def set_tokens(self, tokens: OAuthToken) -> None:
-        self.tokens = tokens
-
-    async def get_client_info(self) -> OAuthClientInformationFull | None:
-        return self.client
-
-    async def set_client_info(self, client_info: OAuthClientInformationFull) -> None:
-        self.client = client_info

@@ -100,10 +100,10 @@ class _Callback:
         return self.result
 
 
-class _Storage:
-    """The SDK's `TokenStorage` for one login, in memory: `log_in` stores the outcome itself."""
+class MemoryTokenStorage:
+    """The SDK's `TokenStorage`, in memory: for one login (`log_in` stores the outcome itself)."""
 
-    def __init__(self, client: OAuthClientInformationFull | None) -> None:
+    def __init__(self, client: OAuthClientInformationFull | None = None) -> None:
         self.tokens: OAuthToken | None = None
         self.client = client
 
@@ -147,7 +147,7 @@ async def log_in(
     async with listener, anyio.create_task_group() as tasks:
         callback = _Callback(port=listener.extra(anyio.abc.SocketAttribute.local_port))
         tasks.start_soon(listener.serve, callback.handle)
-        storage = _Storage(_preregistered(name, server, callback.redirect_uri))
+        storage = MemoryTokenStorage(_preregistered(name, server, callback.redirect_uri))
 
         async def redirect(url: str) -> None:
             callback.expected_state = parse_qs(urlsplit(url).query).get("state", [None])[0]

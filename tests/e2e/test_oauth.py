@@ -418,3 +418,29 @@ async def test_the_http_front_as_a_resource_server(
             assert text_of(await client.call_tool("demo__echo", {"text": "hi"})) == "demo: hi"
         async with bearer_client(url, "static-front-token") as client:
             assert text_of(await client.call_tool("demo__echo", {"text": "static"})) == "demo: static"
+
+
+@pytest.mark.anyio
+async def test_an_unreachable_server_is_one_line(tmp_path: Path) -> None:
+    port = free_port()  # nothing listens there
+    path = _config(tmp_path / "mcpmux.toml", "gone", f"http://127.0.0.1:{port}/mcp")
+    with pytest.raises(LoginError) as failed:
+        await log_in("gone", load_config(path).servers["gone"], TokenStore(tmp_path / "store"), _never_shown)
+    assert str(failed.value).startswith(f"cannot reach http://127.0.0.1:{port}/mcp for upstream gone (")
+
+
+@pytest.mark.anyio
+async def test_a_login_the_person_refuses_says_so(ts_server: str, tmp_path: Path) -> None:
+    path = _config(tmp_path / "mcpmux.toml", "demo", ts_server)
+    store = TokenStore(tmp_path / "store")
+
+    async def refuse(url: str) -> None:  # the person clicks "deny": the callback gets an error, with the state
+        query = httpx2.URL(url).params
+        denied = f"{query['redirect_uri']}?error=access_denied&error_description=denied&state={query['state']}"
+        async with httpx2.AsyncClient() as http:
+            assert (await http.get(denied)).status_code == 400
+
+    with pytest.raises(LoginError) as failed:
+        await log_in("demo", load_config(path).servers["demo"], store, refuse)
+    assert str(failed.value) == "the authorization server refused the login: access_denied (denied)"
+    assert store.load("demo", ts_server) is None

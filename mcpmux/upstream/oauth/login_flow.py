@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 from collections.abc import Awaitable, Callable
@@ -20,8 +21,10 @@ import httpx2
 from anyio.abc import SocketStream
 from mcp import Client
 from mcp.client.auth import OAuthClientProvider
+from mcp.client.auth.exceptions import OAuthFlowError
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.auth import AuthorizationCodeResult, OAuthClientInformationFull, OAuthClientMetadata, OAuthToken
+from mcp.shared.exceptions import MCPError
 from pydantic import AnyUrl
 
 from mcpmux.core.config import ServerConfig
@@ -144,34 +147,46 @@ async def log_in(
             f"the login callback port {port} ([servers.{name}.oauth] redirect_port) is in use ({err.strerror}): "
             "stop what holds it, or choose another redirect_port"
         ) from None
-    async with listener, anyio.create_task_group() as tasks:
-        callback = _Callback(port=listener.extra(anyio.abc.SocketAttribute.local_port))
-        tasks.start_soon(listener.serve, callback.handle)
-        storage = MemoryTokenStorage(_preregistered(name, server, callback.redirect_uri))
+    try:
+        async with listener, anyio.create_task_group() as tasks:
+            callback = _Callback(port=listener.extra(anyio.abc.SocketAttribute.local_port))
+            tasks.start_soon(listener.serve, callback.handle)
+            storage = MemoryTokenStorage(_preregistered(name, server, callback.redirect_uri))
 
-        async def redirect(url: str) -> None:
-            callback.expected_state = parse_qs(urlsplit(url).query).get("state", [None])[0]
-            await show_url(url)
+            async def redirect(url: str) -> None:
+                callback.expected_state = parse_qs(urlsplit(url).query).get("state", [None])[0]
+                await show_url(url)
 
-        provider = _Provider(
-            server.url or "",
-            OAuthClientMetadata(
-                redirect_uris=[AnyUrl(callback.redirect_uri)],
-                client_name="mcpmux",
-                token_endpoint_auth_method="none",
-                grant_types=["authorization_code", "refresh_token"],
-                response_types=["code"],
-            ),
-            storage,
-            redirect_handler=redirect,
-            callback_handler=callback.wait,
-        )
-        provider.scopes = " ".join(settings.scopes) if settings is not None and settings.scopes else None
-        http = httpx2.AsyncClient(headers=dict(server.headers), auth=provider, timeout=30.0)
-        transport = streamable_http_client(server.url or "", http_client=http)
-        async with http, Client(transport, mode=server.protocol):
-            pass  # the handshake went through with the new token
-        tasks.cancel_scope.cancel()
+            provider = _Provider(
+                server.url or "",
+                OAuthClientMetadata(
+                    redirect_uris=[AnyUrl(callback.redirect_uri)],
+                    client_name="mcpmux",
+                    token_endpoint_auth_method="none",
+                    grant_types=["authorization_code", "refresh_token"],
+                    response_types=["code"],
+                ),
+                storage,
+                redirect_handler=redirect,
+                callback_handler=callback.wait,
+            )
+            provider.scopes = " ".join(settings.scopes) if settings is not None and settings.scopes else None
+            http = httpx2.AsyncClient(headers=dict(server.headers), auth=provider, timeout=30.0)
+            transport = streamable_http_client(server.url or "", http_client=http)
+            sdk_log = logging.getLogger(OAuthClientProvider.__module__)
+            level = sdk_log.level
+            sdk_log.setLevel(logging.CRITICAL)  # it logs each failure with a traceback; the error below says it
+            try:
+                async with http, Client(transport, mode=server.protocol):
+                    pass  # the handshake went through with the new token
+            finally:
+                sdk_log.setLevel(level)
+            tasks.cancel_scope.cancel()
+    except Exception as err:
+        failure = _worded(name, server.url or "", err)
+        if failure is None:
+            raise
+        raise failure from None
     if storage.tokens is None or storage.client is None:
         raise LoginError(
             f"upstream {name} answered without asking for OAuth: nothing to log in to "
@@ -189,6 +204,21 @@ async def log_in(
     preregistered = settings is not None and settings.client_secret_env is not None
     store.save(name, server.url or "", login.to_record(keep_secret=not preregistered))
     return login
+
+
+def _worded(name: str, url: str, err: BaseException) -> LoginError | None:
+    """A failed login, in words the person can act on; None for a bug (it is raised as it is)."""
+    while isinstance(err, BaseExceptionGroup) and len(err.exceptions) == 1:
+        err = err.exceptions[0]
+    if isinstance(err, LoginError):
+        return err
+    if isinstance(err, httpx2.ConnectError):
+        return LoginError(f"cannot reach {url} for upstream {name} ({err}): is the server up, and its URL right?")
+    if isinstance(err, OAuthFlowError):  # token and registration errors too
+        return LoginError(f"the login to upstream {name} failed: {err}")
+    if isinstance(err, httpx2.HTTPError | MCPError):
+        return LoginError(f"upstream {name} at {url} failed during the login: {type(err).__name__}: {err}")
+    return None
 
 
 def _preregistered(name: str, server: ServerConfig, redirect_uri: str) -> OAuthClientInformationFull | None:

@@ -44,7 +44,8 @@ class OAuthSettings(BaseModel):
 
 class ResourceServerSettings(BaseModel):
     """`[http.oauth]`: the HTTP front as an OAuth 2.1 resource server, its clients' tokens checked
-    at the authorization server's introspection endpoint (RFC 7662)."""
+    at the authorization server's introspection endpoint (RFC 7662) or, for JWT access tokens
+    (RFC 9068), against the keys it publishes at `jwks_uri`."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -53,7 +54,9 @@ class ResourceServerSettings(BaseModel):
     audience: str
     """mcpmux's own MCP URL as clients reach it, e.g. "https://mux.example.com/mcp": a token must be
     issued for it (RFC 8707 `resource`, the introspection's `aud`)."""
-    introspection_endpoint: str
+    introspection_endpoint: str | None = None
+    jwks_uri: str | None = None
+    """Where the issuer's signing keys are (JSON Web Key Set): tokens are then JWTs checked here."""
     client_id: str | None = None
     """mcpmux's client at the authorization server, when its introspection endpoint wants one."""
     client_secret_env: str | None = None
@@ -61,12 +64,18 @@ class ResourceServerSettings(BaseModel):
     scopes: list[str] = Field(default_factory=list)
     """Scopes every token must carry; empty: any."""
 
-    @field_validator("issuer", "audience", "introspection_endpoint")
+    @field_validator("issuer", "audience", "introspection_endpoint", "jwks_uri")
     @classmethod
-    def _check_url(cls, value: str) -> str:
-        if not value.startswith(("http://", "https://")):
+    def _check_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://")):
             raise ValueError(f"must be an http:// or https:// URL, got {value!r}")
         return value
+
+    @model_validator(mode="after")
+    def _check_one_source(self) -> ResourceServerSettings:
+        if (self.introspection_endpoint is None) == (self.jwks_uri is None):
+            raise ValueError("give one of 'introspection_endpoint' (any token) and 'jwks_uri' (JWT access tokens)")
+        return self
 
     @field_validator("client_secret_env")
     @classmethod

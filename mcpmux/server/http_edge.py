@@ -33,7 +33,7 @@ from cachetools import LRUCache
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mcpmux.server.edge_policy import EdgePolicy
-from mcpmux.server.oauth_resource import TokenIntrospector
+from mcpmux.server.oauth_resource import TokenChecker
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ class HttpEdge:
         """Whether sessions are bound to the token and profile that opened them."""
         self.session_owners: LRUCache[str, _Owner] = LRUCache(maxsize=_MAX_BOUND_SESSIONS)
         """The token (by index) and profile that opened each session, when tokens or profiles are configured."""
-        self.oauth = TokenIntrospector(policy.oauth) if policy.oauth is not None else None
+        self.oauth = TokenChecker(policy.oauth) if policy.oauth is not None else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":  # lifespan; the app serves no websocket routes

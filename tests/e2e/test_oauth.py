@@ -10,12 +10,14 @@ follows `/authorize`'s redirect to mcpmux's loopback callback itself.
 from __future__ import annotations
 
 import argparse
+import http.server
 import json
 import os
 import shutil
 import socket
 import stat
 import subprocess
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -24,7 +26,9 @@ from typing import Any
 
 import anyio
 import httpx2
+import jwt
 import pytest
+from cryptography.hazmat.primitives.asymmetric import rsa
 from mcp import Client
 from mcp.client.auth import OAuthClientProvider
 from mcp.client.streamable_http import streamable_http_client
@@ -444,3 +448,66 @@ async def test_a_login_the_person_refuses_says_so(ts_server: str, tmp_path: Path
         await log_in("demo", load_config(path).servers["demo"], store, refuse)
     assert str(failed.value) == "the authorization server refused the login: access_denied (denied)"
     assert store.load("demo", ts_server) is None
+
+
+@contextmanager
+def _jwks_server(jwks: dict[str, Any]) -> Iterator[str]:
+    """An issuer's key set on loopback, as its `jwks_uri` serves it (a thread: the test's loop is the front's)."""
+    body = json.dumps(jwks).encode()
+
+    class Keys(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Keys)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/jwks.json"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_the_http_front_takes_jwt_access_tokens_signed_by_the_issuers_keys(tmp_path: Path) -> None:
+    issuer, port = "https://auth.example.com", free_port()
+    audience = f"http://127.0.0.1:{port}/mcp"
+    key, stranger = (rsa.generate_private_key(public_exponent=65537, key_size=2048) for _ in range(2))
+    public = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(key.public_key()))
+    now = int(time.time())
+
+    def token(signer: rsa.RSAPrivateKey = key, **claims: Any) -> str:
+        payload = {"iss": issuer, "aud": audience, "exp": now + 300, "sub": "someone", **claims}
+        return jwt.encode(payload, signer, algorithm="RS256", headers={"kid": "k1"})
+
+    with _jwks_server({"keys": [{**public, "kid": "k1", "use": "sig", "alg": "RS256"}]}) as jwks_uri:
+        config = tmp_path / "mcpmux.toml"
+        config.write_text(
+            f'[inference]\nbackend = "off"\n\n[http.oauth]\nissuer = "{issuer}"\naudience = "{audience}"\n'
+            f'jwks_uri = "{jwks_uri}"\nscopes = ["mcp:tools"]\n\n'
+            f'[servers.demo]\ncommand = "{PY}"\nargs = ["{ROOT / "tests" / "servers" / "demo_server.py"}", "demo"]\n'
+        )
+        async with _front(config, port) as url, httpx2.AsyncClient(timeout=30) as plain:
+            async with bearer_client(url, token(scope="mcp:tools other")) as client:
+                assert text_of(await client.call_tool("demo__echo", {"text": "jwt"})) == "demo: jwt"
+            refused = {
+                "another audience": token(aud="http://elsewhere.example.com/mcp", scope="mcp:tools"),
+                "another issuer": token(iss="https://evil.example.com", scope="mcp:tools"),
+                "expired": token(exp=now - 60, scope="mcp:tools"),
+                "a scope missing": token(scope="other"),
+                "another key": token(signer=stranger, scope="mcp:tools"),
+                "no signature": jwt.encode({"iss": issuer, "aud": audience, "exp": now + 300}, None, algorithm="none"),
+            }
+            for why, presented in refused.items():
+                answer = await plain.post(url, json={}, headers={"Authorization": f"Bearer {presented}"})
+                assert answer.status_code == 401, why

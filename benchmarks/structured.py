@@ -3,8 +3,10 @@ and on HF transformers generating with the same grammar library as a logits proc
 
 The grammar is a tool call as MCP sampling and `/v1` tools ask for it (`serving.tool_calls`,
 `required` over two tools with small JSON schemas); the unconstrained requests generate the same
-number of tokens (eos ignored). Every request of a level is sent at once (1, 16, 64 concurrent);
-TPOT = (end - first token) / (tokens - 1) per request, median over the requests.
+number of tokens (eos ignored). mcpmux runs the constrained requests twice: with jump-forward (the
+tokens the grammar forces are appended without a step of their own, the default) and without.
+Every request of a level is sent at once (1, 16, 64 concurrent); TPOT = (end - first token) /
+(tokens - 1) per request, median over the requests.
 
 - mcpmux: the async `Engine` (continuous batching; llguidance masks the constrained rows each step);
 - hf: `model.generate` on one left-padded static batch of that many prompts, with an llguidance
@@ -15,7 +17,8 @@ TPOT = (end - first token) / (tokens - 1) per request, median over the requests.
     python benchmarks/structured.py --quick           # tiny random model, a smoke run
 
 Prints a table and writes JSON (benchmarks/results/structured.json). Ratios are what to read on a
-shared machine: constrained TPOT over plain TPOT, per system and concurrency.
+shared machine: constrained TPOT over plain TPOT, per system and concurrency (with and without
+jump-forward for mcpmux).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -129,7 +133,7 @@ def hf_tpot(model: Any, tokenizer: Any, prompts: list[Any], new_tokens: int, gra
     texts = [tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=False) for p in prompts]
     batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
     vocab = model.config.vocab_size
-    lltok = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab) if grammar else None
+    lltok = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab)
 
     def run(limit: int) -> tuple[float, int]:
         kwargs: dict[str, Any] = {"max_new_tokens": limit, "do_sample": False, "pad_token_id": tokenizer.pad_token_id}
@@ -155,19 +159,23 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     use = ToolUse(TOOLS, "required")
     grammar = use.grammar
     assert grammar is not None
+    constrained = SamplingParams(max_tokens=args.max_tokens, temperature=0, grammar=grammar)
     config = EngineConfig(model=args.model, kv_cache_memory_mb=args.kv_mb, max_num_seqs=max(args.concurrency))
-    rows: list[dict[str, Any]] = []
-    async with await Engine.start(config) as engine:
-        constrained = SamplingParams(max_tokens=args.max_tokens, temperature=0, grammar=grammar)
-        await engine.complete(conversations(1, use)[0], constrained)  # warm-up: tokenizer conversion, compile
-        for level in args.concurrency:
-            prompts = conversations(level, use)
-            tpot_c, tokens = await mcpmux_tpot(engine, prompts, constrained)
-            plain = SamplingParams(max_tokens=max(2, round(tokens)), temperature=0, ignore_eos=True)
-            tpot_p, _ = await mcpmux_tpot(engine, prompts, plain)
-            rows.append(_row("mcpmux", level, tpot_p, tpot_c, tokens))
-            print(_line(rows[-1]), flush=True)
-        folder = engine.core.loaded.name
+    measured: dict[int, dict[str, float]] = {level: {} for level in args.concurrency}
+    for jump in (True, False):
+        async with await Engine.start(replace(config, jump_forward=jump)) as engine:
+            await engine.complete(conversations(1, use)[0], constrained)  # warm-up: tokenizer conversion, compile
+            for level in args.concurrency:
+                prompts = conversations(level, use)
+                tpot, tokens = await mcpmux_tpot(engine, prompts, constrained)
+                figures = measured[level]
+                figures["grammar" if jump else "grammar_no_jf"] = tpot
+                if jump:
+                    plain = SamplingParams(max_tokens=max(2, round(tokens)), temperature=0, ignore_eos=True)
+                    figures["plain"], _ = await mcpmux_tpot(engine, prompts, plain)
+                    figures["tokens"] = tokens
+                    print(f"mcpmux {level:>3} concurrent: {_ms(figures)}", flush=True)
+    rows = [_row("mcpmux", level, figures) for level, figures in measured.items()]
     if args.hf_concurrency:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -179,16 +187,20 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             prompts = conversations(level, use)
             tpot_c, steps = hf_tpot(model, tokenizer, prompts, args.max_tokens, grammar.source)
             tpot_p, _ = hf_tpot(model, tokenizer, prompts, steps, None)
-            rows.append(_row("hf+llguidance", level, tpot_p, tpot_c, steps))
-            print(_line(rows[-1]), flush=True)
+            figures = {"plain": tpot_p, "grammar": tpot_c, "tokens": steps}
+            print(f"hf     {level:>3} concurrent: {_ms(figures)}", flush=True)
+            rows.append(_row("hf+llguidance", level, figures))
     return {
         "model": args.model,
-        "served_as": folder,
         "threads": args.threads,
         "load_average": os.getloadavg(),
         "grammar": "tool call, required over 2 tools (serving.tool_calls)",
         "rows": rows,
     }
+
+
+def _ms(figures: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v * 1000:.1f} ms" if k != "tokens" else f"{v:.1f} tokens" for k, v in figures.items())
 
 
 def _model_folder(spec: str) -> str:
@@ -199,22 +211,31 @@ def _model_folder(spec: str) -> str:
     return spec
 
 
-def _row(system: str, level: int, plain: float, constrained: float, tokens: float) -> dict[str, Any]:
+def _row(system: str, level: int, figures: dict[str, float]) -> dict[str, Any]:
+    plain, grammar, no_jf = figures["plain"], figures["grammar"], figures.get("grammar_no_jf")
     return {
         "system": system,
         "concurrency": level,
-        "tokens": round(tokens, 1),
+        "tokens": round(figures["tokens"], 1),
         "tpot_plain_ms": round(plain * 1000, 2),
-        "tpot_constrained_ms": round(constrained * 1000, 2),
-        "ratio": round(constrained / plain, 3),
+        "tpot_grammar_ms": round(grammar * 1000, 2),
+        "tpot_grammar_no_jump_forward_ms": round(no_jf * 1000, 2) if no_jf is not None else None,
+        "grammar_over_plain": round(grammar / plain, 3),
+        "no_jump_forward_over_plain": round(no_jf / plain, 3) if no_jf is not None else None,
     }
 
 
-def _line(row: dict[str, Any]) -> str:
-    return (
-        f"{row['system']:<14} {row['concurrency']:>4} {row['tokens']:>7} {row['tpot_plain_ms']:>10.2f} "
-        f"{row['tpot_constrained_ms']:>12.2f} {row['ratio']:>7.3f}"
-    )
+def print_table(rows: list[dict[str, Any]]) -> None:
+    head = ("system", "conc", "tokens", "plain ms", "grammar ms", "no-JF ms", "ratio", "no-JF")
+    print(f"{head[0]:<14} {head[1]:>4} {head[2]:>6} {head[3]:>9} {head[4]:>10} {head[5]:>9} {head[6]:>6} {head[7]:>6}")
+    for r in rows:
+        no_jf = r["tpot_grammar_no_jump_forward_ms"]
+        no_jf_ratio = r["no_jump_forward_over_plain"]
+        print(
+            f"{r['system']:<14} {r['concurrency']:>4} {r['tokens']:>6} {r['tpot_plain_ms']:>9.1f} "
+            f"{r['tpot_grammar_ms']:>10.1f} {'-' if no_jf is None else f'{no_jf:.1f}':>9} "
+            f"{r['grammar_over_plain']:>6.2f} {'-' if no_jf_ratio is None else f'{no_jf_ratio:.2f}':>6}"
+        )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -236,8 +257,8 @@ def main(argv: list[str] | None = None) -> None:
 
             args.model = str(build_tiny_model("llama", Path(scratch) / "tiny"))
             args.concurrency, args.hf_concurrency, args.kv_mb = [1, 4], [1, 4], 16
-        print(f"{'system':<14} {'conc':>4} {'tokens':>7} {'plain ms':>10} {'grammar ms':>12} {'ratio':>7}")
         report = anyio.run(measure, args)
+    print_table(report["rows"])
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2))
     print(f"wrote {args.out}")

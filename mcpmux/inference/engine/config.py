@@ -82,7 +82,8 @@ class EngineConfig:
     Priority aging: a request's effective priority is `priority + steps_waited // aging_interval`
     (larger runs first), so a waiting request overtakes any fresh request of a priority up to `k`
     levels above it after `k * aging_interval` steps. On CUDA, decode steps replay captured CUDA
-    graphs (`mcpmux.inference.engine.cuda_graphs`) unless `cuda_graphs` is False.
+    graphs (`mcpmux.inference.engine.cuda_graphs`) unless `cuda_graphs` is False. With
+    `jump_forward`, tokens a request's grammar forces are appended without sampling them (`engine.grammar`).
     """
 
     model: str
@@ -99,6 +100,7 @@ class EngineConfig:
     aging_interval: int = 64
     max_model_len: int | None = None
     cuda_graphs: bool = True
+    jump_forward: bool = True
 
     def __post_init__(self) -> None:
         _check(self.block_size >= 1, f"block_size must be >= 1, got {self.block_size}")

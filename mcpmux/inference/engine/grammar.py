@@ -4,8 +4,10 @@ Built on llguidance. Each constrained request owns an `llguidance.LLMatcher` ove
 tokenizer; before a step samples, the matcher names the tokens it allows next and the sampler sets
 every other token's logit to -inf on that request's row only, so unconstrained rows are untouched
 and stay token-for-token exact. After the step the sampled token is consumed; once the grammar can
-take no more tokens the request finishes with "stop". JSON comes out on one line (`JSON_LAYOUT`). A
-grammar llguidance rejects (a schema feature
+take no more tokens the request finishes with "stop". Where the grammar leaves only one way on (the
+keys of a JSON object, a tool call's fixed text), those tokens are appended without sampling
+(`forced`, jump-forward) and computed together in the next step. JSON comes out on one line
+(`JSON_LAYOUT`). A grammar llguidance rejects (a schema feature
 it does not support, a malformed regex) is an `InvalidSettingError` naming the reason.
 """
 
@@ -86,6 +88,10 @@ class GrammarMatcher:
         self._matcher.unsafe_compute_mask_ptr(self._bitmask.data_ptr(), self._bitmask.numel() * 4)
         bits = (self._bitmask[0].unsqueeze(-1) >> _BITS) & 1
         return bits.reshape(-1)[: self._vocab_size].bool()
+
+    def forced(self) -> list[int]:
+        """The tokens the grammar allows as the only way on from here (jump-forward), not yet consumed."""
+        return list(self._matcher.compute_ff_tokens())
 
     def consume(self, token_id: int) -> None:
         """Advance past the sampled token (always one the mask allowed)."""

@@ -177,12 +177,31 @@ class LLMEngine:
             matcher = req.sample.matcher
             if matcher is not None:
                 matcher.consume(token)
+            if matcher is not None and self.config.jump_forward and seq.params.logprobs is None:
+                self._jump_forward(req, out)
             if req.detokenizer.stopped or (matcher is not None and matcher.done):
                 # A stop string (or a complete grammar) on the very last allowed token still counts as a
                 # stop, not a length cut.
                 seq.finish_reason = "stop" if seq.is_finished else seq.finish_reason
                 self.scheduler.finish(seq, "stop")
+            elif not seq.is_finished and seq.num_output_tokens >= seq.max_tokens:
+                self.scheduler.finish(seq, "length")  # reached by forced tokens
         return self._final(req, out, now) if seq.is_finished else out
+
+    def _jump_forward(self, req: _Request, out: RequestOutput) -> None:
+        """Append the tokens the grammar forces next, unsampled: the next step computes them all in one
+        forward pass (and samples after them) instead of one step each."""
+        seq, matcher = req.seq, req.sample.matcher
+        assert matcher is not None
+        if seq.is_finished or req.detokenizer.stopped or matcher.done:
+            return
+        for token in matcher.forced()[: seq.max_tokens - seq.num_output_tokens]:
+            seq.token_ids.append(token)
+            out.token_ids.append(token)
+            out.text += req.detokenizer.add(token)
+            matcher.consume(token)
+            if req.detokenizer.stopped or matcher.done:
+                return
 
     def _final(self, req: _Request, out: RequestOutput, now: float) -> RequestOutput:
         seq = req.seq

@@ -168,3 +168,28 @@ def test_generated_schemas_hold_every_finished_output(
             finish = out.finish_reason
     assert finish == "stop"  # max_tokens covers the longest output the schema admits
     jsonschema.validate(json.loads(text), schema)
+
+
+def test_forced_tokens_are_appended_without_a_step_each(tiny_llama: Path) -> None:
+    """Jump-forward: an object's keys and punctuation need no forward pass of their own, so the same
+    constrained requests finish in fewer steps than tokens; their outputs still validate."""
+    loaded = load_model(str(tiny_llama), "float32", "cpu")
+    steps: dict[bool, int] = {}
+    for jump in (False, True):
+        engine = LLMEngine(engine_config(tiny_llama, jump_forward=jump), loaded)
+        for i in range(4):
+            engine.add_request(f"r{i}", f"Answer {i}:", constrained("json_schema", json.dumps(SCHEMA), temperature=1.0))
+        texts: dict[str, str] = {}
+        tokens = 0
+        steps[jump] = 0
+        while engine.has_unfinished():
+            steps[jump] += 1
+            for out in engine.step():
+                texts[out.request_id] = texts.get(out.request_id, "") + out.text
+                tokens += len(out.token_ids)
+                assert not out.finished or out.finish_reason == "stop"
+        for text in texts.values():
+            jsonschema.validate(json.loads(text), SCHEMA)
+        if jump:
+            assert steps[jump] < tokens / 4, (steps, tokens)  # a sampled token per step would need `tokens / 4`
+    assert steps[True] < steps[False]

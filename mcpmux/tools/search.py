@@ -307,15 +307,17 @@ class ToolSearch:
             for hit in hits
         ]
         return types.CallToolResult(
-            content=[types.TextContent(type="text", text=self._text(args, items))],
+            content=[types.TextContent(type="text", text=self._text(args, items, caller.profile))],
             structured_content={"tools": items},
         )
 
-    def _text(self, args: _SearchArgs, items: list[dict[str, Any]]) -> str:
+    def _text(self, args: _SearchArgs, items: list[dict[str, Any]], profile: str | None) -> str:
         scope = f" on servers {', '.join(args.servers)}" if args.servers is not None else ""
         if not items:
+            view = self.mux.view(profile)
+            searched = sum(1 for doc in self.index.docs if view.allows(doc.name))
             return (
-                f"{SEARCH_TOOL.name}: no tool matches {args.query!r}{scope} ({len(self.index.docs)} tools searched); "
+                f"{SEARCH_TOOL.name}: no tool matches {args.query!r}{scope} ({searched} tools searched); "
                 "search again with other words" + (", or fewer `servers` globs" if args.servers is not None else "")
             )
         lines = [

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -127,10 +128,19 @@ async def _listed(client: Client) -> set[str]:
     return {tool.name for tool in (await client.list_tools()).tools if not tool.name.startswith("mux_")}
 
 
+async def _searched(client: Client) -> int:
+    """How many tools a search that matches nothing says it searched."""
+    missed = await client.call_tool("mux_search_tools", {"query": "qqqzzzx"})
+    said = re.search(r"\((\d+) tools searched\)", text_of(missed))
+    assert said is not None, text_of(missed)
+    return int(said.group(1))
+
+
 @pytest.mark.parametrize("mode", MODES)
 async def test_each_path_lists_searches_and_calls_its_own_profile(http_url: str, mode: str) -> None:
     async with bearer_client(http_url, ANY_TOKEN, mode) as everything:
         assert await _listed(everything) == {"alpha__echo", "beta__echo"}
+        all_searched = await _searched(everything)
     async with bearer_client(f"{http_url}/a", ANY_TOKEN, mode) as client:
         assert await _listed(client) == {"alpha__echo"}
         prompts = {prompt.name for prompt in (await client.list_prompts()).prompts}
@@ -143,6 +153,7 @@ async def test_each_path_lists_searches_and_calls_its_own_profile(http_url: str,
         names = {item["name"] for item in (found.structured_content or {})["tools"]}
         assert "alpha__echo" in names
         assert all(name.startswith("alpha__") for name in names), names
+        assert await _searched(client) * 2 == all_searched  # alpha and beta are the same server: half
         assert text_of(await client.call_tool("alpha__echo", {"text": "hi"})) == "alpha: hi"
         assert text_of(await client.call_tool("alpha__add", {"a": 2, "b": 3})) == "5"  # found, not listed
         # Outside the profile a tool is unknown, worded as a name nobody serves is (suggestions from inside).

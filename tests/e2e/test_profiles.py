@@ -207,6 +207,8 @@ async def test_wrong_paths_are_refused_with_what_to_do(http_url: str) -> None:
         listing = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
         assert (await http.post(f"{http_url}/b", headers=session, json=listing)).status_code == 404  # a's session
         assert (await http.post(http_url, headers=session, json=listing)).status_code == 404
+        call = {"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "beta__echo", "arguments": {}}}
+        assert (await http.post(http_url, headers=session, json=call)).status_code == 404  # the fast path's too
         assert (await http.post(f"{http_url}/a", headers=session, json=listing)).status_code == 200
 
 

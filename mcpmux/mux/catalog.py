@@ -193,10 +193,15 @@ class CatalogView:
         return route
 
     def resolve_resource(self, uri: str) -> str:
-        owner = self.catalog.resolve_resource(uri)
-        if not self.allows_server(owner):
-            raise UnknownToolError(_no_resource(uri))
-        return owner
+        """The upstream of `uri` among the view's servers: its listed resource's, else the first whose
+        template matches (another server may offer the same template outside the view)."""
+        owner = self.catalog._resource_routes.get(uri)
+        if owner is not None and self.allows_server(owner):
+            return owner
+        for pattern, server in self.catalog._template_routes:
+            if self.allows_server(server) and pattern.fullmatch(uri):
+                return server
+        raise UnknownToolError(_no_resource(uri))
 
 
 def _allowed(profile: ProfileSettings, name: str, route: Route) -> bool:

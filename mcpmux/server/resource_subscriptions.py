@@ -23,6 +23,7 @@ from mcp.server.subscriptions import ListenHandler, ResourceUpdated, Subscriptio
 
 from mcpmux.errors import MuxError
 from mcpmux.mux.multiplexer import Mux
+from mcpmux.server.http_edge import PROFILE_SCOPE
 
 logger = logging.getLogger(__name__)
 
@@ -44,12 +45,13 @@ class ResourceSubscriptions:
     async def listen(self, ctx: Any, params: types.SubscriptionsListenRequestParams) -> types.SubscriptionsListenResult:
         """`subscriptions/listen` (2026-07-28): its resource URIs are subscribed upstream while it is open."""
         stream = _Listen()
+        profile = ctx.request.scope.get(PROFILE_SCOPE) if ctx.request is not None else None
         uris = list(params.notifications.resource_subscriptions or ())
         subscribed: list[str] = []
         try:
             for uri in uris:
                 try:
-                    await self.subscribe(stream, uri)
+                    await self.subscribe(stream, uri, profile)
                     subscribed.append(uri)
                 except MuxError as err:  # an unknown URI is honored and never fires, as the spec says
                     logger.debug("listen stream: %s", err)
@@ -62,8 +64,10 @@ class ResourceSubscriptions:
                     except MuxError as err:
                         logger.debug("listen stream ended: could not unsubscribe %s: %s", uri, err)
 
-    async def subscribe(self, connection: Any, uri: str) -> None:
-        """Subscribe `connection` to `uri`; the upstream that lists it is subscribed on the first one."""
+    async def subscribe(self, connection: Any, uri: str, profile: str | None = None) -> None:
+        """Subscribe `connection` to `uri`; the upstream that lists it is subscribed on the first one.
+        A URI outside the client's `profile` is refused as one no upstream offers."""
+        self._mux.view(profile).resolve_resource(uri)  # raises for a URI outside the profile
         async with self._lock:
             clients = self._subscribers.get(uri)
             if clients is None or not clients:

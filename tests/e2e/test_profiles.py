@@ -176,6 +176,9 @@ async def test_a_token_bound_to_a_profile_sees_only_it(http_url: str, mode: str)
         async with bearer_client(url, B_TOKEN, mode) as client:
             assert await _listed(client) == {"beta__echo"}
             assert text_of(await client.call_tool("beta__echo", {"text": "hi"})) == "beta: hi"
+            # alpha lists the same template first; inside profile b the URI is beta's
+            read = await client.read_resource("demo://x/greeting")
+            assert [getattr(part, "text", None) for part in read.contents] == ["hello from x"]
             with pytest.raises(MCPError, match="unknown tool 'alpha__echo'"):
                 await client.call_tool("alpha__echo", {"text": "x"})
             found = await client.call_tool("mux_search_tools", {"query": "echo the text back", "limit": 50})

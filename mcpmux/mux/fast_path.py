@@ -85,6 +85,9 @@ class FastCall:
     plan: CallPlan
     arguments: dict[str, Any]
     progress_token: types.ProgressToken | None
+    task: dict[str, Any] | None = None
+    """A 2025-11-25 task-augmented call's `task`: the upstream's task is adopted for `owner` (`Mux.tasks`)."""
+    owner: str | None = None
 
     @property
     def tool(self) -> str:
@@ -190,19 +193,24 @@ class FastPath:
         legacy_version: str | None,
         declares_sampling: bool = False,
         headers: Mapping[str, str] | None = None,
+        owner: str | None = None,
     ) -> FastCall | None:
         """The `FastCall` for a parsed JSON-RPC message, or None when the SDK path must serve it.
 
         `legacy_version` is what a 2025 client negotiated on its session (None if unknown); a 2026
         request names its revision in `_meta`. `declares_sampling`: the 2025 client declared sampling.
         `headers` (lower-case names): an HTTP request's, which a 2026 request's envelope must agree with.
+        `owner`: who the client is, for the tasks it creates (a task-augmented call needs one).
         """
         if not isinstance(message, dict) or message.get("method") != "tools/call" or "id" not in message:
             return None
         if message.get("jsonrpc") != "2.0":
             return None  # the SDK path refuses it
         params = message.get("params")
-        if not isinstance(params, dict) or not _PARAM_KEYS.issuperset(params):
+        if not isinstance(params, dict) or not _PARAM_KEYS.issuperset(params.keys() - {"task"}):
+            return None
+        task = params.get("task")
+        if task is not None and (not isinstance(task, dict) or owner is None):
             return None
         name, arguments, meta = params.get("name"), params.get("arguments", {}), params.get("_meta") or {}
         if not isinstance(name, str) or not isinstance(arguments, dict) or not isinstance(meta, dict):
@@ -219,17 +227,21 @@ class FastPath:
             version = legacy_version
         else:
             return None
+        if task is not None and version in MODERN_PROTOCOL_VERSIONS:
+            return None  # tasks are 2025-11-25's
         upstream = self._upstream_for(name)
         if upstream is None or upstream.lane is None or upstream.state != UpstreamState.READY:
             return None
         plan = self._eligible[name].plan
         assert plan is not None  # an upstream was found for it
+        if plan.slow is not None and task is None:
+            return None  # the upstream runs it only as a task: the SDK path creates and awaits one
         if declares_sampling and plan.asks_client:
             return None  # the upstream may want this very client to sample: `Frontend` tracks that
         request_id = message["id"]
         if not isinstance(request_id, str | int) or isinstance(request_id, bool):
             return None
-        return FastCall(request_id, version, upstream, plan, arguments, meta.get("progressToken"))
+        return FastCall(request_id, version, upstream, plan, arguments, meta.get("progressToken"), task, owner)
 
     def _upstream_for(self, name: str) -> Upstream | None:
         """The upstream of a fast-path tool, decided once per listing of its upstream."""
@@ -251,9 +263,9 @@ class FastPath:
             return _Eligibility(None, None)  # unknown: the SDK path words the error
         upstream = mux.upstreams[route.upstream]
         plan = mux.dispatchers[route.upstream].plan(route.name)
-        if plan.slow is not None:
+        if plan.slow is not None and not plan.as_task:
             return _Eligibility(upstream.listing, None)
-        return _Eligibility(upstream.listing, upstream, plan)
+        return _Eligibility(upstream.listing, upstream, plan)  # a tool run as a task: for task-augmented calls
 
     def launch(self, call: FastCall, deliver_now: DeliverNow, escalate: Escalate) -> Flight | None:
         """Admit `call` and write its request to the upstream right now, from synchronous code; None
@@ -275,7 +287,7 @@ class FastPath:
             return None
         upstream, lane = call.upstream, call.upstream.lane
         calls = self.mux.calls
-        if lane is None or not lane.can_launch or upstream.client is None:
+        if lane is None or not lane.can_launch or upstream.client is None or call.task is not None:
             return None
         if calls.refusal(upstream.name) is not None:
             return None
@@ -414,7 +426,7 @@ class FastPath:
                 # Shutdown waits for (or cancels) it and a reload that stops its upstream cancels it.
                 with self.mux.track_call(call.upstream.name) if flight is None else flight.tracked:
                     # A call that may share another's answer passes the gate only if it goes out itself.
-                    shared = flight is None and call.plan.shares
+                    shared = flight is None and call.plan.shares and call.task is None
                     async with nullcontext() if shared else self._slot(call, flight):
                         fetch = self._shared(call, progress) if shared else self._led(call, progress, flight)
                         response, outcome = await self._respond(call, fetch, flight)
@@ -552,6 +564,10 @@ class FastPath:
             return {"jsonrpc": "2.0", "id": call.request_id, "error": _dump(error)}, "error"
         if flight is not None and flight.response is not None:
             return flight.response, flight.outcome  # shaped and sent already
+        if _created_task(call, raw):
+            assert call.owner is not None  # `route` takes no task-augmented call without one
+            adopted = self.mux.tasks.adopt(call.upstream.name, raw, call.owner)
+            return {"jsonrpc": "2.0", "id": call.request_id, "result": adopted}, "ok"
         try:
             return self._response(call, raw, upstream_version)
         except ValidationError as err:
@@ -583,6 +599,8 @@ class FastPath:
             raw, version = await call.upstream.request(what, wait_or_resend, sent.client, flight.deadline)
             if _answered(flight):
                 return raw, version  # it passed the checks below before it was sent
+        if _created_task(call, raw):
+            return raw, version  # the tool's result comes later, from `tasks/result`
         if methods.is_input_required(raw):
             # The SDK client drives input-required rounds (sampling under the mux's policy); the
             # first leg only asked for input, so it is asked again on that path.
@@ -632,11 +650,19 @@ async def _send(client: Client, call: FastCall, progress: ProgressFn | None) -> 
     lane = call.upstream.lane
     if lane is None:  # the connection is closing under us
         raise MCPError(code=CONNECTION_CLOSED, message="Connection closed")
-    return await lane.call(client, call.tool, call.arguments, progress, logs=_logs_for(call)), client.protocol_version
+    raw = await lane.call(client, call.tool, call.arguments, progress, logs=_logs_for(call), task=call.task)
+    return raw, client.protocol_version
 
 
 async def _wait(sent: LaneFlight, progress: ProgressFn | None) -> tuple[Any, str | None]:
     return await sent.wait(progress), sent.client.protocol_version
+
+
+def _created_task(call: FastCall, raw: Any) -> bool:
+    """Whether a task-augmented call was answered with the upstream's task (it may also just answer)."""
+    if call.task is None or not isinstance(raw, dict):
+        return False
+    return isinstance(raw.get("task"), dict) and "content" not in raw
 
 
 def _nothing() -> None:

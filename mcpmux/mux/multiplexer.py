@@ -44,6 +44,7 @@ from mcpmux.mux.catalog import Catalog, CatalogView, Route
 from mcpmux.mux.client_requests import ClientRequests
 from mcpmux.mux.dispatcher import UpstreamDispatcher
 from mcpmux.mux.reload import ReloadReport, UpstreamLifetime, reload_mux
+from mcpmux.mux.task_relay import TaskRelay
 from mcpmux.tools.base import Caller, LocalTool
 from mcpmux.upstream.lane import ProgressFn
 from mcpmux.upstream.supervisor import Upstream, UpstreamEvents, UpstreamState, UpstreamStatus
@@ -88,6 +89,8 @@ class Mux:
         self.dispatchers: dict[str, UpstreamDispatcher] = {}
         for name, server in config.enabled_servers.items():
             self._add_upstream(name, server)
+        self.tasks = TaskRelay(self.upstreams)
+        """The tasks clients created through mcpmux (2025-11-25), by mcpmux's ids."""
         self.calls = CallTracker()  # client calls in flight: shutdown drains them, a reload cancels some
         self._lifetimes: dict[str, UpstreamLifetime] = {}  # each upstream stops alone (reload)
         self._reload_lock = anyio.Lock()

@@ -52,13 +52,13 @@ from mcpmux.server.edge_policy import EdgePolicy
 from mcpmux.server.found_tools import FoundTools
 from mcpmux.server.http_batch import BatchArrayMiddleware
 from mcpmux.server.http_edge import PROFILE_SCOPE, HttpEdge
-from mcpmux.server.http_fast import FastPathMiddleware
+from mcpmux.server.http_fast import FastPathMiddleware, task_owner
 from mcpmux.server.http_fast_front import HttpFastFront, protocol_class
 from mcpmux.server.input_rounds import InputRounds, ParkedCall, parks
 from mcpmux.server.resource_subscriptions import ResourceSubscriptions
 from mcpmux.server.standalone_stream import StandaloneStreamWatch
 from mcpmux.server.stdio_batch import StdioBatchEdge, claimed_stdio
-from mcpmux.server.stdio_fast import StdioFastFront
+from mcpmux.server.stdio_fast import TASK_OWNER_STDIO, StdioFastFront
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -80,9 +80,19 @@ class _MuxServer(Server[Any]):
         extensions: dict[str, dict[str, Any]] | None = None,
     ) -> InitializationOptions:
         everything = NotificationOptions(prompts_changed=True, resources_changed=True, tools_changed=True)
-        return super().create_initialization_options(
+        options = super().create_initialization_options(
             notification_options or everything, experimental_capabilities, extensions
         )
+        # 2025-11-25 tasks: task-augmented tool calls are relayed to upstreams that run tasks (`Mux.tasks`).
+        tasks = types.ServerTasksCapability(
+            list=types.TasksListCapability(),
+            cancel=types.TasksCancelCapability(),
+            requests=types.ServerTasksRequestsCapability(
+                tools=types.TasksToolsCapability(call=types.TasksCallCapability())
+            ),
+        )
+        options.capabilities = options.capabilities.model_copy(update={"tasks": tasks})
+        return options
 
 
 _LOG_ORDER: list[types.LoggingLevel] = ["debug", "info", "notice", "warning", "error", "critical", "alert", "emergency"]
@@ -115,6 +125,23 @@ def _profile_of(ctx: Any) -> str | None:
     """The request's profile: over HTTP, from its path or token (`HttpEdge`); on stdio, the Mux's own."""
     request = ctx.request
     return request.scope.get(PROFILE_SCOPE) if request is not None else None
+
+
+def _task_owner(ctx: Any) -> str:
+    """Who owns the tasks of a request's client, as the fast fronts name it (a request with no session: nobody)."""
+    request = ctx.request
+    if request is None:
+        return TASK_OWNER_STDIO
+    session = request.headers.get("mcp-session-id")
+    return task_owner(session) if session else f"sessionless:{uuid.uuid4().hex}"
+
+
+async def _worded(answer: Awaitable[T]) -> T:
+    """`answer`, with mcpmux's errors as the client's JSON-RPC errors."""
+    try:
+        return await answer
+    except MuxError as err:
+        raise _as_mcp_error(err) from None
 
 
 def _declares_roots(connection: Connection) -> bool:
@@ -192,6 +219,11 @@ class Frontend:
         mux.on_catalog_changed(self.subscriptions.renew)
         self.server.add_request_handler("resources/subscribe", types.SubscribeRequestParams, self._subscribe)
         self.server.add_request_handler("resources/unsubscribe", types.UnsubscribeRequestParams, self._unsubscribe)
+        # 2025-11-25 tasks a client created with a task-augmented call (relayed raw, on the fast path).
+        self.server.add_request_handler("tasks/get", types.GetTaskRequestParams, self._get_task)
+        self.server.add_request_handler("tasks/result", types.GetTaskPayloadRequestParams, self._task_result)
+        self.server.add_request_handler("tasks/cancel", types.CancelTaskRequestParams, self._cancel_task)
+        self.server.add_request_handler("tasks/list", types.PaginatedRequestParams, self._list_tasks)
 
     def _seen(self, ctx: Any) -> ServerSession:
         session: ServerSession = ctx.session
@@ -416,6 +448,18 @@ class Frontend:
         except MuxError as err:
             raise _as_mcp_error(err) from None
         return types.EmptyResult()
+
+    async def _get_task(self, ctx: Any, params: types.GetTaskRequestParams) -> types.GetTaskResult:
+        return await _worded(self.mux.tasks.get(_task_owner(ctx), params.task_id))
+
+    async def _task_result(self, ctx: Any, params: types.GetTaskPayloadRequestParams) -> types.CallToolResult:
+        return await _worded(self.mux.tasks.result(_task_owner(ctx), params.task_id))
+
+    async def _cancel_task(self, ctx: Any, params: types.CancelTaskRequestParams) -> types.CancelTaskResult:
+        return await _worded(self.mux.tasks.cancel(_task_owner(ctx), params.task_id))
+
+    async def _list_tasks(self, ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListTasksResult:
+        return await _worded(self.mux.tasks.list(_task_owner(ctx)))
 
     async def _roots_changed(self, ctx: Any, params: types.NotificationParams) -> None:
         """`notifications/roots/list_changed` from a client: passed on to every upstream."""

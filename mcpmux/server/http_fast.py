@@ -126,7 +126,8 @@ class FastPathMiddleware:
             # The SDK keeps its sessions here; an unknown one must get its 404.
             if version is None or version in MODERN_PROTOCOL_VERSIONS or session not in self.sessions._server_instances:
                 return None
-            call = self.fast.route(message, version, self.declares_sampling.get(session, True))
+            asks = self.declares_sampling.get(session, True)
+            call = self.fast.route(message, version, asks, owner=task_owner(session))
         if call is None or call.progress_token is not None:
             return None
         return call
@@ -248,3 +249,8 @@ def _accepts_json_and_sse(accept: str) -> bool:
     has_json = wildcard or "application/json" in types or "application/*" in types
     has_sse = wildcard or "text/event-stream" in types or "text/*" in types
     return has_json and has_sse
+
+
+def task_owner(session: str) -> str:
+    """Who owns the tasks a 2025 HTTP session creates (`Mux.tasks`)."""
+    return f"session:{session}"

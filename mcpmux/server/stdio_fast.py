@@ -34,6 +34,8 @@ from mcpmux.wire.batch_array import id_key
 from mcpmux.wire.json_bytes import line
 
 logger = logging.getLogger(__name__)
+TASK_OWNER_STDIO = "stdio"
+"""Who owns the tasks the one stdio client creates (`Mux.tasks`)."""
 T = TypeVar("T", bound=BaseModel)
 
 
@@ -81,7 +83,7 @@ class StdioFastFront:
         if '"tools/call"' in line:
             message = decode(line)
             asks = self._declares_sampling and self.connection is None  # with no session yet, the SDK path asks
-            call = self.fast.route(message, self._edge.protocol_version, asks)
+            call = self.fast.route(message, self._edge.protocol_version, asks, owner=TASK_OWNER_STDIO)
             if call is None:
                 return False
             key = id_key(call.request_id)

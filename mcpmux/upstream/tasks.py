@@ -26,6 +26,19 @@ logger = logging.getLogger(__name__)
 
 CANCEL_WAIT = 5.0
 """Seconds a `tasks/cancel` for an abandoned task may take (it is sent shielded, as the caller leaves)."""
+RELATED_TASK = "io.modelcontextprotocol/related-task"
+
+
+def with_related_task(result: types.CallToolResult, task_id: str | None) -> types.CallToolResult:
+    """`result` with its `_meta` related-task naming `task_id` (None: naming none), never the upstream's id."""
+    meta = dict(result.meta or {})
+    if RELATED_TASK not in meta:
+        return result
+    if task_id is None:
+        del meta[RELATED_TASK]
+    else:
+        meta[RELATED_TASK] = {"taskId": task_id}
+    return result.model_copy(update={"meta": meta or None})
 
 
 async def call_as_task(
@@ -56,4 +69,4 @@ async def call_as_task(
             cancel = types.CancelTaskRequest(params=types.CancelTaskRequestParams(task_id=task_id))
             await client.session.send_request(cancel, types.CancelTaskResult)
         raise
-    return result
+    return with_related_task(result, None)  # the caller made no task: nothing to relate the result to

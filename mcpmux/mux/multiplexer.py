@@ -419,6 +419,9 @@ class Mux:
                 if view.profile is not None and not view.profile.allows_server(upstream.name):
                     continue  # outside the profile: unknown, as if it did not exist
                 if upstream.state != UpstreamState.READY and name.startswith(f"{upstream.name}{separator}"):
+                    if upstream.state == UpstreamState.NEEDS_LOGIN and upstream.last_error:
+                        # "upstream NAME needs login: run `mcpmux login NAME ...`": the one thing to do
+                        raise UnlistedToolError(f"tool {name!r} is not listed: {upstream.last_error}") from None
                     reason = f" ({upstream.last_error})" if upstream.last_error else ""
                     raise UnlistedToolError(
                         f"tool {name!r} is not listed: upstream {upstream.name!r} is {upstream.state.value}{reason}; "

@@ -37,7 +37,7 @@ from pydantic import AnyUrl
 
 from mcpmux.cli.login import logout_main
 from mcpmux.core.config import load_config
-from mcpmux.errors import UpstreamUnavailableError
+from mcpmux.errors import UnlistedToolError, UpstreamUnavailableError
 from mcpmux.mux.multiplexer import Mux
 from mcpmux.server.edge_policy import EdgePolicy
 from mcpmux.server.frontend import Frontend, bind
@@ -152,7 +152,10 @@ async def test_without_a_login_calls_fail_fast_naming_the_command(
         with pytest.raises(UpstreamUnavailableError) as refused:
             await upstream.request("tools/call", lambda client: client.list_tools())
         assert time.monotonic() - started < 0.5
+        with pytest.raises(UnlistedToolError) as unlisted:  # what `mcpmux call` prints, on one line
+            await mux.call_tool("demo__greet", {"name": "Ada"})
     assert str(refused.value) == needs
+    assert str(unlisted.value) == f"tool 'demo__greet' is not listed: {needs}"
 
 
 @pytest.mark.slow

@@ -30,6 +30,7 @@ from mcp.shared.inbound import ERROR_CODE_HTTP_STATUS, find_duplicated_routing_h
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from mcpmux.errors import ConfigError
 from mcpmux.mux.fast_path import FastCall, FastPath, decode, sampling_declared
 from mcpmux.server.http_edge import PROFILE_SCOPE
 from mcpmux.wire.batch_array import id_key
@@ -138,7 +139,11 @@ class FastPathMiddleware:
             return True
         params = message.get("params") if isinstance(message, dict) else None
         name = params.get("name") if isinstance(params, dict) else None
-        return isinstance(name, str) and self.fast.mux.view(profile).allows(name)
+        try:
+            view = self.fast.mux.view(profile)
+        except ConfigError:  # a reload removed the profile: the SDK path words that
+            return False
+        return isinstance(name, str) and view.allows(name)
 
     async def _answer_unless_gone(self, call: FastCall, session: str | None, receive: Receive) -> dict[str, Any] | None:
         """`fast.answer(call)`, or None when the client disconnects first (which cancels the call).

@@ -227,3 +227,16 @@ def test_profile_tokens_are_read_like_http_ones_and_one_token_has_one_profile() 
         EdgePolicy.load(config, "127.0.0.1", environ={"ANY": "same", "P_TOKENS": "same"})
     with pytest.raises(ConfigError, match="profile name 'a b' must be 1-64 characters"):
         config_from_dict({"profiles": {"a b": {}}})
+
+
+async def test_a_profile_a_reload_removed_fails_closed_with_its_name(tmp_path: Path) -> None:
+    config = tmp_path / "mcp.json"
+    raw = {"mcpServers": {"alpha": demo("alpha")}, "profiles": {"a": {}}, "inference": {"backend": "off"}}
+    config.write_text(json.dumps(raw))
+    async with served_in_process(config) as (mux, _, url), Client(f"{url}/a", mode="legacy") as client:
+        assert text_of(await client.call_tool("alpha__echo", {"text": "hi"})) == "alpha: hi"
+        await mux.reload(config_from_dict({**raw, "profiles": {}}))
+        with pytest.raises(MCPError, match=r"no \[profiles\.a\] table \(profiles defined: none\)"):
+            await client.call_tool("alpha__echo", {"text": "hi"})
+        with pytest.raises(MCPError, match=r"no \[profiles\.a\] table"):
+            await client.list_tools()

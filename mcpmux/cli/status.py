@@ -1,7 +1,7 @@
 """`mcpmux status --url http://127.0.0.1:8765`: a readable summary of a running server's `/metrics`.
 
 It scrapes the server's Prometheus endpoint, parses it with `prometheus_client.parser` and prints
-rich tables: upstreams (state, calls, errors, p50/p99, in flight, restarts), the busiest tools,
+rich tables: upstreams (state, auth, calls, errors, p50/p99, in flight, restarts), the busiest tools,
 scheduling (queues, coalescing, batches, rejections), caches and the inference engine. Quantiles
 are estimated from the histogram buckets the way Prometheus' `histogram_quantile` does.
 """
@@ -163,6 +163,7 @@ def _table(title: str, columns: Iterable[str], names: int = 1) -> Table:
 
 CALLS = "mcpmux_tool_calls_total"
 LATENCY = "mcpmux_tool_call_duration_seconds"
+AUTH = "mcpmux_upstream_auth"
 
 
 def render(scrape: Scrape, console: Console, top: int = 10) -> None:
@@ -172,8 +173,9 @@ def render(scrape: Scrape, console: Console, top: int = 10) -> None:
         for labels, value in scrape.samples.get("mcpmux_upstream_state", [])
         if value
     }
+    auths = {labels["upstream"]: labels["auth"] for labels, value in scrape.samples.get(AUTH, []) if value}
     tables = [
-        _upstreams(scrape, states),
+        _upstreams(scrape, states, auths),
         _tools(scrape, top),
         _scheduling(scrape, sorted(states)),
         _caches(scrape),
@@ -186,15 +188,15 @@ def render(scrape: Scrape, console: Console, top: int = 10) -> None:
         console.print("The server reports no upstreams, caches or inference engines.")
 
 
-def _upstreams(scrape: Scrape, states: dict[str, str]) -> Table:
-    table = _table(
-        "Upstreams", ["upstream", "state", "tools", "calls", "errors", "p50", "p99", "in flight", "restarts"], names=2
-    )
+def _upstreams(scrape: Scrape, states: dict[str, str], auths: dict[str, str]) -> Table:
+    columns = ["upstream", "state", "auth", "tools", "calls", "errors", "p50", "p99", "in flight", "restarts"]
+    table = _table("Upstreams", columns, names=2)
     for name in sorted(states):
         total = scrape.total(CALLS, upstream=name)
         table.add_row(
             name,
             states[name],
+            auths.get(name, "-"),  # a server older than the metric
             _count(scrape.total("mcpmux_upstream_tools", upstream=name)),
             _count(total),
             _count(total - scrape.total(CALLS, upstream=name, outcome="ok")),

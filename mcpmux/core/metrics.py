@@ -162,12 +162,19 @@ class _MuxCollector:
             "mcpmux_upstream_restarts", "Reconnections after a lost connection.", labels=["upstream"]
         )
         tools = GaugeMetricFamily("mcpmux_upstream_tools", "Tools the upstream lists.", labels=["upstream"])
+        auth = GaugeMetricFamily(
+            "mcpmux_upstream_auth",
+            "1 for how the upstream authenticates now: none, or OAuth and its login (e.g. 'oauth, needs login').",
+            labels=["upstream", "auth"],
+        )
         for status in (upstream.status() for upstream in list(self._mux.upstreams.values())):
             for each in type(status.state):  # every state, 0 or 1, so a state left shows 0 rather than vanishing
                 state.add_metric([status.name, each.value], 1 if each is status.state else 0)
             restarts.add_metric([status.name], status.restarts)
             tools.add_metric([status.name], status.tools)
-        yield from (state, restarts, tools)
+            # Without its "(token expires in N min)": a label that changed every minute would be a new series.
+            auth.add_metric([status.name, status.auth.split(" (", 1)[0]], 1)
+        yield from (state, restarts, tools, auth)
 
     def _dispatchers(self) -> Iterator[Metric]:
         in_flight = GaugeMetricFamily(

@@ -61,9 +61,9 @@ async def test_status_prints_upstreams_tools_and_counts(tmp_path: Path, monkeypa
     assert done.returncode == 0, done.stderr
     out = done.stdout
     assert "Upstreams" in out
-    # upstream, state, tools, calls, errors
-    assert row(out, "alpha", "ready", "13", "3", "0")
-    assert row(out, "beta", "ready", "13", "3", "1")
+    # upstream, state, auth, tools, calls, errors
+    assert row(out, "alpha", "ready", "none", "13", "3", "0")
+    assert row(out, "beta", "ready", "none", "13", "3", "1")
     assert row(out, "alpha", "echo", "3", "0")  # top tools: upstream, tool, calls, errors
     assert row(out, "beta", "fail", "1", "1")
     assert row(out, "tools", "1", "1", "50%")  # cache: hits, misses, hit rate

@@ -38,6 +38,18 @@ def test_an_oauth_table_is_read() -> None:
         ({"url": URL, "oauth": {"scope": "a"}}, r"servers.docs.oauth.scope: unknown key"),
         ({"url": URL, "auth": "none", "oauth": {}}, r"servers.docs: 'oauth' settings with auth = \"none\""),
         ({"command": "x", "auth": "oauth"}, r"servers.docs: 'auth' and 'oauth' apply to http servers only"),
+        (
+            {"url": URL, "oauth": {"client_metadata_url": "http://example.com/c.json"}},
+            r"servers.docs.oauth.client_metadata_url: must be an https:// URL with a path",
+        ),
+        (
+            {"url": URL, "oauth": {"client_metadata_url": "https://example.com/"}},
+            r"servers.docs.oauth.client_metadata_url: must be an https:// URL with a path",
+        ),
+        (
+            {"url": URL, "oauth": {"client_id": "mux", "client_metadata_url": "https://example.com/c.json"}},
+            r"servers.docs.oauth: 'client_id' and 'client_metadata_url' each name the client",
+        ),
     ],
 )
 def test_bad_oauth_settings_name_the_key(server: dict[str, object], message: str) -> None:

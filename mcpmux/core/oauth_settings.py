@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from typing import Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -29,6 +30,18 @@ class OAuthSettings(BaseModel):
     redirect_port: int | None = Field(default=None, ge=1, le=65535)
     """The loopback port `mcpmux login` listens on for the callback (a client registered with a fixed
     redirect URI needs it); default: a free port."""
+    client_metadata_url: str | None = None
+    """An https URL where a client metadata document for mcpmux is published (OAuth client ID
+    metadata documents): the client id with authorization servers that support them; with the
+    others mcpmux registers itself."""
+
+    @field_validator("client_metadata_url")
+    @classmethod
+    def _check_metadata_url(cls, value: str | None) -> str | None:
+        parts = urlsplit(value) if value is not None else None
+        if parts is not None and (parts.scheme != "https" or not parts.netloc or parts.path in ("", "/")):
+            raise ValueError("must be an https:// URL with a path, e.g. 'https://example.com/mcpmux/client.json'")
+        return value
 
     @field_validator("client_secret_env")
     @classmethod
@@ -39,6 +52,8 @@ class OAuthSettings(BaseModel):
     def _check_secret_has_client(self) -> OAuthSettings:
         if self.client_secret_env is not None and self.client_id is None:
             raise ValueError("'client_secret_env' needs 'client_id' (the client that secret belongs to)")
+        if self.client_metadata_url is not None and self.client_id is not None:
+            raise ValueError("'client_id' and 'client_metadata_url' each name the client: set one of them")
         return self
 
 

@@ -233,6 +233,21 @@ async def _refreshes(mux: Mux) -> int:
 
 
 @pytest.mark.anyio
+async def test_a_client_metadata_url_falls_back_to_registering_where_the_server_takes_none(
+    py_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The SDK's authorization server here does not advertise client ID metadata documents: with
+    `client_metadata_url` set, mcpmux registers itself as it would without it, and the login works."""
+    monkeypatch.setenv("MCPMUX_HOME", str(tmp_path / "home"))
+    document = "https://example.com/mcpmux/client.json"
+    oauth = f'[servers.py.oauth]\nclient_metadata_url = "{document}"\n'
+    await _log_in(_config(tmp_path / "mcpmux.toml", "py", py_server, oauth))
+    _, stored = _record(tmp_path / "home")
+    assert stored["client"]["client_id"] != document  # a registered client
+    assert stored["token"]["access_token"]
+
+
+@pytest.mark.anyio
 async def test_a_lapsing_token_is_refreshed_and_a_refused_one_after_its_401(
     py_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -169,6 +169,7 @@ async def log_in(
                 storage,
                 redirect_handler=redirect,
                 callback_handler=callback.wait,
+                client_metadata_url=settings.client_metadata_url if settings is not None else None,
             )
             provider.scopes = " ".join(settings.scopes) if settings is not None and settings.scopes else None
             http = httpx2.AsyncClient(headers=dict(server.headers), auth=provider, timeout=30.0)

@@ -195,10 +195,10 @@ async def _never_shown(url: str) -> None:
 
 
 @contextmanager
-def _py_server(ttl: int, refresh_delay: float = 0.0) -> Iterator[str]:
+def _py_server(ttl: int, refresh_delay: float = 0.0, env: dict[str, str] | None = None) -> Iterator[str]:
     port = free_port()
     args = [PY, str(PY_SERVER), str(port), str(ttl), str(refresh_delay)]
-    process = subprocess.Popen(args, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(args, stderr=subprocess.DEVNULL, env={**os.environ, **(env or {})})
     try:
         wait_for_port(port, process)
         yield f"http://127.0.0.1:{port}/mcp"
@@ -245,6 +245,23 @@ async def test_a_client_metadata_url_falls_back_to_registering_where_the_server_
     _, stored = _record(tmp_path / "home")
     assert stored["client"]["client_id"] != document  # a registered client
     assert stored["token"]["access_token"]
+
+
+@pytest.mark.anyio
+async def test_a_client_metadata_url_is_the_client_id_where_the_server_takes_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MCPMUX_HOME", str(tmp_path / "home"))
+    document, port = "https://example.com/mcpmux/client.json", free_port()
+    callback = {"CIMD_CLIENT": document, "CIMD_REDIRECT": f"http://127.0.0.1:{port}/callback"}
+    with _py_server(TTL, env=callback) as url:
+        oauth = f'[servers.py.oauth]\nclient_metadata_url = "{document}"\nredirect_port = {port}\n'
+        config = _config(tmp_path / "mcpmux.toml", "py", url, oauth)
+        await _log_in(config)
+        _, stored = _record(tmp_path / "home")
+        assert stored["client"]["client_id"] == document  # no registration: the URL is the client
+        async with Mux.from_config(config) as mux:
+            assert text_of(await mux.call_tool("py__echo", {"text": "hi"})) == "hi"
 
 
 @pytest.mark.anyio

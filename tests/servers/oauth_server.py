@@ -8,13 +8,20 @@ tokens rotate: the one used is spent, REFRESH_DELAY seconds (default 0) after th
 arrived, so that two clients refreshing at once both reach the exchange. Tools: `echo`,
 `refreshes` (how many refreshes the authorization server has granted). `POST /testing/revoke`
 revokes every token it issued.
+
+With `CIMD_CLIENT` (a URL) and `CIMD_REDIRECT` in the environment, its metadata advertises client ID
+metadata documents and it knows that URL as a client whose document lists that redirect URI (what
+a real authorization server would fetch from the URL; this one cannot reach https).
 """
 
 from __future__ import annotations
 
+import json
+import os
 import secrets
 import sys
 import time
+from typing import Any
 
 import anyio
 from mcp.server.auth.provider import (
@@ -35,6 +42,8 @@ PORT = int(sys.argv[1])
 TTL = int(sys.argv[2])
 REFRESH_DELAY = float(sys.argv[3]) if len(sys.argv) > 3 else 0.0
 URL = f"http://127.0.0.1:{PORT}"
+CIMD_CLIENT = os.environ.get("CIMD_CLIENT")
+CIMD_REDIRECT = os.environ.get("CIMD_REDIRECT")
 
 
 class Provider:
@@ -48,6 +57,13 @@ class Provider:
         self.refreshes = 0
 
     async def get_client(self, client_id: str) -> OAuthClientInformationFull | None:
+        if client_id == CIMD_CLIENT and CIMD_REDIRECT is not None:  # as its metadata document describes it
+            return OAuthClientInformationFull(
+                client_id=client_id,
+                redirect_uris=[CIMD_REDIRECT],  # type: ignore[list-item]
+                token_endpoint_auth_method="none",
+                grant_types=["authorization_code", "refresh_token"],
+            )
         return self.clients.get(client_id)
 
     async def register_client(self, client_info: OAuthClientInformationFull) -> None:
@@ -141,5 +157,36 @@ async def revoke_all(request: Request) -> JSONResponse:
     return JSONResponse({"revoked": revoked})
 
 
+class AdvertiseMetadataDocuments:
+    """ASGI middleware: the authorization server's metadata says it takes client ID metadata documents."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["path"] != "/.well-known/oauth-authorization-server":
+            await self.app(scope, receive, send)
+            return
+        parts: list[bytes] = []
+        start: dict[str, Any] = {}
+
+        async def collect(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                start.update(message)
+            else:
+                parts.append(message.get("body", b""))
+
+        await self.app(scope, receive, collect)
+        body = json.dumps({**json.loads(b"".join(parts)), "client_id_metadata_document_supported": True}).encode()
+        headers = [(k, v) for k, v in start["headers"] if k.lower() != b"content-length"]
+        await send({**start, "headers": [*headers, (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+
 if __name__ == "__main__":
-    server.run("streamable-http", host="127.0.0.1", port=PORT)
+    if CIMD_CLIENT is None:
+        server.run("streamable-http", host="127.0.0.1", port=PORT)
+    else:
+        import uvicorn
+
+        uvicorn.run(AdvertiseMetadataDocuments(server.streamable_http_app()), host="127.0.0.1", port=PORT)

@@ -389,6 +389,22 @@ async def _front(config: Path, port: int) -> AsyncIterator[str]:
         stopping.set()
 
 
+@pytest.mark.anyio
+async def test_a_client_token_is_never_passed_on_to_an_upstream(
+    py_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client's bearer token is for mcpmux alone (the spec forbids passing it through): the upstream
+    gets mcpmux's own token, from its login."""
+    monkeypatch.setenv("MCPMUX_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("FRONT_TOKEN", "the-client-token-for-mcpmux-only")
+    config = _config(tmp_path / "mcpmux.toml", "py", py_server, '\n[http]\nauth_token_env = "FRONT_TOKEN"\n')
+    await _log_in(config)
+    _, stored = _record(tmp_path / "home")
+    async with _front(config, free_port()) as url, bearer_client(url, "the-client-token-for-mcpmux-only") as client:
+        seen = text_of(await client.call_tool("py__bearer", {}))
+    assert seen == stored["token"]["access_token"]
+
+
 class _Browser:
     """What a person's browser does for an SDK client logging in: follow `/authorize` to the callback."""
 

@@ -6,7 +6,8 @@ once (a redirect to the client's redirect_uri with the code, as a person clickin
 cause). Access tokens last TTL seconds and are bound to this server's URL (RFC 8707); refresh
 tokens rotate: the one used is spent, REFRESH_DELAY seconds (default 0) after the refresh request
 arrived, so that two clients refreshing at once both reach the exchange. Tools: `echo`,
-`refreshes` (how many refreshes the authorization server has granted). `POST /testing/revoke`
+`refreshes` (how many refreshes the authorization server has granted), `bearer` (the access token
+the request came with). `POST /testing/revoke`
 revokes every token it issued.
 
 With `CIMD_CLIENT` (a URL) and `CIMD_REDIRECT` in the environment, its metadata advertises client ID
@@ -33,7 +34,7 @@ from mcp.server.auth.provider import (
     construct_redirect_uri,
 )
 from mcp.server.auth.settings import AuthSettings, ClientRegistrationOptions
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -141,6 +142,12 @@ server = MCPServer(
 def echo(text: str) -> str:
     """Return the text unchanged."""
     return text
+
+
+@server.tool()
+def bearer(ctx: Context) -> str:
+    """The access token this request came with: what its client sent this server."""
+    return (ctx.headers or {}).get("authorization", "").removeprefix("Bearer ")
 
 
 @server.tool()

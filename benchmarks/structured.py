@@ -164,7 +164,11 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     measured: dict[int, dict[str, float]] = {level: {} for level in args.concurrency}
     for jump in (True, False):
         async with await Engine.start(replace(config, jump_forward=jump)) as engine:
-            await engine.complete(conversations(1, use)[0], constrained)  # warm-up: tokenizer conversion, compile
+            # Warm-up, both kinds: the grammar's tokenizer conversion and compile, and the forward's
+            # first use of each shape (a plain decode row first seen inside a timed run cost seconds).
+            warm = conversations(1, use)[0]
+            await engine.complete(warm, constrained)
+            await engine.complete(warm, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
             for level in args.concurrency:
                 prompts = conversations(level, use)
                 tpot, tokens = await mcpmux_tpot(engine, prompts, constrained)

@@ -134,6 +134,8 @@ class Flight:
     """The response, once it reached the client the moment the result was read; then `outcome` is its outcome."""
     outcome: str = "ok"
     lead: Lead[RawResult] | None = None
+    arguments_key: str = ""
+    """Its arguments as canonical JSON, once it holds a `lead` (the key its answer is shared and cached under)."""
     """Its claim on its plan's in-flight sharing, when it may share its answer (`CallPlan.shares`):
     identical calls arriving meanwhile wait for it (`FastPath._shared`)."""
 
@@ -304,6 +306,8 @@ class FastPath:
         gate = dispatcher.gate
         flight = Flight(calls.track(upstream.name), gate, time.perf_counter(), loop.time() + upstream.timeout, escalate)
         flight.lead = lead
+        if lead is not None:
+            flight.arguments_key = arguments
         if gate.try_acquire():
             try:
                 sent = self._send_now(call, flight, deliver_now)
@@ -342,8 +346,7 @@ class FastPath:
             output = call.plan.output
             if methods.is_input_required(raw) or (output is not None and output.problem(raw) is not None):
                 return False  # the task takes these: another round, or the error
-            if flight.lead is not None:
-                self._share(call, flight.lead, raw, version)
+            self._share(call, flight, raw, version)
             try:
                 response, outcome = self._response(call, raw, version)
             except ValidationError:
@@ -522,25 +525,26 @@ class FastPath:
         self.mux.metrics.observe_call(call.upstream.name, call.tool, time.perf_counter() - started, outcome)
         return flight
 
-    def _share(self, call: FastCall, lead: Lead[RawResult], raw: Any, version: str | None) -> None:
+    def _share(self, call: FastCall, flight: Flight, raw: Any, version: str | None) -> None:
         """A launched call's raw result, read: cached where the plan says so, and given to the
         identical calls that wait for it (a copy of their own, as this call's answer is shaped in place)."""
-        if lead.ended:
+        lead = flight.lead
+        if lead is None or lead.ended:
             return
-        self._keep(call, canonical_json(call.arguments), raw)
+        self._keep(call, flight.arguments_key, raw)
         lead.finish((copy.deepcopy(raw), version) if lead.waiting else (raw, version))
 
     async def _led(self, call: FastCall, progress: ProgressFn | None, flight: Flight | None) -> RawResult:
         """`_call`; a launched call that others may share gives them its result, or its error."""
         lead = flight.lead if flight is not None else None
-        if lead is None:
+        if flight is None or lead is None:
             return await self._call(call, progress, flight)
         try:
             raw, version = await self._call(call, progress, flight)
         except Exception as err:
             lead.fail(err)
             raise
-        self._share(call, lead, raw, version)
+        self._share(call, flight, raw, version)
         return raw, version
 
     @staticmethod

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import select
 import time
 from typing import Any, Protocol, cast
 from urllib.parse import urlsplit
@@ -84,10 +85,14 @@ class Connection(asyncio.Protocol):
         return exchange
 
     def reusable(self) -> bool:
-        """Open as far as the event loop knows. A server's close it has not read yet is not seen (asyncio's
-        transports lend no socket that can peek): a request it meets unread is sent again (`RESEND_WINDOW`)."""
+        """Open, and nothing waiting to be read on it: an idle connection's next byte can only be the
+        server's close, which a busy event loop may not have read yet (httpcore checks the same before
+        reusing one). A close still on the wire as the request goes out is met by `RESEND_WINDOW`."""
         transport = self.transport
-        return not self.dropped and transport is not None and not transport.is_closing()
+        if self.dropped or transport is None or transport.is_closing():
+            return False
+        sock = transport.get_extra_info("socket")
+        return sock is None or not _readable(sock.fileno())
 
     def drop(self) -> None:
         """Close it now (a 2026 cancellation, a broken response, shutdown); what it carried is not sent again."""
@@ -291,3 +296,12 @@ def _unfollowed(location: str) -> str:
     parts = urlsplit(location)
     where = f"{parts.scheme}://{parts.hostname}{f':{parts.port}' if parts.port else ''}{parts.path}"
     return f"Redirect to {where} not followed; use that URL as the endpoint if it is the intended server"
+
+
+def _readable(fd: int) -> bool:
+    """Whether the socket `fd` has input (or its peer's close) waiting, without reading it."""
+    if hasattr(select, "poll"):
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        return bool(poller.poll(0))
+    return bool(select.select([fd], [], [], 0)[0])

@@ -2,7 +2,8 @@
 
 `Upstream.run()` is the supervisor, owned by the Mux's task group. It connects, fetches the
 listing, watches the connection and the server's list_changed signals, and when the connection is
-lost (a crashed child, an HTTP server gone, an expired session) reconnects with exponential backoff:
+lost (a crashed child, an HTTP server gone, an expired session; not one HTTP call's connection
+dropped under a session that still answers) reconnects with exponential backoff:
 `restart_initial_backoff` doubling up to `restart_max_backoff` seconds, reset after each successful
 connection, retried for as long as mcpmux runs. While it is down, calls fail at once with
 `UpstreamUnavailableError`; the last known listing stays in the catalog.
@@ -42,6 +43,8 @@ from mcpmux.upstream.stdio_transport import stdio_transport
 
 logger = logging.getLogger(__name__)
 
+LIVENESS_TIMEOUT = 5.0
+"""Seconds a session is given to answer a ping after one call's connection ended under it."""
 # What the SDK's stdio_client passes to a child when told nothing (mirrored for `env_passthrough = "minimal"`).
 _MINIMAL_ENV = ("HOME", "LOGNAME", "PATH", "SHELL", "TERM", "USER")
 
@@ -384,6 +387,11 @@ class Upstream:
                 if err.code == CONNECTION_CLOSED:
                     if self.oauth is not None and self.oauth.needs_login is not None:
                         raise self.oauth.needs_login from None  # the token was refused; `run` marks it needs login
+                    if await self._answers(client):
+                        raise UpstreamUnavailableError(
+                            f"upstream {self.name!r} lost its connection during {what}, before answering; it "
+                            "may have run it, so mcpmux did not send it again (retry if that is safe)"
+                        ) from None
                     if sent_on is None or sent_on is self._client:  # not a later connection: that one is fine
                         self._mark_lost()
                     raise UpstreamUnavailableError(
@@ -397,6 +405,26 @@ class Upstream:
                     raise
                 raise result_error(self.name, what, problem) from None
         raise AssertionError("unreachable")
+
+    async def _answers(self, client: Client) -> bool:
+        """Whether `client`'s session still answers, after one call's connection ended under it.
+
+        Over HTTP each call has a connection of its own, and a server may drop one (a worker that
+        crashed on it, a proxy's idle timeout) while the session and every other call live on: only
+        a session that no longer answers is reconnected. A stdio pipe that closed fails this at once.
+        """
+        if client is not self._client or self._health.lost.is_set():
+            return False
+        with anyio.move_on_after(min(self.timeout, LIVENESS_TIMEOUT)):
+            try:
+                if client.protocol_version in MODERN_PROTOCOL_VERSIONS:  # 2026 has no ping; discover is as cheap
+                    await client.session.send_discover(client.protocol_version)
+                else:
+                    await client.session.send_ping()
+            except Exception:  # however it fails, it did not answer
+                return False
+            return True
+        return False
 
     async def _live_client(self, what: str, stale: Client | None = None) -> Client:
         """The connected client; waits only while the first connection, or a reconnection, is under way."""

@@ -133,12 +133,10 @@ async def test_a_call_the_upstream_may_have_acted_on_is_never_sent_twice(tmp_pat
             assert "did not answer tool 'slow' within 0.5s" in text_of(timed_out)
             vanished = await client.call_tool("raw__vanish", {})  # the server read it, then dropped the connection
             assert vanished.is_error
-            assert "lost its connection" in text_of(vanished)
+            assert "lost its connection during tool 'vanish', before answering" in text_of(vanished)
             await anyio.sleep(1.2)  # anything sent again would have arrived by now
-            with anyio.fail_after(10):  # mcpmux reconnects after the lost connection
-                while (await client.call_tool("raw__whoami", {})).is_error:
-                    await anyio.sleep(0.1)
-            assert (await whoami(client))["ran"] == {"whoami": 3, "slow": 2, "vanish": 1}
+            # One call's connection is not the session: the next call needs no reconnection.
+            assert (await whoami(client))["ran"] == {"whoami": 2, "slow": 2, "vanish": 1}
 
 
 async def test_what_the_sdks_client_sends_the_fast_path_sends_too(tmp_path: Path) -> None:

@@ -1,9 +1,11 @@
 """Constrained decoding: a request's output held to a JSON schema, a regular expression or a Lark grammar.
 
 Built on llguidance. Each constrained request owns an `llguidance.LLMatcher` over the engine's
-tokenizer; before a step samples, the matcher names the tokens it allows next and the sampler sets
-every other token's logit to -inf on that request's row only, so unconstrained rows are untouched
-and stay token-for-token exact. After the step the sampled token is consumed; once the grammar can
+tokenizer. While a step's forward pass runs, a worker thread (`MaskFiller`) has every constrained
+row's matcher name the tokens it allows next (llguidance fills the bitmasks in parallel, without
+the GIL) and turns them into a bias of 0 and -inf; the sampler adds it to those rows only, so
+unconstrained rows are untouched and stay token-for-token exact. After the step the sampled token
+is consumed; once the grammar can
 take no more tokens the request finishes with "stop". Where the grammar leaves only one way on (the
 keys of a JSON object, a tool call's fixed text), those tokens are appended without sampling
 (`forced`, jump-forward) and computed together in the next step. JSON comes out on one line
@@ -16,6 +18,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import llguidance
@@ -28,7 +31,8 @@ from mcpmux.inference.errors import InvalidSettingError
 if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions  # a TypedDict of the type stubs only
 
-_BITS = torch.arange(32, dtype=torch.int32)
+# Row b: the logit bias of the 8 tokens of a bitmask byte b (bit i set: token i allowed, 0; else -inf).
+_BYTE_BIAS = torch.tensor([[0.0 if byte >> bit & 1 else float("-inf") for bit in range(8)] for byte in range(256)])
 # JSON on one line with ", " and ": ": with whitespace left free, a small model pads until max_tokens.
 JSON_LAYOUT: JsonCompileOptions = {
     "whitespace_flexible": False,
@@ -57,7 +61,7 @@ class GrammarCompiler:
             pristine = self._compiled.get(grammar)
             if pristine is not None:
                 self._compiled.move_to_end(grammar)
-                return GrammarMatcher(pristine.deep_copy(), self.vocab_size)
+                return GrammarMatcher(pristine.deep_copy())
             if self._tokenizer is None:
                 self._tokenizer = llguidance.hf.from_tokenizer(self._hf_tokenizer, n_vocab=self.vocab_size)
             tokenizer = self._tokenizer
@@ -72,22 +76,14 @@ class GrammarCompiler:
             self._compiled[grammar] = pristine
             while len(self._compiled) > self.CACHE_SIZE:
                 self._compiled.popitem(last=False)
-        return GrammarMatcher(pristine.deep_copy(), self.vocab_size)
+        return GrammarMatcher(pristine.deep_copy())
 
 
 class GrammarMatcher:
     """One request's position in its grammar."""
 
-    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int) -> None:
+    def __init__(self, matcher: llguidance.LLMatcher) -> None:
         self._matcher = matcher
-        self._vocab_size = vocab_size
-        self._bitmask = torch.empty((1, (vocab_size + 31) // 32), dtype=torch.int32)
-
-    def allowed(self) -> torch.Tensor:
-        """A bool tensor [vocab_size]: the tokens the grammar allows next."""
-        self._matcher.unsafe_compute_mask_ptr(self._bitmask.data_ptr(), self._bitmask.numel() * 4)
-        bits = (self._bitmask[0].unsqueeze(-1) >> _BITS) & 1
-        return bits.reshape(-1)[: self._vocab_size].bool()
 
     def forced(self) -> list[int]:
         """The tokens the grammar allows as the only way on from here (jump-forward), not yet consumed."""
@@ -101,6 +97,30 @@ class GrammarMatcher:
     def done(self) -> bool:
         """Whether the grammar takes no more tokens: the output is complete."""
         return bool(self._matcher.is_stopped())
+
+
+class MaskFiller:
+    """Fills the next-token masks of a step's constrained rows on a worker thread, so that the work
+    overlaps the step's forward pass. The matchers must not be advanced until the fill is done
+    (the sampler waits for it before it samples; the engine consumes tokens after)."""
+
+    def __init__(self, vocab_size: int) -> None:
+        self._vocab_size = vocab_size
+        self._words = (vocab_size + 31) // 32
+        self._executor = llguidance.LLExecutor()  # its own threads; the GIL is released while they fill
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix="grammar-masks")
+
+    def start(self, matchers: list[GrammarMatcher]) -> Future[torch.Tensor]:
+        """Begin filling; the result is a float32 bias [len(matchers), vocab_size], 0 where the
+        grammar allows the token next and -inf elsewhere, one row per matcher in order."""
+        return self._worker.submit(self._fill, [m._matcher for m in matchers])
+
+    def _fill(self, matchers: list[llguidance.LLMatcher]) -> torch.Tensor:
+        bitmask = torch.empty((len(matchers), self._words), dtype=torch.int32)
+        targets = [(matcher, row) for row, matcher in enumerate(matchers)]
+        self._executor.unsafe_compute_mask_ptr(targets, bitmask.data_ptr(), self._words * 4, len(matchers))
+        bias = torch.nn.functional.embedding(bitmask.view(torch.uint8).long(), _BYTE_BIAS)
+        return bias.reshape(len(matchers), -1)[:, : self._vocab_size]
 
 
 def _grammar_source(grammar: Grammar) -> str:

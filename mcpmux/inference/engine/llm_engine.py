@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -19,7 +20,9 @@ from mcpmux.inference.engine.stats import EngineStats, StatsCollector
 from mcpmux.inference.models.loader import LoadedModel, load_model
 
 if TYPE_CHECKING:
-    from mcpmux.inference.engine.grammar import GrammarCompiler, GrammarMatcher
+    import torch
+
+    from mcpmux.inference.engine.grammar import GrammarCompiler, GrammarMatcher, MaskFiller
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +70,7 @@ class LLMEngine:
         self.stats_collector = StatsCollector()
         self._requests: dict[str, _Request] = {}
         self._grammar_compiler: GrammarCompiler | None = None
+        self._mask_filler: MaskFiller | None = None
         self._grammar_lock = threading.Lock()
 
     def encode(self, prompt: Prompt) -> list[int]:
@@ -114,9 +118,10 @@ class LLMEngine:
         with self._grammar_lock:
             if self._grammar_compiler is None:
                 # Imported here: llguidance loads with the first constrained request.
-                from mcpmux.inference.engine.grammar import GrammarCompiler
+                from mcpmux.inference.engine.grammar import GrammarCompiler, MaskFiller
 
                 self._grammar_compiler = GrammarCompiler(self.loaded.tokenizer, self.loaded.vocab_size)
+                self._mask_filler = MaskFiller(self.loaded.vocab_size)
             compiler = self._grammar_compiler
         return compiler.matcher(grammar)
 
@@ -130,13 +135,29 @@ class LLMEngine:
         if not out.scheduled:
             return []
         requests = [self._requests[item.seq.request_id].sample for item in out.scheduled if item.samples]
-        result = self.runner.run(out.scheduled, requests)
+        masks = self._start_masks(requests)
+        try:
+            result = self.runner.run(out.scheduled, requests)
+        finally:
+            if masks is not None:
+                wait([masks])  # the matchers are only advanced once their masks are filled
         logprobs = {item.seq.request_id: lp for item, lp in zip(out.scheduled, result.logprobs, strict=True) if lp}
         advanced = self.scheduler.postprocess(out, result.token_ids)
         now = time.perf_counter()
         outputs = [self._emit(seq, logprobs.get(seq.request_id), now) for seq in advanced]
         self.stats_collector.on_step(len(out.scheduled), out.num_batched_tokens, len(advanced), now - started)
         return outputs
+
+    def _start_masks(self, requests: list[SampleRequest]) -> Future[torch.Tensor] | None:
+        """Start filling the constrained rows' masks, to overlap the forward pass; None without any."""
+        constrained = [req for req in requests if req.matcher is not None]
+        if not constrained:
+            return None
+        assert self._mask_filler is not None  # made with the first matcher
+        masks = self._mask_filler.start([req.matcher for req in constrained if req.matcher is not None])
+        for req in constrained:
+            req.mask = masks
+        return masks
 
     def abort(self, request_id: str) -> RequestOutput | None:
         """Abort a request; returns its final output, or None when it is unknown or already done."""

@@ -9,6 +9,7 @@ else shares its batch.
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -23,11 +24,15 @@ if TYPE_CHECKING:
 
 @dataclass(slots=True)
 class SampleRequest:
-    """One row of the logits: how to sample it, with the request's generator (and grammar, if any)."""
+    """One row of the logits: how to sample it, with the request's generator (and grammar, if any).
+
+    `mask` is set for the step by the engine on a constrained row: the step's grammar bias
+    (`MaskFiller.start`), shared by every constrained row of the step, one bias row each in order."""
 
     params: SamplingParams
     generator: torch.Generator
     matcher: GrammarMatcher | None = None
+    mask: Future[torch.Tensor] | None = None
 
 
 @dataclass(slots=True)
@@ -51,14 +56,13 @@ def sample(logits: torch.Tensor, requests: list[SampleRequest]) -> SampleResult:
     if not requests:
         return SampleResult([], [])
     scores = logits
-    constrained = [row for row, req in enumerate(requests) if req.matcher is not None]
+    constrained = [row for row, req in enumerate(requests) if req.mask is not None]
     if constrained:  # only these rows change; logprobs still come from the raw logits
+        mask = requests[constrained[0]].mask
+        assert mask is not None
+        bias = mask.result().to(scores.device)  # filled while the forward ran
         scores = logits.clone()
-        for row in constrained:
-            matcher = requests[row].matcher
-            assert matcher is not None
-            allowed = matcher.allowed().to(scores.device)
-            scores[row].masked_fill_(~allowed, float("-inf"))
+        scores.index_add_(0, torch.tensor(constrained, device=scores.device), bias)
     tokens = torch.argmax(scores, dim=-1)
     for row, req in enumerate(requests):
         if not req.params.greedy:

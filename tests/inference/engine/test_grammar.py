@@ -36,16 +36,24 @@ def constrained(kind: str, source: str, max_tokens: int = 200, temperature: floa
     return SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=7, grammar=Grammar(kind, source))
 
 
-def test_constrained_rows_match_their_grammar_and_the_others_stay_exact(tiny_llama: Path) -> None:
+@pytest.mark.parametrize("pool", ["chunked prefill", "preempted"])
+def test_constrained_rows_match_their_grammar_and_the_others_stay_exact(tiny_llama: Path, pool: str) -> None:
+    """The masks are filled while the forward runs; rows whose prefill is chunked, whose prompt is
+    partly cached, or that were preempted and recomputed still sample under their grammar's mask."""
     loaded = load_model(str(tiny_llama), "float32", "cpu")
-    config = engine_config(tiny_llama, max_num_batched_tokens=64, prefill_chunk_size=16, num_blocks=64)
+    blocks = 64 if pool == "chunked prefill" else 16
+    config = engine_config(tiny_llama, max_num_batched_tokens=64, prefill_chunk_size=16, num_blocks=blocks)
     reference = drive(loaded, config, greedy_params())
     params = greedy_params()
     schema = json.dumps(SCHEMA)
     for i in range(0, len(MAX_TOKENS), 3):
-        params[f"r{i}"] = constrained("json_schema", schema)
-        params[f"r{i + 1}"] = constrained("regex", DIGITS, temperature=1.0)
+        params[f"r{i}"] = constrained("json_schema", schema, max_tokens=40)
+        params[f"r{i + 1}"] = constrained("regex", DIGITS, max_tokens=40, temperature=1.0)
     run = drive(loaded, config, params)
+    stats = run.engine.stats()
+    assert stats.cached_prompt_tokens > 0  # the shared prompts hit the prefix cache
+    if pool == "preempted":
+        assert stats.num_preemptions > 0, "the pool was meant to be too small for the mix"
     for rid, p in params.items():
         if p.grammar is None:
             assert run.tokens[rid] == reference.tokens[rid], rid  # untouched by the masks beside it

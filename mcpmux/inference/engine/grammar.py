@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import llguidance
 import llguidance.hf
+import numpy as np
 import torch
 
 from mcpmux.inference.engine.config import Grammar
@@ -32,7 +33,9 @@ if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions  # a TypedDict of the type stubs only
 
 # Row b: the logit bias of the 8 tokens of a bitmask byte b (bit i set: token i allowed, 0; else -inf).
-_BYTE_BIAS = torch.tensor([[0.0 if byte >> bit & 1 else float("-inf") for bit in range(8)] for byte in range(256)])
+_BYTE_BIAS = np.array(
+    [[0.0 if byte >> bit & 1 else -np.inf for bit in range(8)] for byte in range(256)], dtype=np.float32
+)
 # JSON on one line with ", " and ": ": with whitespace left free, a small model pads until max_tokens.
 JSON_LAYOUT: JsonCompileOptions = {
     "whitespace_flexible": False,
@@ -119,8 +122,9 @@ class MaskFiller:
         bitmask = torch.empty((len(matchers), self._words), dtype=torch.int32)
         targets = [(matcher, row) for row, matcher in enumerate(matchers)]
         self._executor.unsafe_compute_mask_ptr(targets, bitmask.data_ptr(), self._words * 4, len(matchers))
-        bias = torch.nn.functional.embedding(bitmask.view(torch.uint8).long(), _BYTE_BIAS)
-        return bias.reshape(len(matchers), -1)[:, : self._vocab_size]
+        # numpy, single-threaded: torch here would start a second OpenMP team beside the forward's.
+        bias = np.take(_BYTE_BIAS, bitmask.numpy().view(np.uint8), axis=0)
+        return torch.from_numpy(bias.reshape(len(matchers), -1)[:, : self._vocab_size])
 
 
 def _grammar_source(grammar: Grammar) -> str:

@@ -436,7 +436,7 @@ class Frontend:
     async def _subscribe(self, ctx: Any, params: types.SubscribeRequestParams) -> types.EmptyResult:
         session = self._seen(ctx)
         try:
-            await self.subscriptions.subscribe(session._connection, str(params.uri))
+            await self.subscriptions.subscribe(session._connection, str(params.uri), _profile_of(ctx))
         except MuxError as err:
             raise _as_mcp_error(err) from None
         return types.EmptyResult()

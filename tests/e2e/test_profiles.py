@@ -240,3 +240,25 @@ async def test_a_profile_a_reload_removed_fails_closed_with_its_name(tmp_path: P
             await client.call_tool("alpha__echo", {"text": "hi"})
         with pytest.raises(MCPError, match=r"no \[profiles\.a\] table"):
             await client.list_tools()
+
+
+async def test_a_subscription_outside_the_profile_is_an_unknown_resource(tmp_path: Path) -> None:
+    config = tmp_path / "mcp.json"
+    paged = {"command": sys.executable, "args": [str(Path(__file__).parents[1] / "servers" / "paged_server.py")]}
+    raw = {
+        "mcpServers": {"alpha": demo("alpha"), "paged": paged},
+        "profiles": {"a": {"servers": ["alpha"]}},
+        "inference": {"backend": "off"},
+    }
+    config.write_text(json.dumps(raw))
+    async with served_in_process(config) as (_, _, url):
+        async with Client(f"{url}/a", mode="legacy") as client:
+            await client.subscribe_resource("demo://x/greeting")  # alpha's: inside the profile
+            with pytest.raises(MCPError) as outside:
+                await client.subscribe_resource("paged://public")
+            with pytest.raises(MCPError) as nowhere:
+                await client.subscribe_resource("nowhere://public")
+            assert str(outside.value) == str(nowhere.value).replace("nowhere://", "paged://")
+            assert "paged://public" in str(outside.value)
+        async with Client(url, mode="legacy") as everything:
+            await everything.subscribe_resource("paged://public")  # outside no profile, it is known

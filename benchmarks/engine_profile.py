@@ -7,8 +7,8 @@ sampling, detokenization and bookkeeping, then the busiest torch operators of a 
 `--seqs` requests with `--prompt-len`-token prompts are admitted and prefilled first; the figures
 are then taken over `--steps` decode-only steps of all of them (each step one token per sequence).
 Inside the forward each kernel call is timed too (the layer matmuls, the output head, attention, the
-KV write, RMSNorm, rotary); what is left of the forward is Python and dispatch: the embedding,
-reshapes, splits and the SwiGLU product, and calling it all, layer by layer. The operator table
+KV write, RMSNorm, rotary, SwiGLU); what is left of the forward is Python and dispatch: the
+embedding, reshapes and splits, and calling it all, layer by layer. The operator table
 counts the torch operators one step dispatches.
 
 `--clock cpu` runs torch on one thread and times with that thread's CPU clock instead of the wall
@@ -40,6 +40,7 @@ from mcpmux.inference.engine import model_runner
 from mcpmux.inference.engine.config import EngineConfig, SamplingParams
 from mcpmux.inference.engine.detokenizer import IncrementalDetokenizer
 from mcpmux.inference.engine.llm_engine import LLMEngine
+from mcpmux.inference.kernels import cpu_fused
 from mcpmux.inference.models import llama
 
 CLOCK: list[Callable[[], float]] = [time.perf_counter]
@@ -79,6 +80,7 @@ def main() -> None:
     )  # fmt: skip
     engine = LLMEngine(config)
     device = engine.loaded.device
+    print(f"fused CPU kernels: {'on' if cpu_fused.wait() is not None else 'off'}")
     rng = random.Random(0)
     vocab = len(engine.loaded.tokenizer)
     params = SamplingParams(max_tokens=10_000, temperature=0.0, ignore_eos=True)
@@ -106,7 +108,7 @@ def main() -> None:
     llama.linear = timed(inner, "layer matmuls", llama.linear, device)
     llama.vocab_linear = timed(inner, "output head", llama.vocab_linear, device)
     for name, label in (("paged_attention", "attention"), ("write_kv", "KV write"), ("rms_norm", "RMSNorm"),
-                        ("rotary_embedding", "rotary")):  # fmt: skip
+                        ("rotary_embedding", "rotary"), ("silu_and_mul", "SwiGLU")):  # fmt: skip
         setattr(kernel_api, name, timed(inner, label, getattr(kernel_api, name), device))
     start = CLOCK[0]()
     for _ in range(args.steps):

@@ -8,12 +8,22 @@ imported on first use, so CPU-only processes never import triton.
 
 from __future__ import annotations
 
+from types import ModuleType
+
+import torch
 from torch import Tensor
 
-from mcpmux.inference.kernels import reference
+from mcpmux.inference.kernels import cpu_fused, reference
 from mcpmux.inference.kernels.dispatch import backend, set_backend
 
-__all__ = ["backend", "paged_attention", "rms_norm", "rotary_embedding", "set_backend", "write_kv"]
+__all__ = ["backend", "paged_attention", "rms_norm", "rotary_embedding", "set_backend", "silu_and_mul", "write_kv"]
+
+
+def _fused(tensor: Tensor) -> ModuleType | None:
+    """The fused CPU kernels where they run `tensor` (float32, on CPU, torch backend, built), else None."""
+    if tensor.dtype != torch.float32 or tensor.device.type != "cpu" or backend(tensor) != "torch":
+        return None
+    return cpu_fused.ops()
 
 
 def write_kv(key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor) -> None:
@@ -81,6 +91,10 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = No
         from mcpmux.inference.kernels.triton_norm import rms_norm as triton_rms_norm
 
         return triton_rms_norm(x, weight, eps, residual)
+    fused = _fused(x)
+    if fused is not None and x.dim() == 2 and x.stride(1) == 1 and (residual is None or residual.stride(1) == 1):
+        normed, h = fused.rms_norm(x, residual, weight, eps)
+        return normed if residual is None else (normed, h)
     return reference.rms_norm(x, weight, eps, residual)
 
 
@@ -88,10 +102,22 @@ def rotary_embedding(positions: Tensor, q: Tensor, k: Tensor, cos_sin_cache: Ten
     """NeoX/HF-Llama rotary embedding of q [T, H, D] and k [T, Hkv, D] at ``positions`` [T] int64.
 
     ``cos_sin_cache``: [max_position, rotary_dim] fp32, cos in the first half of the columns, sin in
-    the second. Returns the rotated (q, k); the Triton path rotates q and k in place.
+    the second. Returns the rotated (q, k); the Triton path and the fused CPU kernels rotate q and k in place.
     """
     if backend(q) == "triton":
         from mcpmux.inference.kernels.triton_rotary import rotary_embedding as triton_rotary
 
         return triton_rotary(positions, q, k, cos_sin_cache)
+    fused = _fused(q)
+    if fused is not None and k.dtype == torch.float32 and q.stride(2) == 1 and k.stride(2) == 1:
+        fused.rotary_(positions, q, k, cos_sin_cache)
+        return q, k
     return reference.rotary_embedding(positions, q, k, cos_sin_cache)
+
+
+def silu_and_mul(gate_up: Tensor) -> Tensor:
+    """``silu(gate) * up`` for ``gate_up`` [T, 2 * I] = [gate | up]: the SwiGLU MLP's activation, [T, I]."""
+    fused = _fused(gate_up)
+    if fused is not None and gate_up.dim() == 2 and gate_up.stride(1) == 1:
+        return fused.silu_and_mul(gate_up)
+    return reference.silu_and_mul(gate_up)

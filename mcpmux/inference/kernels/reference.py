@@ -202,6 +202,12 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = No
     return normed, h
 
 
+def silu_and_mul(gate_up: Tensor) -> Tensor:
+    """``silu(gate) * up`` for ``gate_up`` = [gate | up] along the last dimension."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
 def rotary_embedding(positions: Tensor, q: Tensor, k: Tensor, cos_sin_cache: Tensor) -> tuple[Tensor, Tensor]:
     """NeoX / HF-Llama rotary embedding (rotate_half) of the first ``rotary_dim`` features of q and k."""
     rotary_dim = cos_sin_cache.shape[1]

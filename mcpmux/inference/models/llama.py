@@ -47,6 +47,7 @@ class DecoderLayer(nn.Module):
         self.eps = float(config.rms_norm_eps)
         self.scale = self.head_dim**-0.5
         self.act = ACT2FN[config.hidden_act]
+        self.silu = config.hidden_act == "silu"
 
         def take(name: str) -> Tensor | None:
             return weights.pop(prefix + name, None)
@@ -92,8 +93,12 @@ class DecoderLayer(nn.Module):
         attn = self._attention(normed, batch, kv_cache, cos_sin_cache)
         normed, residual = kernels.rms_norm(attn, self.post_norm, self.eps, residual)
         gate_up = linear(normed, self.gate_up_weight, self.gate_up_bias)
-        gate, up = gate_up.chunk(2, dim=-1)
-        return linear(self.act(gate) * up, self.down_weight, self.down_bias), residual
+        if self.silu:
+            activated = kernels.silu_and_mul(gate_up)
+        else:
+            gate, up = gate_up.chunk(2, dim=-1)
+            activated = self.act(gate) * up
+        return linear(activated, self.down_weight, self.down_bias), residual
 
     def _attention(
         self, x: Tensor, batch: ForwardBatch, kv_cache: tuple[Tensor, Tensor], cos_sin_cache: Tensor

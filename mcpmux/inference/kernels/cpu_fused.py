@@ -1,0 +1,104 @@
+"""Fused CPU kernels for the small operators of a step: RMSNorm with its residual add, rotary, SiLU * up.
+
+On CPU a decode step of a small model is a few large products and, around them, dozens of small
+operators per layer, each paying torch's dispatch and a pass over memory; at one sequence those are
+a third of the step. The kernels here (C++ in `cpu_fused_source`) do each group in one call and
+one pass. They are compiled once per machine with `torch.utils.cpp_extension.load_inline` (gcc and
+ninja; about a minute, then cached under torch's extensions folder) in a background thread started
+by :func:`enable`, so a step never waits for the compiler: until the build is done, and wherever it
+fails, the torch reference runs. :func:`ops` is the built module, or None.
+
+`MCPMUX_CPU_KERNELS`: ``auto`` (default: fused for the builtin models, see :func:`wanted`),
+``fused`` (every float32 CPU model) or ``torch`` (never).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from types import ModuleType
+
+import torch
+
+from mcpmux.inference.errors import InvalidSettingError
+from mcpmux.inference.kernels.cpu_fused_source import FUNCTIONS, SOURCE
+
+logger = logging.getLogger(__name__)
+
+ENV_VAR = "MCPMUX_CPU_KERNELS"
+_MODES = ("auto", "fused", "torch")
+
+_lock = threading.Lock()
+_module: ModuleType | None = None
+_thread: threading.Thread | None = None
+_active = False
+
+
+def ops() -> ModuleType | None:
+    """The compiled kernels once they are built, else None (not enabled, still building, failed, disabled)."""
+    return _module if _active else None
+
+
+def disable() -> None:
+    """Run the torch kernels again in this process (the built kernels stay loaded for :func:`enable`)."""
+    global _active
+    _active = False
+
+
+def wanted(*, builtin: bool) -> bool:
+    """Whether a float32 CPU model (`builtin`: one of the builtin models) should run the fused kernels."""
+    mode = os.environ.get(ENV_VAR, "auto").strip().lower()
+    if mode not in _MODES:
+        raise InvalidSettingError(f"{ENV_VAR}={mode!r}: expected one of {', '.join(_MODES)}")
+    return mode == "fused" or (mode == "auto" and builtin)
+
+
+def enable(*, wait: bool = False) -> ModuleType | None:
+    """Start building the kernels in the background (once per process); with `wait`, wait for the build."""
+    global _thread, _active
+    with _lock:
+        _active = True
+        if _thread is None:
+            _thread = threading.Thread(target=_build, name="mcpmux-cpu-kernels", daemon=True)
+            _thread.start()
+        thread = _thread
+    if wait:
+        thread.join()
+    return ops()
+
+
+def wait() -> ModuleType | None:
+    """Wait for a build :func:`enable` started (benchmarks time the kernels a server will run); :func:`ops`."""
+    thread = _thread
+    if thread is not None:
+        thread.join()
+    return ops()
+
+
+def _build() -> None:
+    global _module
+    start = time.monotonic()
+    try:
+        # Imported here: the extension tooling is only needed where the kernels are built.
+        from torch.utils.cpp_extension import load_inline
+
+        # Named by the CPU's instruction set: `-march=native` code must not be loaded on another CPU.
+        capability = torch.backends.cpu.get_cpu_capability().lower()
+        module = load_inline(
+            f"mcpmux_cpu_fused_{capability}",
+            cpp_sources=SOURCE,
+            functions=FUNCTIONS,
+            extra_cflags=["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"],
+            extra_ldflags=["-fopenmp"],
+        )
+    except Exception as err:  # no compiler, no ninja, no headers: the torch reference serves
+        logger.warning(
+            "fused CPU kernels could not be built (%s); the torch kernels run (%s=torch skips the build)",
+            err,
+            ENV_VAR,
+        )
+        return
+    _module = module
+    logger.info("fused CPU kernels ready after %.1f s", time.monotonic() - start)

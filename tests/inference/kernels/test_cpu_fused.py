@@ -1,0 +1,81 @@
+"""The fused CPU kernels, built for real with gcc (about a minute on a fresh machine, then cached), against
+the torch reference on fresh random inputs, and the engine's fp32 greedy output with them against HF."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+from mcpmux.inference import kernels
+from mcpmux.inference.kernels import cpu_fused, reference
+from mcpmux.inference.models.loader import load_model
+from tests.inference.engine_harness import PROMPTS, drive, engine_config, greedy_params, hf_reference
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def fused() -> Iterator[ModuleType]:
+    module = cpu_fused.enable(wait=True)
+    assert module is not None, "the fused CPU kernels did not build (see the warning logged above)"
+    yield module
+    cpu_fused.disable()
+
+
+@pytest.mark.parametrize("rows", [1, 3, 64])
+@pytest.mark.parametrize("width", [64, 576, 577])
+def test_rms_norm_with_and_without_residual_matches_reference(fused: ModuleType, rows: int, width: int) -> None:
+    x, residual = torch.randn(rows, width) * 3, torch.randn(rows, width)
+    weight = torch.randn(width)
+    normed, h = kernels.rms_norm(x, weight, 1e-6, residual)
+    want_normed, want_h = reference.rms_norm(x, weight, 1e-6, residual)
+    assert torch.equal(h, want_h)
+    torch.testing.assert_close(normed, want_normed, rtol=1e-6, atol=1e-6)
+    alone = kernels.rms_norm(x, weight, 1e-6)
+    assert isinstance(alone, torch.Tensor)
+    torch.testing.assert_close(alone, reference.rms_norm(x, weight, 1e-6), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("rotary_dim", [64, 32])
+def test_rotary_rotates_q_and_k_views_in_place_bit_for_bit(fused: ModuleType, rotary_dim: int) -> None:
+    heads, kv_heads, head_dim, tokens = 9, 3, 64, 5
+    # q and k as the model hands them over: strided views into one fused QKV product.
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim)
+    q = qkv[:, : heads * head_dim].reshape(tokens, heads, head_dim)
+    k = qkv[:, heads * head_dim : (heads + kv_heads) * head_dim].reshape(tokens, kv_heads, head_dim)
+    v_before = qkv[:, (heads + kv_heads) * head_dim :].clone()
+    positions = torch.tensor([0, 1, 17, 300, 2047])
+    cos_sin = torch.randn(2048, rotary_dim)
+    want_q, want_k = reference.rotary_embedding(positions, q.clone(), k.clone(), cos_sin)
+    got_q, got_k = kernels.rotary_embedding(positions, q, k, cos_sin)
+    assert torch.equal(got_q, want_q)
+    assert torch.equal(got_k, want_k)
+    assert got_q.data_ptr() == qkv.data_ptr(), "q should be rotated where it lies"
+    assert torch.equal(qkv[:, (heads + kv_heads) * head_dim :], v_before), "v must be left alone"
+
+
+def test_silu_and_mul_matches_reference(fused: ModuleType) -> None:
+    gate_up = torch.randn(7, 2 * 1536) * 4
+    assert torch.equal(kernels.silu_and_mul(gate_up), reference.silu_and_mul(gate_up))
+
+
+def test_other_dtypes_take_the_torch_kernels(fused: ModuleType) -> None:
+    x = torch.randn(4, 64, dtype=torch.bfloat16)
+    weight = torch.randn(64, dtype=torch.bfloat16)
+    got = kernels.rms_norm(x, weight, 1e-6)
+    assert isinstance(got, torch.Tensor)
+    assert torch.equal(got, reference.rms_norm(x, weight, 1e-6))
+
+
+def test_engine_greedy_output_with_fused_kernels_equals_hf(fused: ModuleType, tiny_model_dirs: dict[str, Path]) -> None:
+    path = tiny_model_dirs["llama"]
+    ref = hf_reference(path)
+    loaded = load_model(str(path), dtype="float32", device="cpu")
+    config = engine_config(path, num_blocks=256, prefill_chunk_size=5, max_num_batched_tokens=24, max_num_seqs=8)
+    run = drive(loaded, config, greedy_params())
+    for i in range(len(PROMPTS)):
+        assert run.tokens[f"r{i}"] == ref.outputs[i], f"request r{i} ({PROMPTS[i]!r}) differs from HF"

@@ -11,7 +11,7 @@ Every request of a level is sent at once (1, 16, 64 concurrent); TPOT = (end - f
 - mcpmux: the async `Engine` (continuous batching; llguidance masks the constrained rows each step);
 - hf: `model.generate` on one left-padded static batch of that many prompts, with an llguidance
   `LogitsProcessor` (a matcher per row, consume the last token, fill the bitmask, apply it): the
-  code a user of transformers would write. Its TPOT is the batch's time per step after the first.
+  code a user of transformers would write. Its TPOT is the median time between two steps' logits.
 
     python benchmarks/structured.py                   # builtin SmolLM2-135M on CPU (~5 min on 2 cores)
     python benchmarks/structured.py --quick           # tiny random model, a smoke run
@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 from dataclasses import replace
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -125,8 +126,20 @@ class GuidanceProcessor:
         return scores
 
 
+class StepClock:
+    """The last logits processor of a `generate` call: notes when each step's logits are done."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        self.times.append(time.perf_counter())
+        return scores
+
+
 def hf_tpot(model: Any, tokenizer: Any, prompts: list[Any], new_tokens: int, grammar: str | None) -> tuple[float, int]:
-    """TPOT (s) of one static batch and the steps it ran: (time - time of a 1-token run) / (steps - 1)."""
+    """TPOT (s) of one static batch and the steps it ran: the median time between two steps' logits
+    (one decode step each, masks included), as a streaming client would see tokens arrive."""
     import llguidance
     import llguidance.hf
 
@@ -135,23 +148,22 @@ def hf_tpot(model: Any, tokenizer: Any, prompts: list[Any], new_tokens: int, gra
     vocab = model.config.vocab_size
     lltok = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab)
 
-    def run(limit: int) -> tuple[float, int]:
+    def run(limit: int) -> StepClock:
+        clock = StepClock()
         kwargs: dict[str, Any] = {"max_new_tokens": limit, "do_sample": False, "pad_token_id": tokenizer.pad_token_id}
         if grammar is not None:
             pristine = llguidance.LLMatcher(lltok, grammar, log_level=0)
-            processor = GuidanceProcessor([pristine.deep_copy() for _ in prompts], vocab)
-            kwargs["logits_processor"] = [processor]
+            kwargs["logits_processor"] = [GuidanceProcessor([pristine.deep_copy() for _ in prompts], vocab), clock]
         else:
             kwargs["min_new_tokens"] = limit
-        started = time.perf_counter()
+            kwargs["logits_processor"] = [clock]
         with torch.inference_mode():
-            out = model.generate(**batch, **kwargs)
-        return time.perf_counter() - started, out.shape[1] - batch["input_ids"].shape[1]
+            model.generate(**batch, **kwargs)
+        return clock
 
     run(2)  # warm-up: the first generate of a shape pays for allocations
-    first, _ = run(1)
-    total, steps = run(new_tokens)
-    return (total - first) / max(1, steps - 1), steps
+    times = run(new_tokens).times
+    return statistics.median(b - a for a, b in pairwise(times)), len(times)
 
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:

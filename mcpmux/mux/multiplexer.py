@@ -87,10 +87,10 @@ class Mux:
         )
         self.metrics = MuxMetrics(self)  # Prometheus /metrics; its collectors read the parts at scrape time
         self.dispatchers: dict[str, UpstreamDispatcher] = {}
-        for name, server in config.enabled_servers.items():
-            self._add_upstream(name, server)
         self.tasks = TaskRelay(self.upstreams)
         """The tasks clients created through mcpmux (2025-11-25), by mcpmux's ids."""
+        for name, server in config.enabled_servers.items():
+            self._add_upstream(name, server)
         self.calls = CallTracker()  # client calls in flight: shutdown drains them, a reload cancels some
         self._lifetimes: dict[str, UpstreamLifetime] = {}  # each upstream stops alone (reload)
         self._reload_lock = anyio.Lock()
@@ -212,6 +212,7 @@ class Mux:
             ),
             elicitation_complete=requests.elicitation_complete,
             resource_updated=self._on_resource_updated,
+            task_status=self.tasks.status,
         )
         upstream = Upstream(name, server, self.config.mux, events)
         self.upstreams[name] = upstream

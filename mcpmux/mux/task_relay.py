@@ -6,13 +6,16 @@ the upstream created is adopted here under a new id, `<upstream>.<random>`, owne
 that created it. `tasks/get`, `tasks/result` and `tasks/cancel` name that id and are passed on to
 the upstream under its own; `tasks/list` lists the caller's tasks. Another client's task id, or
 one mcpmux never gave out, is "not found", exactly as an id that never existed: nothing tells a
-client that another's task exists. Ids are kept for the most recent `MAX_TASKS` tasks.
+client that another's task exists. An upstream's `notifications/tasks/status` goes to the task's
+owner alone, under mcpmux's id (`listener`, set by the front that can reach the owner). Ids are
+kept for the most recent `MAX_TASKS` tasks.
 """
 
 from __future__ import annotations
 
+import logging
 import secrets
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +27,12 @@ from mcpmux.errors import MuxError
 from mcpmux.upstream.supervisor import Upstream
 from mcpmux.upstream.tasks import with_related_task
 
+logger = logging.getLogger(__name__)
+
 MAX_TASKS = 10_000
+
+StatusListener = Callable[[str, dict[str, Any]], Awaitable[None]]
+"""Sends `notifications/tasks/status` with these params to the client that owns the task (its owner id)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,14 +48,28 @@ class TaskRelay:
     def __init__(self, upstreams: Mapping[str, Upstream]) -> None:
         self._upstreams = upstreams
         self._tasks: LRUCache[str, _Adopted] = LRUCache(maxsize=MAX_TASKS)
+        self._ids: LRUCache[tuple[str, str], str] = LRUCache(maxsize=MAX_TASKS)
+        """mcpmux's id for each (upstream, the upstream's task id)."""
+        self.listener: StatusListener | None = None
 
     def adopt(self, upstream: str, created: dict[str, Any], owner: str) -> dict[str, Any]:
         """An upstream's raw `CreateTaskResult` for `owner`'s call, as the client gets it: under mcpmux's id."""
         task = dict(created["task"])
         task_id = f"{upstream}.{secrets.token_hex(12)}"
         self._tasks[task_id] = _Adopted(upstream, str(task["taskId"]), owner)
+        self._ids[(upstream, str(task["taskId"]))] = task_id
         task["taskId"] = task_id
         return {**created, "task": task}
+
+    async def status(self, upstream: str, params: dict[str, Any]) -> None:
+        """An upstream's `notifications/tasks/status`: to the task's owner under mcpmux's id, if it is a client's."""
+        task_id = self._ids.get((upstream, str(params.get("taskId"))))
+        adopted = self._tasks.get(task_id) if task_id is not None else None
+        if adopted is None or self.listener is None:
+            # Not a task a client created through mcpmux (one mcpmux runs for a "required" tool, say).
+            logger.debug("upstream %r: status of task %r, which no client owns", upstream, params.get("taskId"))
+            return
+        await self.listener(adopted.owner, {**params, "taskId": task_id})
 
     async def get(self, owner: str, task_id: str) -> types.GetTaskResult:
         adopted = self._find(owner, task_id)

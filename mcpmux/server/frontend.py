@@ -224,6 +224,7 @@ class Frontend:
         self.server.add_request_handler("tasks/result", types.GetTaskPayloadRequestParams, self._task_result)
         self.server.add_request_handler("tasks/cancel", types.CancelTaskRequestParams, self._cancel_task)
         self.server.add_request_handler("tasks/list", types.PaginatedRequestParams, self._list_tasks)
+        mux.tasks.listener = self._task_status
 
     def _seen(self, ctx: Any) -> ServerSession:
         session: ServerSession = ctx.session
@@ -417,6 +418,16 @@ class Frontend:
             connection = known[0] if len(known) == 1 else None
         wanted = self._log_levels.get(connection) if connection is not None else None
         return wanted is None or _LOG_ORDER.index(level) >= _LOG_ORDER.index(wanted)
+
+    async def _task_status(self, owner: str, params: dict[str, Any]) -> None:
+        """`notifications/tasks/status` to the client that owns the task: on stdio, or on its HTTP session's stream."""
+        if owner == TASK_OWNER_STDIO:
+            stdio = self._stdio_front.connection if self._stdio_front is not None else None
+            connections = [stdio] if stdio is not None else []
+        else:
+            connections = [c for c in list(self._connections) if c.session_id and task_owner(c.session_id) == owner]
+        for connection in connections:
+            await connection.notify("notifications/tasks/status", params)
 
     async def _initialized(self, ctx: Any, params: types.NotificationParams) -> None:
         """A 2025 client is ready; one that declared roots may change what upstreams' `roots/list` gets."""

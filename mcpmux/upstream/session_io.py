@@ -39,17 +39,26 @@ class Listing:
         self.tools_by_name = {tool.name: tool for tool in self.tools}
 
 
+TaskStatusFn = Callable[[dict[str, Any]], Awaitable[None]]
+"""Told the params of each `notifications/tasks/status` an upstream sends."""
+TASK_STATUS = "notifications/tasks/status"
+
+
 class _WatchedReadStream:
     """Delegates to the transport's read stream and sets `ended` when the stream ends.
 
     Messages that answer a fast-path call are handed to the `lane` instead (see `mcpmux.upstream.lane`);
-    on stdio, mcpmux's transport already took them off the wire.
+    on stdio, mcpmux's transport already took them off the wire. `notifications/tasks/status`, which
+    the SDK's client session drops (its tables leave it out), goes to `task_status`.
     """
 
-    def __init__(self, inner: Any, ended: anyio.Event, lane: UpstreamLane | None = None) -> None:
+    def __init__(
+        self, inner: Any, ended: anyio.Event, lane: UpstreamLane | None = None, task_status: TaskStatusFn | None = None
+    ) -> None:
         self._inner = inner
         self._ended = ended
         self._lane = lane
+        self._task_status = task_status
 
     def __getattr__(self, name: str) -> Any:  # e.g. `last_context`, read by the SDK's dispatcher
         return getattr(self._inner, name)
@@ -60,8 +69,13 @@ class _WatchedReadStream:
                 if self._lane is not None:
                     self._lane.caught_up()
                 item = await self._inner.receive()
-                if self._lane is None or not self._lane.divert(item):
-                    return item
+                if self._lane is not None and self._lane.divert(item):
+                    continue
+                message = getattr(item, "message", None)
+                if self._task_status is not None and getattr(message, "method", None) == TASK_STATUS:
+                    await self._task_status(getattr(message, "params", None) or {})
+                    continue
+                return item
         except (anyio.EndOfStream, anyio.ClosedResourceError):
             self._end()
             raise
@@ -97,17 +111,22 @@ class WatchedTransport:
     """Wraps an SDK transport so that the end of its read stream (a dead child, a dropped server) is seen."""
 
     def __init__(
-        self, inner: AbstractAsyncContextManager[Any], ended: anyio.Event, lane: UpstreamLane | None = None
+        self,
+        inner: AbstractAsyncContextManager[Any],
+        ended: anyio.Event,
+        lane: UpstreamLane | None = None,
+        task_status: TaskStatusFn | None = None,
     ) -> None:
         self._inner = inner
         self._ended = ended
         self._lane = lane
+        self._task_status = task_status
 
     async def __aenter__(self) -> tuple[Any, Any]:
         read_stream, write_stream = await self._inner.__aenter__()
         if self._lane is not None and self._lane.send is None:  # mcpmux's stdio transport attached its own
             self._lane.attach(session_sender(write_stream))
-        return _WatchedReadStream(read_stream, self._ended, self._lane), write_stream
+        return _WatchedReadStream(read_stream, self._ended, self._lane, self._task_status), write_stream
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None

@@ -74,6 +74,8 @@ class UpstreamEvents:
     elicitation_complete: Callable[[str, types.ElicitCompleteNotificationParams], Awaitable[None]] | None = None
     # `notifications/resources/updated` from this upstream: (upstream, uri).
     resource_updated: Callable[[str, str], Awaitable[None]] | None = None
+    # `notifications/tasks/status` from this upstream: (upstream, the notification's params).
+    task_status: Callable[[str, dict[str, Any]], Awaitable[None]] | None = None
 
 
 @dataclass(slots=True)
@@ -242,10 +244,10 @@ class Upstream:
         config = self.config
         if config.transport == "stdio":
             child = stdio_transport(config.command or "", list(config.args), self._child_env(), config.cwd, lane)
-            transport = WatchedTransport(child, health.lost, lane)
+            transport = WatchedTransport(child, health.lost, lane, self._on_task_status)
         else:
             endpoint = http_transport(config.url or "", dict(config.headers), lane, self.oauth)
-            transport = WatchedTransport(endpoint, health.lost, lane)
+            transport = WatchedTransport(endpoint, health.lost, lane, self._on_task_status)
         client = Client(
             transport,
             mode=self.config.protocol,
@@ -284,6 +286,10 @@ class Upstream:
 
     async def _on_log(self, params: types.LoggingMessageNotificationParams) -> None:
         await self.events.log(self.name, params)
+
+    async def _on_task_status(self, params: dict[str, Any]) -> None:
+        if self.events.task_status is not None:
+            await self.events.task_status(self.name, params)
 
     async def _on_message(self, message: Any) -> None:
         if isinstance(message, Exception):

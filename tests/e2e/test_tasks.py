@@ -15,11 +15,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import anyio
+import httpx2
 import pytest
 
-from tests.e2e.conftest import EVERYTHING, PY, everything_available
+from tests.e2e.conftest import EVERYTHING, PY, everything_available, mux_over_http
 
-pytestmark = pytest.mark.skipif(not everything_available(), reason="server-everything is not installed")
+pytestmark = [
+    pytest.mark.skipif(not everything_available(), reason="server-everything is not installed"),
+    pytest.mark.anyio,
+]
 RESEARCH = "everything__simulate-research-query"
 
 
@@ -99,6 +104,11 @@ def test_a_task_created_through_mcpmux_is_followed_and_answered_under_mcpmux_id(
         assert "# Research Report: bees" in report["content"][0]["text"]
         assert report["_meta"]["io.modelcontextprotocol/related-task"] == {"taskId": task_id}
         assert session.request("tasks/get", {"taskId": task_id})["result"]["status"] == "completed"
+        # The upstream's status notifications reach the client under mcpmux's id, the last one "completed".
+        statuses = [n["params"] for n in session.notifications if n.get("method") == "notifications/tasks/status"]
+        assert statuses, "no notifications/tasks/status reached the client"
+        assert {status["taskId"] for status in statuses} == {task_id}
+        assert statuses[-1]["status"] == "completed"
 
 
 def test_a_task_can_be_cancelled_and_an_unknown_id_is_not_found(tmp_path: Path) -> None:
@@ -116,3 +126,54 @@ def test_a_task_can_be_cancelled_and_an_unknown_id_is_not_found(tmp_path: Path) 
         plain = session.request("tools/call", _research("wasps"))["result"]
         assert "# Research Report: wasps" in plain["content"][0]["text"]
         assert "_meta" not in plain or "io.modelcontextprotocol/related-task" not in plain["_meta"]
+
+
+def _messages(response: httpx2.Response) -> list[dict[str, Any]]:
+    """The JSON-RPC messages of a response, JSON or an event stream."""
+    if response.headers.get("content-type", "").startswith("application/json"):
+        return [response.json()]
+    return [json.loads(line[5:]) for line in response.text.splitlines() if line.startswith("data:")]
+
+
+async def test_a_tasks_status_reaches_its_http_session_on_its_stream(tmp_path: Path) -> None:
+    """Over HTTP, a 2025 session's task status notifications arrive on that session's GET stream."""
+    config = tmp_path / "mcpmux.toml"
+    config.write_text(
+        f'[inference]\nbackend = "off"\n[servers.everything]\ncommand = "node"\nargs = ["{EVERYTHING}", "stdio"]\n'
+    )
+    accept = {"accept": "application/json, text/event-stream", "mcp-protocol-version": "2025-11-25"}
+    streamed: list[dict[str, Any]] = []
+    with mux_over_http(config) as url:
+        async with httpx2.AsyncClient(timeout=30) as http:
+
+            async def post(message: dict[str, Any], headers: dict[str, str]) -> list[dict[str, Any]]:
+                response = await http.post(url, json={"jsonrpc": "2.0", **message}, headers=headers)
+                response.raise_for_status()
+                return _messages(response) if response.status_code != 202 else []
+
+            hello = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}
+            response = await http.post(
+                url, json={"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello}, headers=accept
+            )
+            headers = {**accept, "mcp-session-id": response.headers["mcp-session-id"]}
+            await post({"method": "notifications/initialized"}, headers)
+
+            async def listen() -> None:
+                async with http.stream("GET", url, headers={**headers, "accept": "text/event-stream"}) as stream:
+                    async for line in stream.aiter_lines():
+                        if line.startswith("data:"):
+                            streamed.append(json.loads(line[5:]))
+
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(listen)
+                await anyio.sleep(0.5)  # the stream is open before the task starts
+                call = {"id": 2, "method": "tools/call", "params": {**_research("moths"), "task": {"ttl": 60000}}}
+                task_id = (await post(call, headers))[-1]["result"]["task"]["taskId"]
+                await post({"id": 3, "method": "tasks/result", "params": {"taskId": task_id}}, headers)
+                with anyio.fail_after(10):
+                    while not any(m.get("params", {}).get("status") == "completed" for m in streamed):
+                        await anyio.sleep(0.1)
+                tasks.cancel_scope.cancel()
+    statuses = [m["params"] for m in streamed if m.get("method") == "notifications/tasks/status"]
+    assert {status["taskId"] for status in statuses} == {task_id}
+    assert task_id.startswith("everything.")

@@ -1,15 +1,19 @@
-"""Who may reach mcpmux over HTTP: the `[http]` security settings, read and checked once at start.
+"""Who may reach mcpmux over HTTP: the `[http]` security settings, read and checked at start.
 
-`EdgePolicy.load` resolves the bearer tokens (from an environment variable or a file: `[http]`'s,
-and each `[profiles.NAME]`'s, which bind their tokens to that profile), the allowed Host and Origin
-names, the profiles served at `/mcp/NAME` and the limits; `prepare_edge` also refuses to serve a non-loopback address
-without tokens unless told to. `mcpmux.server.http_edge.HttpEdge` enforces the policy on every request.
+`[http]` changes take effect at a restart (a reload reports them); the profiles and their tokens
+follow a reload (`EdgePolicy.reloaded`). `EdgePolicy.load` resolves the bearer tokens (from an
+environment variable or a file: `[http]`'s, and each `[profiles.NAME]`'s, which bind their tokens
+to that profile), the allowed Host and Origin names, the profiles served at `/mcp/NAME` and the
+limits; `prepare_edge` also refuses to serve a non-loopback address without tokens unless told to.
+`mcpmux.server.http_edge.HttpEdge` enforces the policy on every request.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hmac
 import ipaddress
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -19,6 +23,8 @@ from urllib.parse import urlsplit
 from mcpmux.core.config import Config
 from mcpmux.core.oauth_settings import ResourceServerSettings
 from mcpmux.errors import ConfigError, MuxError
+
+logger = logging.getLogger(__name__)
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 
@@ -98,6 +104,38 @@ class EdgePolicy:
             oauth=http.oauth,
         )
 
+    def reloaded(self, config: Config, environ: Mapping[str, str] | None = None) -> EdgePolicy:
+        """This policy with `config`'s profiles and their tokens read again (a token file too); `[http]`'s
+        tokens stay as loaded at start. A token keeps its index (which sessions and rate limits are
+        keyed by) while it stays bound to the same profile; a token removed or bound elsewhere leaves
+        a slot no request matches. If a profile's tokens cannot be read, no profile token is accepted
+        until a reload reads them (logged, naming the key)."""
+        try:
+            fresh = _profile_tokens(config, os.environ if environ is None else environ, self._http_tokens())
+        except ConfigError as err:
+            logger.error("config reload: %s; until it is fixed, no [profiles] token is accepted", err)
+            fresh = []
+        wanted = {token.encode(): profile for token, profile in fresh}
+        tokens, bound = list(self.tokens), list(self.token_profiles)
+        for index, (token, profile) in enumerate(zip(self.tokens, self.token_profiles, strict=True)):
+            if profile is not None and wanted.get(token, _GONE) != profile:
+                tokens[index], bound[index] = b"", None  # b"" matches no presented token
+            elif profile is not None:
+                del wanted[token]
+        for token, profile in wanted.items():
+            tokens.append(token)
+            bound.append(profile)
+        return dataclasses.replace(
+            self, tokens=tuple(tokens), token_profiles=tuple(bound), profiles=frozenset(config.profiles)
+        )
+
+    def _http_tokens(self) -> dict[str, str]:
+        return {
+            token.decode(): "http"
+            for token, profile in zip(self.tokens, self.token_profiles, strict=True)
+            if token and profile is None
+        }
+
     def host_allowed(self, host: str | None) -> bool:
         if self.any_host:
             return True
@@ -126,7 +164,7 @@ class EdgePolicy:
         given = presented.strip().encode()
         found = None
         for index, token in enumerate(self.tokens):
-            if hmac.compare_digest(token, given):
+            if hmac.compare_digest(token, given) and token:
                 found = index
         return found
 
@@ -138,7 +176,12 @@ def _load_tokens(config: Config, environ: Mapping[str, str]) -> list[tuple[str, 
     tokens: list[tuple[str, str | None]] = [
         (token, None) for token in _tokens_of(config, "http", http.auth_token_env, http.auth_token_file, environ)
     ]
-    seen = {token: "http" for token, _ in tokens}
+    return tokens + _profile_tokens(config, environ, {token: "http" for token, _ in tokens})
+
+
+def _profile_tokens(config: Config, environ: Mapping[str, str], seen: dict[str, str]) -> list[tuple[str, str | None]]:
+    """Each `[profiles.NAME]`'s tokens and NAME; `seen`: the tokens taken already, and where from."""
+    tokens: list[tuple[str, str | None]] = []
     for name, profile in config.profiles.items():
         where = f"profiles.{name}"
         for token in _tokens_of(config, where, profile.auth_token_env, profile.auth_token_file, environ):
@@ -149,6 +192,9 @@ def _load_tokens(config: Config, environ: Mapping[str, str]) -> list[tuple[str, 
                 )
             tokens.append((token, name))
     return tokens
+
+
+_GONE = object()
 
 
 def _tokens_of(config: Config, where: str, env: str | None, file: str | None, environ: Mapping[str, str]) -> list[str]:

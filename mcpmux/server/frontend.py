@@ -42,7 +42,7 @@ from sse_starlette.sse import AppStatus
 from starlette.types import ASGIApp
 
 from mcpmux import __version__
-from mcpmux.core.config import ServerConfig
+from mcpmux.core.config import Config, ServerConfig
 from mcpmux.core.metrics import metrics_route
 from mcpmux.errors import MuxError, UnknownToolError, UpstreamError
 from mcpmux.mux.fast_path import FastPath
@@ -516,10 +516,15 @@ class Frontend:
             app.router.routes.append(openai_mount(inference))
         app.router.routes.append(metrics_route(self.mux.metrics.registry))
         if not self.mux.config.mux.fast_path:
-            return HttpEdge(app, policy=policy, mcp_path=path), None
+            return HttpEdge(app, policy=policy, mcp_path=path, config=self._running_config), None
         fast = FastPathMiddleware(app, self._fast_path(), self.server.session_manager, path=path)
-        edge = HttpEdge(fast, policy=policy, mcp_path=path)  # outermost: in front of every route
+        # outermost: in front of every route
+        edge = HttpEdge(fast, policy=policy, mcp_path=path, config=self._running_config)
         return edge, HttpFastFront(fast, edge)
+
+    def _running_config(self) -> Config:
+        """The Mux's config, replaced by each reload (the HTTP edge follows its profiles and their tokens)."""
+        return self.mux.config
 
     async def serve_http(
         self,

@@ -27,11 +27,13 @@ import json
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from cachetools import LRUCache
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from mcpmux.core.config import Config
 from mcpmux.server.edge_policy import EdgePolicy
 from mcpmux.server.oauth_resource import TokenChecker
 
@@ -62,9 +64,19 @@ _OPENAI_TYPES = {
 class HttpEdge:
     """The security checks (module docstring) in front of `app`; `mcp_path` gets JSON-RPC error bodies."""
 
-    def __init__(self, app: ASGIApp, policy: EdgePolicy, mcp_path: str | None = None) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        policy: EdgePolicy,
+        mcp_path: str | None = None,
+        config: Callable[[], Config] | None = None,
+    ) -> None:
+        """`config`: the running config; when a reload replaces it, the profiles and their tokens are read
+        again (`EdgePolicy.reloaded`) before the next request is checked."""
         self.app = app
         self.policy = policy
+        self._config = config
+        self._followed = config() if config is not None else None
         self.mcp_path = mcp_path.rstrip("/") if mcp_path else None
         self.limiter = RateLimiter(policy.rate_limit, policy.rate_burst)
         self.binds = bool(policy.tokens or policy.profiles)
@@ -178,6 +190,10 @@ class HttpEdge:
 
     def _read(self, scope: Scope) -> tuple[dict[str, str], int | None]:
         """The headers the checks read, and which configured token the request carries (None: none, or none set)."""
+        if self._config is not None and (config := self._config()) is not self._followed:
+            self._followed = config
+            self.policy = self.policy.reloaded(config)
+            self.binds = bool(self.policy.tokens or self.policy.profiles)
         # ASGI servers give header names in lower case; only the few the checks read are decoded.
         headers = {key.decode(): value.decode("latin-1") for key, value in scope["headers"] if key in _READ}
         return headers, self.policy.client_of(headers.get("authorization")) if self.policy.tokens else None

@@ -229,6 +229,22 @@ def test_profile_tokens_are_read_like_http_ones_and_one_token_has_one_profile() 
         config_from_dict({"profiles": {"a b": {}}})
 
 
+def test_a_reload_that_cannot_read_profile_tokens_accepts_none_of_them(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    tokens = tmp_path / "p.tokens"
+    tokens.write_text("profile-token\n")
+    config = config_from_dict({"http": {"auth_token_env": "ANY"}, "profiles": {"p": {"auth_token_file": str(tokens)}}})
+    policy = EdgePolicy.load(config, "127.0.0.1", environ={"ANY": "t1"})
+    assert policy.client_of("Bearer profile-token") == 1
+    tokens.unlink()
+    reloaded = policy.reloaded(config, environ={"ANY": "t1"})
+    assert reloaded.client_of("Bearer profile-token") is None
+    assert reloaded.client_of("Bearer t1") == 0  # [http]'s tokens stay as loaded at start
+    assert f"profiles.p.auth_token_file: cannot read {tokens}" in caplog.text
+    assert "no [profiles] token is accepted" in caplog.text
+
+
 async def test_a_profile_a_reload_removed_fails_closed_with_its_name(tmp_path: Path) -> None:
     config = tmp_path / "mcp.json"
     raw = {"mcpServers": {"alpha": demo("alpha")}, "profiles": {"a": {}}, "inference": {"backend": "off"}}
@@ -236,9 +252,10 @@ async def test_a_profile_a_reload_removed_fails_closed_with_its_name(tmp_path: P
     async with served_in_process(config) as (mux, _, url), Client(f"{url}/a", mode="legacy") as client:
         assert text_of(await client.call_tool("alpha__echo", {"text": "hi"})) == "alpha: hi"
         await mux.reload(config_from_dict({**raw, "profiles": {}}))
-        with pytest.raises(MCPError, match=r"no \[profiles\.a\] table \(profiles defined: none\)"):
+        # The edge follows the reload: the path of a removed profile is one no profile serves.
+        with pytest.raises(MCPError, match=r"no profile 'a' is defined \(profiles defined: none\)"):
             await client.call_tool("alpha__echo", {"text": "hi"})
-        with pytest.raises(MCPError, match=r"no \[profiles\.a\] table"):
+        with pytest.raises(MCPError, match=r"no profile 'a' is defined"):
             await client.list_tools()
 
 
@@ -262,3 +279,35 @@ async def test_a_subscription_outside_the_profile_is_an_unknown_resource(tmp_pat
             assert "paged://public" in str(outside.value)
         async with Client(url, mode="legacy") as everything:
             await everything.subscribe_resource("paged://public")  # outside no profile, it is known
+
+
+async def test_a_reload_rereads_profile_tokens_and_keeps_sessions_of_tokens_it_kept(tmp_path: Path) -> None:
+    kept, dropped, added, for_b = (f"reload-test-{name}-token-0123456789" for name in ("kept", "dropped", "added", "b"))
+    a_file, b_file = tmp_path / "a.tokens", tmp_path / "b.tokens"
+    a_file.write_text(f"{kept}\n{dropped}\n")
+    b_file.write_text(f"{for_b}\n")
+    config = tmp_path / "mcp.json"
+    raw: dict[str, Any] = {
+        "mcpServers": {"alpha": demo("alpha"), "beta": demo("beta")},
+        "profiles": {"a": {"servers": ["alpha"], "auth_token_file": str(a_file)}},
+        "inference": {"backend": "off"},
+    }
+    config.write_text(json.dumps(raw))
+    async with served_in_process(config) as (mux, _, url), bearer_client(url, kept, "legacy") as before:
+        assert text_of(await before.call_tool("alpha__echo", {"text": "hi"})) == "alpha: hi"
+        a_file.write_text(f"{kept}\n{added}\n")  # `dropped` revoked, `added` new
+        raw["profiles"]["b"] = {"servers": ["beta"], "auth_token_file": str(b_file)}
+        await mux.reload(config_from_dict(raw))
+        # The session opened with a token the reload kept goes on, inside its profile.
+        assert text_of(await before.call_tool("alpha__echo", {"text": "still"})) == "alpha: still"
+        async with httpx2.AsyncClient(timeout=30.0) as http:
+            revoked = await http.post(url, headers={**HEADERS, "authorization": f"Bearer {dropped}"}, json=INITIALIZE)
+            assert revoked.status_code == 401
+        async with bearer_client(url, added, "legacy") as client:
+            assert text_of(await client.call_tool("alpha__echo", {"text": "new"})) == "alpha: new"
+            with pytest.raises(MCPError, match="unknown tool 'beta__echo'"):
+                await client.call_tool("beta__echo", {"text": "x"})
+        async with bearer_client(f"{url}/b", for_b, "legacy") as client:  # a profile the reload added
+            assert text_of(await client.call_tool("beta__echo", {"text": "b"})) == "beta: b"
+            with pytest.raises(MCPError, match="unknown tool 'alpha__echo'"):
+                await client.call_tool("alpha__echo", {"text": "x"})

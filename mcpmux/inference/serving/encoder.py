@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -19,6 +20,7 @@ import torch
 from transformers import AutoModel, AutoTokenizer
 
 from mcpmux.inference.errors import EngineError
+from mcpmux.inference.serving.bert_encoder import pack
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +52,19 @@ def resolve_folder(spec: str) -> Path:
             "sentence-transformers folder or builtin:all-minilm-l6-v2"
         )
     return folder
+
+
+def use_one_intraop_thread() -> None:
+    """Run this thread's torch ops on one intra-op thread, leaving the other threads' count as it was.
+
+    `torch.set_num_threads` sets the calling thread's OpenMP team size and also the count that threads
+    making their first torch op later start with; that count is put back from a short-lived thread.
+    """
+    default = torch.get_num_threads()
+    torch.set_num_threads(1)
+    restore = threading.Thread(target=torch.set_num_threads, args=(default,), name="mcpmux-torch-threads")
+    restore.start()
+    restore.join()
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +134,7 @@ class EmbeddingModel:
         except (OSError, ValueError) as exc:
             raise EmbeddingModelError(f"could not load embedding model {spec!r} from {folder}: {exc}") from exc
         self.dimension = int(self.model.config.hidden_size)
+        self.packed = pack(self.model) if self.device.type == "cpu" else None
         self.padding = PaddingCounter()
         self.forward_passes = 0
 
@@ -145,11 +161,15 @@ class EmbeddingModel:
         self.padding.pad_tokens += int(mask.numel() - mask.sum())
         self.forward_passes += 1
         with torch.inference_mode():
-            states = self.model(input_ids=input_ids, attention_mask=mask).last_hidden_state
+            if self.packed is not None:
+                states = self.packed(input_ids, None if longest == min(len(x) for x in batch) else mask)
+            else:
+                states = self.model(input_ids=input_ids, attention_mask=mask).last_hidden_state
             pooled = self._pool(states, mask.unsqueeze(-1).to(states.dtype))
             if self.pooling.normalize:
                 pooled = torch.nn.functional.normalize(pooled, p=2, dim=-1)
-        return [[float(v) for v in row] for row in pooled.cpu()]
+        vectors: list[list[float]] = pooled.cpu().tolist()
+        return vectors
 
     def _pool(self, states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         if self.pooling.mode == "cls":

@@ -5,10 +5,12 @@ pooling follows the model's sentence-transformers config, and mistakes are expla
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import anyio
 import pytest
+import torch
 
 from mcpmux.inference.serving.embeddings import Embedder
 from mcpmux.inference.serving.encoder import (
@@ -18,6 +20,7 @@ from mcpmux.inference.serving.encoder import (
     length_buckets,
     read_pooling,
     resolve_folder,
+    use_one_intraop_thread,
 )
 from mcpmux.inference.serving.settings import EmbeddingSettings
 
@@ -118,6 +121,40 @@ def test_vectors_are_normalized_and_mean_pooled_as_the_model_says(model: Embeddi
     # What the model is for: related sentences land close, unrelated ones far.
     assert cosine(food, bread) > 0.6
     assert cosine(food, baby) < 0.3
+
+
+def test_packed_forward_gives_the_transformers_models_vectors(model: EmbeddingModel) -> None:
+    assert model.packed is not None  # all-MiniLM-L6-v2 is a plain BERT
+    ids = model.tokenize(MIXED)
+    longest = max(len(x) for x in ids)
+    input_ids = torch.tensor([x + [0] * (longest - len(x)) for x in ids])
+    mask = torch.tensor([[1] * len(x) + [0] * (longest - len(x)) for x in ids])
+    with torch.inference_mode():
+        reference = model.model(input_ids=input_ids, attention_mask=mask).last_hidden_state
+        packed = model.packed(input_ids, mask)
+        alone = model.packed(input_ids[:1, : len(ids[0])], None)
+    real = mask.unsqueeze(-1).bool()
+    assert torch.allclose(packed.masked_fill(~real, 0), reference.masked_fill(~real, 0), atol=1e-4)
+    assert torch.allclose(alone, reference[:1, : len(ids[0])], atol=1e-4)
+
+
+def test_one_intraop_thread_stays_on_the_thread_that_asked_for_it() -> None:
+    default = torch.get_num_threads()
+    seen: dict[str, int] = {}
+
+    def embedder_thread() -> None:
+        use_one_intraop_thread()
+        seen["embedder"] = torch.get_num_threads()
+
+    def later_thread() -> None:
+        seen["later"] = torch.get_num_threads()
+
+    for target in (embedder_thread, later_thread):
+        thread = threading.Thread(target=target)
+        thread.start()
+        thread.join()
+    assert seen == {"embedder": 1, "later": default}
+    assert torch.get_num_threads() == default
 
 
 def test_long_texts_are_truncated_to_the_models_max_length(model: EmbeddingModel) -> None:

@@ -15,6 +15,7 @@ which the serving engine shares; the one-thread setting stays on the embedder's 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -23,8 +24,6 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import anyio
-import anyio.from_thread
-import anyio.lowlevel
 import anyio.to_thread
 
 from mcpmux.batching import BatchPolicy, DynamicBatcher
@@ -134,17 +133,10 @@ def _one_thread() -> None:
 
 
 async def _on(executor: ThreadPoolExecutor, fn: Callable[[], list[list[float]]]) -> list[list[float]]:
-    """`fn()` on `executor`'s thread; like `anyio.to_thread.run_sync`, a cancelled caller waits for it."""
-    token = anyio.lowlevel.current_token()
-    done = anyio.Event()
-
-    def job() -> list[list[float]]:
-        try:
-            return fn()
-        finally:
-            anyio.from_thread.run_sync(done.set, token=token)
-
-    future = executor.submit(job)
+    """`fn()` on `executor`'s thread; like `anyio.to_thread.run_sync`, a cancelled caller waits for it.
+    The thread hands the result to the event loop without waiting for the loop to take it (asyncio's
+    `wrap_future`), as anyio's own worker threads do."""
+    future = executor.submit(fn)
     with anyio.CancelScope(shield=True):
-        await done.wait()
+        await asyncio.wait([asyncio.wrap_future(future)])
     return future.result()

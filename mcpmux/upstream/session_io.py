@@ -12,10 +12,12 @@ from typing import Any
 
 import anyio
 import mcp_types as types
-from anyio.abc import TaskStatus
+from anyio.abc import TaskGroup, TaskStatus
 from mcp import Client
 from mcp.shared.exceptions import MCPError
+from mcp.shared.message import SessionMessage
 
+from mcpmux.upstream.client_tasks import Answer, ClientTasks, declare, session_writer
 from mcpmux.upstream.lane import UpstreamLane, session_sender
 
 logger = logging.getLogger(__name__)
@@ -53,12 +55,18 @@ class _WatchedReadStream:
     """
 
     def __init__(
-        self, inner: Any, ended: anyio.Event, lane: UpstreamLane | None = None, task_status: TaskStatusFn | None = None
+        self,
+        inner: Any,
+        ended: anyio.Event,
+        lane: UpstreamLane | None = None,
+        task_status: TaskStatusFn | None = None,
+        tasks: ClientTasks | None = None,
     ) -> None:
         self._inner = inner
         self._ended = ended
         self._lane = lane
         self._task_status = task_status
+        self._tasks = tasks
 
     def __getattr__(self, name: str) -> Any:  # e.g. `last_context`, read by the SDK's dispatcher
         return getattr(self._inner, name)
@@ -75,6 +83,10 @@ class _WatchedReadStream:
                 if self._task_status is not None and getattr(message, "method", None) == TASK_STATUS:
                     await self._task_status(getattr(message, "params", None) or {})
                     continue
+                if self._tasks is not None and isinstance(message, types.JSONRPCRequest):
+                    request = {"id": message.id, "method": message.method, "params": message.params}
+                    if await self._tasks.take(request):
+                        continue
                 return item
         except (anyio.EndOfStream, anyio.ClosedResourceError):
             self._end()
@@ -107,8 +119,39 @@ class _WatchedReadStream:
         await self.aclose()
 
 
+class _DeclaringWriteStream:
+    """The transport's write stream, with mcpmux's task capability added to the `initialize` it carries."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def send(self, item: SessionMessage) -> None:
+        message = item.message
+        if isinstance(message, types.JSONRPCRequest) and message.method == "initialize":
+            data = declare(message.model_dump(by_alias=True, mode="json", exclude_none=True))
+            item = SessionMessage(types.jsonrpc_message_adapter.validate_python(data), metadata=item.metadata)
+        await self._inner.send(item)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    async def __aenter__(self) -> _DeclaringWriteStream:
+        await self._inner.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> bool | None:
+        result: bool | None = await self._inner.__aexit__(*exc)
+        return result
+
+
 class WatchedTransport:
-    """Wraps an SDK transport so that the end of its read stream (a dead child, a dropped server) is seen."""
+    """Wraps an SDK transport so that the end of its read stream (a dead child, a dropped server) is seen.
+
+    With `answer_task`, the session takes sampling and elicitation as tasks (`mcpmux.upstream.client_tasks`).
+    """
 
     def __init__(
         self,
@@ -116,17 +159,26 @@ class WatchedTransport:
         ended: anyio.Event,
         lane: UpstreamLane | None = None,
         task_status: TaskStatusFn | None = None,
+        answer_task: Answer | None = None,
     ) -> None:
         self._inner = inner
         self._ended = ended
         self._lane = lane
         self._task_status = task_status
+        self._answer_task = answer_task
+        self._group: TaskGroup | None = None
 
     async def __aenter__(self) -> tuple[Any, Any]:
         read_stream, write_stream = await self._inner.__aenter__()
         if self._lane is not None and self._lane.send is None:  # mcpmux's stdio transport attached its own
             self._lane.attach(session_sender(write_stream))
-        return _WatchedReadStream(read_stream, self._ended, self._lane, self._task_status), write_stream
+        tasks = None
+        if self._answer_task is not None:
+            self._group = anyio.create_task_group()
+            await self._group.__aenter__()
+            tasks = ClientTasks(self._answer_task, session_writer(write_stream), self._group)
+            write_stream = _DeclaringWriteStream(write_stream)
+        return _WatchedReadStream(read_stream, self._ended, self._lane, self._task_status, tasks), write_stream
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -134,6 +186,9 @@ class WatchedTransport:
         self._ended.set()
         if self._lane is not None:
             self._lane.close()
+        if self._group is not None:
+            self._group.cancel_scope.cancel()
+            await self._group.__aexit__(None, None, None)
         return await self._inner.__aexit__(exc_type, exc, tb)
 
 

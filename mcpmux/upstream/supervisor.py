@@ -35,6 +35,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from mcpmux.core.config import MuxSettings, ServerConfig
 from mcpmux.core.output_schema import result_error, sdk_problem
 from mcpmux.errors import UpstreamError, UpstreamTimeoutError, UpstreamUnavailableError
+from mcpmux.upstream.client_tasks import TaskFailed
 from mcpmux.upstream.http_transport import http_transport
 from mcpmux.upstream.lane import UpstreamLane
 from mcpmux.upstream.oauth.upstream_auth import NeedsLoginError, needs_login, upstream_oauth
@@ -244,10 +245,10 @@ class Upstream:
         config = self.config
         if config.transport == "stdio":
             child = stdio_transport(config.command or "", list(config.args), self._child_env(), config.cwd, lane)
-            transport = WatchedTransport(child, health.lost, lane, self._on_task_status)
+            transport = WatchedTransport(child, health.lost, lane, self._on_task_status, self._answer_task)
         else:
             endpoint = http_transport(config.url or "", dict(config.headers), lane, self.oauth)
-            transport = WatchedTransport(endpoint, health.lost, lane, self._on_task_status)
+            transport = WatchedTransport(endpoint, health.lost, lane, self._on_task_status, self._answer_task)
         client = Client(
             transport,
             mode=self.config.protocol,
@@ -286,6 +287,22 @@ class Upstream:
 
     async def _on_log(self, params: types.LoggingMessageNotificationParams) -> None:
         await self.events.log(self.name, params)
+
+    async def _answer_task(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        """What a sampling or elicitation request the upstream asked as a task is answered with."""
+        answer: Any
+        if method == "sampling/createMessage" and self.events.sampling is not None:
+            sampling = types.CreateMessageRequestParams.model_validate(params)
+            answer = await self.events.sampling(None, sampling)  # type: ignore[arg-type]  # the callbacks take no context
+        elif method == "elicitation/create" and self.events.elicitation is not None:
+            elicitation = types.ElicitRequest.model_validate({"method": method, "params": params}).params
+            answer = await self.events.elicitation(None, elicitation)  # type: ignore[arg-type]
+        else:
+            raise TaskFailed({"code": types.METHOD_NOT_FOUND, "message": f"mcpmux does not answer {method}"})
+        if isinstance(answer, types.ErrorData):
+            raise TaskFailed(answer.model_dump(mode="json", exclude_none=True))
+        result: dict[str, Any] = answer.model_dump(by_alias=True, mode="json", exclude_none=True)
+        return result
 
     async def _on_task_status(self, params: dict[str, Any]) -> None:
         if self.events.task_status is not None:

@@ -17,9 +17,10 @@ from typing import Any
 
 import anyio
 import httpx2
+import mcp_types as types
 import pytest
 
-from tests.e2e.conftest import EVERYTHING, PY, everything_available, mux_over_http
+from tests.e2e.conftest import EVERYTHING, PY, everything_available, mux_over_http, mux_over_stdio, text_of
 
 pytestmark = [
     pytest.mark.skipif(not everything_available(), reason="server-everything is not installed"),
@@ -177,3 +178,43 @@ async def test_a_tasks_status_reaches_its_http_session_on_its_stream(tmp_path: P
     statuses = [m["params"] for m in streamed if m.get("method") == "notifications/tasks/status"]
     assert {status["taskId"] for status in statuses} == {task_id}
     assert task_id.startswith("everything.")
+
+
+async def test_an_upstream_asks_for_sampling_as_a_task_and_the_calling_client_answers(tmp_path: Path) -> None:
+    """server-everything's `-async` tools: mcpmux takes the upstream's sampling request as a task of its own,
+    the client whose call caused it answers it, and the upstream polls the task to its result."""
+    config = tmp_path / "mcpmux.toml"
+    config.write_text(
+        f'[inference]\nbackend = "off"\n[servers.everything]\ncommand = "node"\nargs = ["{EVERYTHING}", "stdio"]\n'
+    )
+    asked: list[str] = []
+
+    async def sample(context: Any, params: types.CreateMessageRequestParams) -> types.CreateMessageResult:
+        asked.append(params.messages[0].content.text)  # type: ignore[union-attr]
+        return types.CreateMessageResult(
+            role="assistant", content=types.TextContent(type="text", text="sampled by the client"), model="client-llm"
+        )
+
+    async with mux_over_stdio(config, mode="legacy", sampling_callback=sample) as client:
+        names = {tool.name for tool in (await client.list_tools()).tools}
+        assert {"everything__trigger-sampling-request-async", "everything__trigger-elicitation-request-async"} <= names
+        result = await client.call_tool("everything__trigger-sampling-request-async", {"prompt": "a haiku"})
+    text = text_of(result)
+    assert not result.is_error, text
+    assert text.startswith("[COMPLETED] Async sampling completed!"), text
+    assert "Task created: mcpmux-" in text  # the upstream polled mcpmux's task
+    assert "sampled by the client" in text
+    assert asked == ["Resource trigger-sampling-request-async context: a haiku"]
+
+
+async def test_an_elicitation_task_for_a_client_that_cannot_answer_is_declined(tmp_path: Path) -> None:
+    """A client that declared no elicitation gets the documented fallback in a task too: declined."""
+    config = tmp_path / "mcpmux.toml"
+    config.write_text(
+        f'[inference]\nbackend = "off"\n[servers.everything]\ncommand = "node"\nargs = ["{EVERYTHING}", "stdio"]\n'
+    )
+    async with mux_over_stdio(config, mode="legacy") as client:
+        result = await client.call_tool("everything__trigger-elicitation-request-async", {})
+    text = text_of(result)
+    assert text.startswith("[DECLINED] User declined to provide the requested information."), text
+    assert "Task created: mcpmux-" in text

@@ -36,8 +36,17 @@ def write_kv(key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_
         from mcpmux.inference.kernels.triton_kv import write_kv as triton_write_kv
 
         triton_write_kv(key, value, k_cache, v_cache, slot_mapping)
+        return
+    fused = _fused(key)
+    if fused is not None and value.dtype == k_cache.dtype == torch.float32 and _rows_contiguous(key, value):
+        fused.write_kv_(key, value, k_cache, v_cache, slot_mapping)
     else:
         reference.write_kv(key, value, k_cache, v_cache, slot_mapping)
+
+
+def _rows_contiguous(*tensors: Tensor) -> bool:
+    """Whether each [T, H, D] tensor's heads lie one after another within a row (a row slice of a product)."""
+    return all(t.stride(2) == 1 and t.stride(1) == t.shape[2] for t in tensors)
 
 
 def paged_attention(
@@ -78,6 +87,13 @@ def paged_attention(
             max_seq_len,
             out,
         )
+    fused = _fused(q)
+    # A decode step (one query row per sequence) reads the cache in place; prefill rows take the reference.
+    if fused is not None and max_query_len == 1 and q.shape[0] == seq_lens.shape[0] and k_cache.dtype == q.dtype:
+        attended = fused.decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale)
+        if out is None:
+            return attended
+        return out.copy_(attended)
     return reference.paged_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out)
 
 

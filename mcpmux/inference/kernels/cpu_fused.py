@@ -1,4 +1,5 @@
-"""Fused CPU kernels for the small operators of a step: RMSNorm with its residual add, rotary, SiLU * up.
+"""Fused CPU kernels for the small operators of a step: RMSNorm with its residual add, rotary, the KV
+write, SiLU * up, and decode attention read through the block tables (no gathered copy of the context).
 
 On CPU a decode step of a small model is a few large products and, around them, dozens of small
 operators per layer, each paying torch's dispatch and a pass over memory; at one sequence those are
@@ -14,6 +15,7 @@ fails, the torch reference runs. :func:`ops` is the built module, or None.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import threading
@@ -34,6 +36,7 @@ _lock = threading.Lock()
 _module: ModuleType | None = None
 _thread: threading.Thread | None = None
 _active = False
+_CFLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"]
 
 
 def ops() -> ModuleType | None:
@@ -45,6 +48,9 @@ def disable() -> None:
     """Run the torch kernels again in this process (the built kernels stay loaded for :func:`enable`)."""
     global _active
     _active = False
+
+
+_CFLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"]
 
 
 def wanted(*, builtin: bool) -> bool:
@@ -84,13 +90,16 @@ def _build() -> None:
         # Imported here: the extension tooling is only needed where the kernels are built.
         from torch.utils.cpp_extension import load_inline
 
-        # Named by the CPU's instruction set: `-march=native` code must not be loaded on another CPU.
+        # Named by the CPU's instruction set (`-march=native` code must not be loaded on another CPU)
+        # and by the source and flags, so that processes running different versions of mcpmux never
+        # build into, or load from, each other's folder.
         capability = torch.backends.cpu.get_cpu_capability().lower()
+        digest = hashlib.sha256(repr((SOURCE, FUNCTIONS, _CFLAGS)).encode()).hexdigest()[:12]
         module = load_inline(
-            f"mcpmux_cpu_fused_{capability}",
+            f"mcpmux_cpu_fused_{capability}_{digest}",
             cpp_sources=SOURCE,
             functions=FUNCTIONS,
-            extra_cflags=["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"],
+            extra_cflags=_CFLAGS,
             extra_ldflags=["-fopenmp"],
         )
     except Exception as err:  # no compiler, no ninja, no headers: the torch reference serves

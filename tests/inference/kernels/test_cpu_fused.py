@@ -79,3 +79,37 @@ def test_engine_greedy_output_with_fused_kernels_equals_hf(fused: ModuleType, ti
     run = drive(loaded, config, greedy_params())
     for i in range(len(PROMPTS)):
         assert run.tokens[f"r{i}"] == ref.outputs[i], f"request r{i} ({PROMPTS[i]!r}) differs from HF"
+
+
+@pytest.mark.parametrize(("heads", "kv_heads"), [(9, 3), (4, 4), (8, 2)])
+def test_decode_attention_reads_the_paged_cache_like_the_reference(
+    fused: ModuleType, heads: int, kv_heads: int
+) -> None:
+    block, head_dim = 4, 64
+    seq_lens = torch.tensor([1, 4, 5, 13, 40], dtype=torch.int32)
+    k_cache, v_cache = torch.randn(2, 64, block, kv_heads, head_dim).unbind(0)
+    # Each sequence's blocks scattered over the pool, the table padded with zeros.
+    order = torch.randperm(64, generator=torch.Generator().manual_seed(1)).tolist()
+    width = -(-int(seq_lens.max()) // block)
+    tables = torch.zeros(len(seq_lens), width, dtype=torch.int32)
+    for i, length in enumerate(seq_lens.tolist()):
+        for b in range(-(-length // block)):
+            tables[i, b] = order.pop()
+    q = torch.randn(len(seq_lens), heads, head_dim)
+    starts = torch.arange(len(seq_lens) + 1, dtype=torch.int32)
+    args = (q, k_cache, v_cache, tables, seq_lens, starts, head_dim**-0.5)
+    want = reference.paged_attention(*args)
+    got = kernels.paged_attention(*args, 1, int(seq_lens.max()))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_write_kv_scatters_rows_and_skips_negative_slots(fused: ModuleType) -> None:
+    kv = torch.randn(4, 2 * 3 * 64)
+    key, value = kv[:, : 3 * 64].reshape(4, 3, 64), kv[:, 3 * 64 :].reshape(4, 3, 64)
+    slots = torch.tensor([5, -1, 0, 31])
+    caches = [torch.zeros(4, 8, 3, 64) for _ in range(4)]
+    reference.write_kv(key, value, caches[0], caches[1], slots)
+    kernels.write_kv(key, value, caches[2], caches[3], slots)
+    assert torch.equal(caches[2], caches[0])
+    assert torch.equal(caches[3], caches[1])
+    assert int((caches[2].flatten(0, 1).abs().sum((1, 2)) > 0).sum()) == 3

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from mcp import Client
 
 from mcpmux import Mux
 from mcpmux.inference.engine.async_engine import Engine
 from mcpmux.inference.engine.config import EngineConfig, SamplingParams
-from tests.e2e.conftest import mux_over_stdio, text_of
+from tests.e2e.conftest import demo, mux_over_stdio, text_of
 from tests.inference.tiny_models import build_tiny_model
 
 pytestmark = pytest.mark.anyio
@@ -116,3 +118,36 @@ async def test_default_namespace_and_chat_messages_in_the_library(tiny_model: Pa
     assert text_of(result) == await engine_text(tiny_model, messages, 6)
     assert off.is_error
     assert "embeddings are off" in text_of(off)
+
+
+async def test_other_calls_are_answered_while_the_first_model_loads(
+    tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The first `generate` brings torch in and loads the model; nothing else waits for that."""
+    config = tmp_path_factory.mktemp("first_load") / "mcpmux.toml"
+    python, script = demo("alpha")["command"], demo("alpha")["args"][0]
+    alpha = f'[servers.alpha]\ncommand = "{python}"\nargs = ["{script}", "alpha"]\n'
+    config.write_text(config_text(tiny_model) + alpha)
+    echo_seconds: list[float] = []
+    async with mux_over_stdio(config, mode="legacy") as session:
+        assert text_of(await session.call_tool("alpha__echo", {"text": "warm"})) == "alpha: warm"
+        loading = anyio.Event()
+
+        async def first_generate() -> None:
+            started = time.monotonic()
+            result = await session.call_tool("local__generate", {"prompt": "hi", "max_tokens": 2})
+            assert not result.is_error, text_of(result)
+            echo_seconds.append(time.monotonic() - started)  # last: the whole first generate
+            loading.set()
+
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(first_generate)
+            await anyio.sleep(0.3)
+            while not loading.is_set():
+                started = time.monotonic()
+                assert text_of(await session.call_tool("alpha__echo", {"text": "x"})) == "alpha: x"
+                echo_seconds.insert(0, time.monotonic() - started)
+                await anyio.sleep(0.1)
+    *echoes, generate = echo_seconds
+    assert len(echoes) >= 2, f"the first generate took {generate:.1f}s and only {len(echoes)} echo ran meanwhile"
+    assert max(echoes) < generate / 4, f"an echo waited {max(echoes):.1f}s of the first generate's {generate:.1f}s"

@@ -120,12 +120,12 @@ class InferenceService:
             engine = self._engines.get(name)
             if engine is not None:
                 return engine
-            # Imported here: torch and transformers come in with the first model, not with the service.
-            from mcpmux.inference.engine.async_engine import Engine
-
             model = self._models[name]
             log.info("loading model %s (%s)", name, model.model)
-            engine = await Engine.start(
+            # Torch and transformers come in with the first model, not with the service, and off the
+            # event loop: importing them takes seconds, and every other call would wait that long.
+            engine_class = await anyio.to_thread.run_sync(_engine_class)
+            engine = await engine_class.start(
                 EngineConfig(
                     model=model.model,
                     dtype=model.dtype,
@@ -310,3 +310,9 @@ def source_of(spec: str) -> str:
         f"{spec} ({model.description}) from the {model.distribution} package ({builtin.gguf_path(model)}), "
         f"{converted} to {folder}"
     )
+
+
+def _engine_class() -> type[Engine]:
+    from mcpmux.inference.engine.async_engine import Engine
+
+    return Engine

@@ -72,10 +72,8 @@ class Embedder:
         """The loaded model, loading it (off the event loop) the first time."""
         async with self._load_lock:
             if self._model is None:
-                from mcpmux.inference.serving.encoder import EmbeddingModel  # torch is imported on first use
-
                 log.info("loading embedding model %s", self.settings.model)
-                self._model = await anyio.to_thread.run_sync(EmbeddingModel, self.settings.model, self._device)
+                self._model = await anyio.to_thread.run_sync(_load_model, self.settings.model, self._device)
             return self._model
 
     async def embed(self, texts: list[str]) -> list[list[float]]:
@@ -124,6 +122,13 @@ class Embedder:
             "mean_batch_size": batcher.mean_batch_size,
             "batcher": asdict(batcher),
         }
+
+
+def _load_model(name: str, device: str) -> EmbeddingModel:
+    """The model, torch imported with it on first use: in a worker thread, as it takes seconds."""
+    from mcpmux.inference.serving.encoder import EmbeddingModel
+
+    return EmbeddingModel(name, device)
 
 
 def _one_thread() -> None:

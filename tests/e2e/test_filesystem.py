@@ -45,8 +45,9 @@ def _roots_of(folder: Path) -> Callable[[Any], Awaitable[types.ListRootsResult]]
 
 
 async def _allowed(client: Client, expected: Path) -> str:
-    """server-filesystem's allowed directories, once the roots have reached it (they arrive after connecting)."""
-    with anyio.fail_after(15):
+    """server-filesystem's allowed directories, once the roots have reached it (they arrive after connecting;
+    on a loaded host node's start alone has taken over 10 s)."""
+    with anyio.fail_after(40):
         while True:
             listed = text_of(await client.call_tool("fs__list_allowed_directories", {}))
             if str(expected) in listed:

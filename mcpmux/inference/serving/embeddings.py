@@ -34,8 +34,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SMALL_BATCH_CHARS = 2048
-"""Batches of up to this many characters (about 500 tokens) run on one intra-op thread."""
+SMALL_BATCH_CHARS = 512
+"""Batches of up to this many characters (about 130 tokens) run on one intra-op thread; larger ones
+keep torch's thread count, so that a host with idle cores shares their products among them."""
 
 
 class Embedder:

@@ -36,7 +36,10 @@ _lock = threading.Lock()
 _module: ModuleType | None = None
 _thread: threading.Thread | None = None
 _active = False
-_CFLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"]
+# No -fopenmp: the kernels run on the calling thread. With it, their parallel loops would start a
+# second OpenMP runtime (the system's, beside the one torch ships), whose threads torch's thread
+# setting does not reach.
+_CFLAGS = ["-O3", "-march=native", "-ffp-contract=off"]
 
 
 def ops() -> ModuleType | None:
@@ -50,7 +53,10 @@ def disable() -> None:
     _active = False
 
 
-_CFLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"]
+# No -fopenmp: the kernels run on the calling thread. With it, their parallel loops would start a
+# second OpenMP runtime (the system's, beside the one torch ships), whose threads torch's thread
+# setting does not reach.
+_CFLAGS = ["-O3", "-march=native", "-ffp-contract=off"]
 
 
 def wanted(*, builtin: bool) -> bool:
@@ -100,7 +106,6 @@ def _build() -> None:
             cpp_sources=SOURCE,
             functions=FUNCTIONS,
             extra_cflags=_CFLAGS,
-            extra_ldflags=["-fopenmp"],
         )
     except Exception as err:  # no compiler, no ninja, no headers: the torch reference serves
         logger.warning(

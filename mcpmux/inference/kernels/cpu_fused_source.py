@@ -10,7 +10,6 @@ than the reference (SDPA's blocked softmax), so both match it to rounding.
 
 SOURCE = r"""
 #include <torch/extension.h>
-#include <ATen/Parallel.h>
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -52,8 +51,8 @@ std::vector<torch::Tensor> rms_norm(torch::Tensor x, c10::optional<torch::Tensor
   auto out = torch::empty({rows, n}, x.options());
   const float* w = weight.data_ptr<float>();
   const float epsf = static_cast<float>(eps);
-  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
+  {
+    for (int64_t r = 0; r < rows; ++r) {
       float* hr = h.data_ptr<float>() + r * h.stride(0);
       if (residual.has_value()) {
         const float* xr = x.data_ptr<float>() + r * x.stride(0);
@@ -64,7 +63,7 @@ std::vector<torch::Tensor> rms_norm(torch::Tensor x, c10::optional<torch::Tensor
       float* o = out.data_ptr<float>() + r * n;
       for (int64_t i = 0; i < n; ++i) o[i] = w[i] * (hr[i] * inv);
     }
-  });
+  }
   return {out, h};
 }
 
@@ -82,8 +81,8 @@ void rotary_(torch::Tensor positions, torch::Tensor q, torch::Tensor k, torch::T
   for (torch::Tensor* t : {&q, &k}) {
     const int64_t heads = t->size(1), s0 = t->stride(0), s1 = t->stride(1);
     float* base = t->data_ptr<float>();
-    at::parallel_for(0, tokens, 8, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
+    {
+      for (int64_t i = 0; i < tokens; ++i) {
         const float* c = cos_sin.data_ptr<float>() + pos[i] * rotary;
         const float* s = c + half;
         for (int64_t head = 0; head < heads; ++head) {
@@ -95,7 +94,7 @@ void rotary_(torch::Tensor positions, torch::Tensor q, torch::Tensor k, torch::T
           }
         }
       }
-    });
+    }
   }
 }
 
@@ -149,10 +148,10 @@ torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Te
     TORCH_CHECK(lens[s] >= 1 && lens[s] <= max_blocks * block, "sequence ", s,
                 " has a context its block table cannot hold");
   }
-  at::parallel_for(0, seqs * kv_heads, 1, [&](int64_t begin, int64_t end) {
+  {
     std::vector<float> scores;
     std::vector<float> acc(group * dim);
-    for (int64_t item = begin; item < end; ++item) {
+    for (int64_t item = 0; item < seqs * kv_heads; ++item) {
       const int64_t s = item / kv_heads, kvh = item % kv_heads, len = lens[s];
       const int32_t* table = tables + s * max_blocks;
       const float* qs = qp + s * qs0 + kvh * group * qs1;
@@ -180,7 +179,7 @@ torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Te
       }
       std::copy(acc.begin(), acc.end(), op + (s * heads + kvh * group) * dim);
     }
-  });
+  }
   return out;
 }
 

@@ -118,7 +118,8 @@ class MaskFiller:
 
     def _fill(self, matchers: list[llguidance.LLMatcher]) -> torch.Tensor:
         bitmask = torch.empty((len(matchers), self._words), dtype=torch.int32)
-        # One by one: llguidance's parallel executor took 5-10x longer for 64 rows on a busy 2-core host.
+        # One by one, on this thread: for 64 rows llguidance's parallel executor was no faster on 2
+        # cores, and 5-10x slower while other jobs kept them busy (benchmarks/structured_libs.py).
         for row, matcher in enumerate(matchers):
             matcher.unsafe_compute_mask_ptr(bitmask[row].data_ptr(), self._words * 4)  # without the GIL
         # numpy, single-threaded: torch here would start a second OpenMP team beside the forward's.

@@ -12,6 +12,8 @@ import pytest
 import torch
 
 import mcpmux.inference.kernels as kernels
+from mcpmux.inference.errors import InvalidSettingError
+from mcpmux.inference.kernels import cpu_fused
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -78,3 +80,18 @@ def test_forcing_triton_on_cpu_without_interpreter_says_how_to_fix() -> None:
     )
     assert "TRITON_INTERPRET=1" in run.stdout
     assert "MCPMUX_KERNELS=torch" in run.stdout
+
+
+def test_fused_cpu_kernels_default_to_the_builtin_models_and_a_bad_setting_says_what_is_expected(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(cpu_fused.ENV_VAR, raising=False)
+    assert cpu_fused.wanted(builtin=True)
+    assert not cpu_fused.wanted(builtin=False)
+    monkeypatch.setenv(cpu_fused.ENV_VAR, "Fused")
+    assert cpu_fused.wanted(builtin=False)
+    monkeypatch.setenv(cpu_fused.ENV_VAR, "torch")
+    assert not cpu_fused.wanted(builtin=True)
+    monkeypatch.setenv(cpu_fused.ENV_VAR, "fast")
+    with pytest.raises(InvalidSettingError, match="expected one of auto, fused, torch"):
+        cpu_fused.wanted(builtin=True)

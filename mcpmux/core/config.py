@@ -255,6 +255,18 @@ class Config(_Model):
     def enabled_servers(self) -> dict[str, ServerConfig]:
         return {name: server for name, server in self.servers.items() if server.enabled}
 
+    def path_of(self, file: str) -> Path:
+        """A file the config names (a token file): `~` expanded, a relative one beside the config file."""
+        path = Path(file).expanduser()
+        source = Path(self.source)
+        return path if path.is_absolute() or not source.is_file() else source.parent / path
+
+    @property
+    def profile_token_files(self) -> list[Path]:
+        """The `[profiles.NAME] auth_token_file`s, which a reload reads again."""
+        files = {profile.auth_token_file for profile in self.profiles.values() if profile.auth_token_file}
+        return [self.path_of(file) for file in sorted(files)]
+
 
 def load_config(path: str | Path, environ: dict[str, str] | None = None) -> Config:
     """Read, expand and validate a config file (`.toml` or `.json`); raise `ConfigError` on any problem."""

@@ -221,7 +221,7 @@ class ConfigReloader:
     async def watch(self) -> None:
         """Poll the file every `interval` seconds; reload once a change has held still for one interval
         (so a half-written file is not read), while `[mux] reload` is true. Runs until cancelled."""
-        pending: tuple[int, int, int] | None = None
+        pending: tuple[tuple[int, int, int] | None, ...] | None = None
         while True:
             await anyio.sleep(self.interval)
             if not self.mux.config.mux.reload:
@@ -235,9 +235,17 @@ class ConfigReloader:
                 pending = None
                 await self.reload()
 
-    def _signature(self) -> tuple[int, int, int] | None:
-        try:
-            stat = os.stat(self.path)
-        except OSError:
+    def _signature(self) -> tuple[tuple[int, int, int] | None, ...] | None:
+        """The file's, and its profiles' token files' (a token file changed alone reloads too)."""
+        own = _stat(self.path)
+        if own is None:
             return None  # mid-replace, or deleted: the running config stays until a readable file is back
-        return (stat.st_mtime_ns, stat.st_size, stat.st_ino)
+        return (own, *(_stat(file) for file in self.mux.config.profile_token_files))
+
+
+def _stat(path: Path) -> tuple[int, int, int] | None:
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return (stat.st_mtime_ns, stat.st_size, stat.st_ino)

@@ -17,7 +17,6 @@ import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from urllib.parse import urlsplit
 
 from mcpmux.core.config import Config
@@ -208,9 +207,7 @@ def _tokens_of(config: Config, where: str, env: str | None, file: str | None, en
             )
         tokens += found
     if file is not None:
-        source = Path(config.source)
-        path = Path(file).expanduser()
-        path = path if path.is_absolute() or not source.is_file() else source.parent / path
+        path = config.path_of(file)
         try:
             lines = path.read_text(encoding="utf-8").splitlines()
         except (OSError, UnicodeDecodeError) as err:

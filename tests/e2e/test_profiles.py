@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx2
 import pytest
 from mcp import Client
@@ -20,6 +21,7 @@ from mcp.shared.exceptions import MCPError
 from mcpmux.core.config import config_from_dict
 from mcpmux.errors import ConfigError, UnknownToolError
 from mcpmux.mux.multiplexer import Mux
+from mcpmux.mux.reload import ConfigReloader
 from mcpmux.server.edge_policy import EdgePolicy
 from tests.e2e.conftest import bearer_client, demo, served_in_process, text_of
 
@@ -311,3 +313,32 @@ async def test_a_reload_rereads_profile_tokens_and_keeps_sessions_of_tokens_it_k
             assert text_of(await client.call_tool("beta__echo", {"text": "b"})) == "beta: b"
             with pytest.raises(MCPError, match="unknown tool 'alpha__echo'"):
                 await client.call_tool("alpha__echo", {"text": "x"})
+
+
+async def test_a_token_file_changed_alone_is_read_again_by_the_watcher(tmp_path: Path) -> None:
+    """Rotating a profile's token in its file, the config untouched, takes effect without a SIGHUP."""
+    old, new = "rotation-test-old-token-0123456789", "rotation-test-new-token-0123456789"
+    tokens = tmp_path / "a.tokens"
+    tokens.write_text(f"{old}\n")
+    config = tmp_path / "mcp.json"
+    raw = {
+        "mcpServers": {"alpha": demo("alpha")},
+        "profiles": {"a": {"servers": ["alpha"], "auth_token_file": "a.tokens"}},  # beside the config
+        "inference": {"backend": "off"},
+    }
+    config.write_text(json.dumps(raw))
+    async with served_in_process(config) as (mux, _, url), anyio.create_task_group() as tasks:
+        tasks.start_soon(ConfigReloader(mux, config, interval=0.2).watch)
+        async with httpx2.AsyncClient(timeout=30.0) as http:
+
+            async def status(token: str) -> int:
+                headers = {**HEADERS, "authorization": f"Bearer {token}"}
+                return (await http.post(url, headers=headers, json=INITIALIZE)).status_code
+
+            assert (await status(old), await status(new)) == (200, 401)
+            tokens.write_text(f"{new}\n")
+            with anyio.fail_after(10):
+                while await status(new) != 200:
+                    await anyio.sleep(0.1)
+            assert await status(old) == 401
+        tasks.cancel_scope.cancel()

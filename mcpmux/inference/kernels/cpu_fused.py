@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import shutil
 import threading
 import time
 from types import ModuleType
@@ -89,12 +90,26 @@ def wait() -> ModuleType | None:
     return ops()
 
 
+def _find_ninja() -> None:
+    """Put the `ninja` package's binary on PATH (torch runs `ninja` from there) where none is on it yet:
+    mcpmux's own environment need not be activated, as under `make run` or a client's launch."""
+    if shutil.which("ninja") is not None:
+        return
+    try:
+        import ninja
+    except ImportError:
+        return  # the build fails with torch's words for it, and the torch kernels serve
+    os.environ["PATH"] = os.pathsep.join([ninja.BIN_DIR, os.environ.get("PATH", "")])
+
+
 def _build() -> None:
     global _module
     start = time.monotonic()
     try:
         # Imported here: the extension tooling is only needed where the kernels are built.
         from torch.utils.cpp_extension import load_inline
+
+        _find_ninja()
 
         # Named by the CPU's instruction set (`-march=native` code must not be loaded on another CPU)
         # and by the source and flags, so that processes running different versions of mcpmux never

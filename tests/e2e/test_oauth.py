@@ -271,13 +271,15 @@ async def test_a_lapsing_token_is_refreshed_and_a_refused_one_after_its_401(
     monkeypatch.setenv("MCPMUX_HOME", str(tmp_path / "home"))
     config = _config(tmp_path / "mcpmux.toml", "py", py_server)
     await _log_in(config)
-    record, first = _record(tmp_path / "home")
+    record, _ = _record(tmp_path / "home")
     async with Mux.from_config(config) as mux:
         before = await _refreshes(mux)
-        await anyio.sleep(TTL - 0.3)  # within the last tenth of its life: refreshed before it is sent
+        _, current = _record(tmp_path / "home")  # refreshed already if starting took most of its life
+        # Into the last tenth of its life (the margin mcpmux refreshes within): refreshed before it is sent.
+        await anyio.sleep(max(0.0, current["expires_at"] - TTL / 20 - time.time()))
         assert await _refreshes(mux) == before + 1
         _, second = _record(tmp_path / "home")
-        assert second["token"]["access_token"] != first["token"]["access_token"]
+        assert second["token"]["access_token"] != current["token"]["access_token"]
         assert stat.S_IMODE(record.stat().st_mode) == 0o600
         # A token the server no longer takes (401): refreshed with the stored refresh token, sent again.
         record.write_text(json.dumps({**second, "token": {**second["token"], "access_token": "refused"}}))

@@ -29,7 +29,6 @@ import anyio
 import mcp_types as types
 from anyio.abc import TaskGroup
 from cachetools import TTLCache
-from mcp.shared.message import SessionMessage
 
 logger = logging.getLogger(__name__)
 
@@ -194,12 +193,3 @@ class ClientTasks:
 
     async def _respond(self, request_id: types.RequestId, member: dict[str, Any]) -> None:
         await self._write({"jsonrpc": "2.0", "id": request_id, **member})
-
-
-def session_writer(write_stream: Any) -> Write:
-    """A `Write` onto an SDK transport's write stream (of `SessionMessage`s)."""
-
-    async def write(message: dict[str, Any]) -> None:
-        await write_stream.send(SessionMessage(types.jsonrpc_message_adapter.validate_python(message)))
-
-    return write

@@ -17,7 +17,7 @@ from mcp import Client
 from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
 
-from mcpmux.upstream.client_tasks import Answer, ClientTasks, declare, session_writer
+from mcpmux.upstream.client_tasks import Answer, ClientTasks, declare
 from mcpmux.upstream.lane import UpstreamLane, session_sender
 
 logger = logging.getLogger(__name__)
@@ -176,7 +176,8 @@ class WatchedTransport:
         if self._answer_task is not None:
             self._group = anyio.create_task_group()
             await self._group.__aenter__()
-            tasks = ClientTasks(self._answer_task, session_writer(write_stream), self._group)
+            send = session_sender(write_stream)
+            tasks = ClientTasks(self._answer_task, lambda message: send(message, None), self._group)
             write_stream = _DeclaringWriteStream(write_stream)
         return _WatchedReadStream(read_stream, self._ended, self._lane, self._task_status, tasks), write_stream
 

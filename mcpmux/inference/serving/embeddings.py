@@ -78,9 +78,18 @@ class Embedder:
             return self._model
 
     async def embed(self, texts: list[str]) -> list[list[float]]:
-        """One vector per text, in order; each text joins whatever batch is forming."""
-        if not texts:
-            return []
+        """One vector per text, in order; each text joins whatever batch is forming.
+
+        A long list goes in one batch's worth at a time: it never fills the batcher's bounded queue
+        (a 2,000-tool index once did), and other callers' texts (a search query) join between its
+        batches instead of waiting behind all of it."""
+        window = self.settings.max_batch_size
+        results: list[list[float]] = []
+        for start in range(0, len(texts), window):
+            results += await self._embed_together(texts[start : start + window])
+        return results
+
+    async def _embed_together(self, texts: list[str]) -> list[list[float]]:
         results: list[list[float]] = [[] for _ in texts]
         errors: list[Exception] = []
 

@@ -83,6 +83,16 @@ async def test_one_caller_gets_its_texts_back_in_order(model: EmbeddingModel) ->
         assert vector == pytest.approx(model.embed([text])[0], abs=1e-5)
 
 
+async def test_more_texts_than_the_queue_holds_are_all_embedded(model: EmbeddingModel) -> None:
+    # A 2,000-tool index once overflowed the batcher's queue of 1,024 with QueueFullError.
+    texts = [f"tool number {i}" for i in range(1_100)]
+    async with Embedder(EmbeddingSettings(model=MINILM, max_batch_size=64), model=model) as embedder:
+        vectors = await embedder.embed(texts)
+    assert len(vectors) == len(texts)
+    for i in (0, 555, 1_099):
+        assert vectors[i] == pytest.approx(model.embed([texts[i]])[0], abs=1e-5)
+
+
 @pytest.mark.slow
 def test_bucketing_lowers_padding_waste_and_changes_no_vector(model: EmbeddingModel) -> None:
     before = (model.padding.real_tokens, model.padding.pad_tokens)

@@ -18,6 +18,8 @@ Every front and both ways of serving a call (the SDK path's `UpstreamDispatcher`
 - **as_task**: the upstream runs the tool only as a task (2025-11-25 `execution.taskSupport =
   "required"`): mcpmux creates the task and waits for its result (`mcpmux.upstream.tasks`), so any
   client gets a plain result.
+- **param_headers**: an argument is mirrored into an `Mcp-Param` header (2026-07-28 `x-mcp-header`),
+  which only the SDK's client writes: the upstream request goes through it.
 - **slow**: why it cannot be relayed raw (None: it can); such a call is served through the SDK.
 """
 
@@ -57,6 +59,7 @@ class CallPlan:
     priority: int
     asks_client: bool
     as_task: bool
+    param_headers: bool
     slow: str | None
     """Why the call cannot be relayed raw (None: it can): a sentence for logs and tests."""
 
@@ -89,13 +92,14 @@ def plan_tool(tool: str, listed: types.Tool | None, server: ServerConfig, mux: M
         priority=priority_for(server.priorities, tool),
         asks_client=server.sampling.asks_client or server.elicitation.policy == "client",
         as_task=execution is not None and execution.task_support == "required",
+        param_headers=listed is not None and "x-mcp-header" in json.dumps(listed.input_schema),
         slow=None,
     )
-    slow = _slow_reason(plan, listed, mux)
+    slow = _slow_reason(plan, mux)
     return plan if slow is None else replace(plan, slow=slow)
 
 
-def _slow_reason(plan: CallPlan, listed: types.Tool | None, mux: MuxSettings) -> str | None:
+def _slow_reason(plan: CallPlan, mux: MuxSettings) -> str | None:
     if not mux.fast_path:
         return "[mux] fast_path = false"
     if mux.client_priorities:
@@ -106,7 +110,7 @@ def _slow_reason(plan: CallPlan, listed: types.Tool | None, mux: MuxSettings) ->
         return "the upstream runs it only as a task, which mcpmux creates and waits for"
     if plan.cache is not None and plan.cache.scope == "client":
         return 'its results are cached per client (scope = "client"), and only the SDK path knows the client'
-    if listed is not None and "x-mcp-header" in json.dumps(listed.input_schema):
+    if plan.param_headers:
         return "an argument is mirrored into an Mcp-Param header"
     return None
 

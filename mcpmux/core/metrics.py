@@ -205,7 +205,7 @@ class _MuxCollector:
             queued.add_metric([name], gate.waiting)
             for reason, count in sorted(gate.rejections.items()):
                 rejections.add_metric([name, "gate", reason], count)
-            coalesced.add_metric([name], dispatcher.single_flight.stats().shared)
+            coalesced.add_metric([name], dispatcher.flights.stats().shared)
             for tool, batcher in dispatcher.batchers.items():
                 stats = batcher.stats()
                 batches.add_metric([name, tool], stats.batches)

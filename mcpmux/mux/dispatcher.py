@@ -1,8 +1,15 @@
-"""The road every tool call to one upstream takes:
+"""The executor of one upstream's calls: the road every tool call to it takes, on either path:
 
-    result cache ▶ single-flight (coalescing) ▶ list-form batcher ▶ admission gate ▶ upstream session
+    result cache ▶ single-flight (coalescing) ▶ list-form batcher ▶ admission gate ▶ upstream
 
 What each step does for a tool is its `CallPlan` (`mcpmux.core.call_plan`), built once per listing.
+`run` is the executor in raw form: JSON in, the upstream's raw result and its protocol revision out,
+sent over the upstream's lane (`mcpmux.upstream.lane`) with no SDK model on the way. The fast path
+(`mcpmux.mux.fast_path`) answers its calls' tasks with it, and `call_tool`, the SDK path's entry, runs
+it too and reads the result into the SDK's model only at the end; the steps only the SDK's client can
+take (a list-form batch, a tool the upstream runs only as a task, `Mcp-Param` headers, `[mux]
+fast_path = false`) are `call_tool`'s alone. Both paths therefore share one cache and one table of
+flights: identical calls coalesce whichever front they came in by.
 
 - A tool whose plan caches (`[servers.X.cache] allow`) is served from the cache while fresh; a tool
   whose plan coalesces (cached, or annotated read-only and idempotent) shares one upstream call
@@ -18,6 +25,7 @@ What each step does for a tool is its `CallPlan` (`mcpmux.core.call_plan`), buil
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import time
@@ -27,6 +35,10 @@ from typing import Any
 
 import mcp_types as types
 from mcp import Client
+from mcp.shared.exceptions import MCPError
+from mcp_types import methods
+from mcp_types.jsonrpc import CONNECTION_CLOSED
+from pydantic import ValidationError
 
 from mcpmux.batching import (
     AdmissionGate,
@@ -43,13 +55,18 @@ from mcpmux.batching import (
 from mcpmux.core.call_plan import CallPlan, plan_tool
 from mcpmux.core.config import MuxSettings
 from mcpmux.core.metrics import CallObserver, outcome_of
+from mcpmux.core.output_schema import result_error
 from mcpmux.core.server_policy import BatchForm
-from mcpmux.errors import error_result
+from mcpmux.errors import UpstreamError, error_result
 from mcpmux.upstream.lane import ProgressFn
 from mcpmux.upstream.supervisor import Upstream
 from mcpmux.upstream.tasks import call_as_task
 
 BatchItem = tuple[str, dict[str, Any], Any]  # (key of the other arguments, the other arguments, the varying value)
+RawResult = tuple[Any, str | None]
+"""An upstream's raw `tools/call` result and its protocol revision (None: the revision of mcpmux's own models)."""
+FlightKey = tuple[str | None, str, str]
+"""(cache scope: the client, or None for all; tool; canonical JSON arguments)."""
 logger = logging.getLogger(__name__)
 
 
@@ -59,7 +76,7 @@ class UpstreamDispatcher:
     def __init__(
         self,
         upstream: Upstream,
-        cache: ResultCache[types.CallToolResult],
+        cache: ResultCache[RawResult],
         mux: Callable[[], MuxSettings],
         observe: CallObserver | None = None,
     ) -> None:
@@ -84,13 +101,8 @@ class UpstreamDispatcher:
             ),
             name=f"upstream {upstream.name}",
         )
-        self.single_flight: SingleFlight[tuple[str | None, str, str], types.CallToolResult] = SingleFlight(
-            name=f"coalescing for {upstream.name!r}"
-        )
-        self.raw_flights: SingleFlight[tuple[str, str], tuple[Any, str | None]] = SingleFlight(
-            name=f"coalescing of raw calls for {upstream.name!r}"
-        )
-        """The fast path's flights: (tool, canonical arguments) -> the raw result and its revision."""
+        self.flights: SingleFlight[FlightKey, RawResult] = SingleFlight(name=f"coalescing for {upstream.name!r}")
+        """Calls in flight that identical calls may join, on either path (a launched one by `flights.lead`)."""
         self.batchers: dict[str, DynamicBatcher[BatchItem, types.CallToolResult]] = {}
         for form in upstream.config.batch:
             policy = BatchPolicy(
@@ -101,8 +113,7 @@ class UpstreamDispatcher:
 
     async def start(self, stack: AsyncExitStack) -> None:
         """Enter the parts that own tasks; they end when `stack` closes."""
-        await stack.enter_async_context(self.single_flight)
-        await stack.enter_async_context(self.raw_flights)
+        await stack.enter_async_context(self.flights)
         for batcher in self.batchers.values():
             await stack.enter_async_context(batcher)
 
@@ -127,15 +138,18 @@ class UpstreamDispatcher:
         progress: ProgressFn | None,
         client: str | None,
         client_priority: int = 0,
+        hears_logs: bool = False,
     ) -> types.CallToolResult:
         """Call `tool` (its upstream name) through cache, coalescing, batching and the gate.
 
         The call's priority is the tool's (`[servers.X.priorities]`) plus the caller's `client_priority`.
+        `hears_logs`: the caller relays the upstream's log messages of this call to its client, which
+        must have them before the result (see `send`'s `in_order`).
         """
         started = time.perf_counter()
         outcome = "error"
         try:
-            result = await self._call_tool(tool, arguments, progress, client, client_priority)
+            result = await self._call_tool(tool, arguments, progress, client, client_priority, hears_logs)
             outcome = "error" if result.is_error else "ok"
             return result
         except RejectedError as err:
@@ -155,28 +169,11 @@ class UpstreamDispatcher:
         progress: ProgressFn | None,
         client: str | None,
         client_priority: int,
+        hears_logs: bool,
     ) -> types.CallToolResult:
         plan = self.plan(tool)
         priority = plan.priority + client_priority
-        if not plan.shares:
-            return await self._send(plan, arguments, progress, priority)
-        scope = client if plan.cache is not None and plan.cache.scope == "client" else None
-        key = (self.upstream.name, tool, canonical_json(arguments))
-        if plan.cache is not None:
-            cached = self.cache.get(key, scope=scope)
-            if cached is not None:
-                return cached
-        result = await self.single_flight.call(
-            (scope, tool, key[2]), lambda: self._send(plan, arguments, progress, priority)
-        )
-        if plan.cache is not None and not result.is_error:
-            self.cache.put(key, result, scope=scope, ttl=plan.cache.ttl, tags=(self.upstream.name,))
-        return result
-
-    async def _send(
-        self, plan: CallPlan, arguments: dict[str, Any], progress: ProgressFn | None, priority: int
-    ) -> types.CallToolResult:
-        form, tool = plan.batch, plan.tool
+        form = plan.batch
         if form is not None and form.argument in arguments:
             batcher = self.batchers[tool]
             others = {k: v for k, v in arguments.items() if k != form.argument}
@@ -184,31 +181,177 @@ class UpstreamDispatcher:
             # The batch call itself runs in the batcher's task, outside this request's log context.
             logger.debug("call joins a %s batch", form.batch_tool)
             return await batcher.submit(item, priority=priority, deadline=self.queue_deadline())
-        return await self._gated(tool, arguments, progress, priority, as_task=plan.as_task)
+        scope = client if plan.cache is not None and plan.cache.scope == "client" else None
+        raw, version = await self.run(plan, arguments, progress, priority=priority, scope=scope, in_order=hears_logs)
+        return self.result_model(tool, raw, version)
 
-    async def _gated(
-        self, tool: str, arguments: dict[str, Any], progress: ProgressFn | None, priority: int, as_task: bool = False
-    ) -> types.CallToolResult:
-        upstream = self.upstream
+    async def run(
+        self,
+        plan: CallPlan,
+        arguments: dict[str, Any],
+        progress: ProgressFn | None,
+        *,
+        priority: int,
+        scope: str | None = None,
+        logs: bool = True,
+        task: dict[str, Any] | None = None,
+        in_order: bool = False,
+    ) -> RawResult:
+        """A call of `plan`'s tool: the cache while fresh, else an identical call's flight, else its own
+        upstream call through the gate at `priority`; the raw result, a copy of the caller's own.
 
-        def send(client: Client) -> Awaitable[types.CallToolResult]:
-            if as_task:
-                return call_as_task(client, upstream.lane, tool, arguments, progress, int(upstream.timeout * 1000))
-            return client.call_tool(tool, arguments, progress_callback=progress)
+        `scope`: whose cache entries and flights it may share (None: everybody's). `logs`, `task`,
+        `in_order`: as `send`'s. A task-augmented call (`task`) shares nothing: its answer is a task of
+        its caller's.
+        """
+        if not plan.shares or task is not None:
+            async with self.slot(priority):
+                return await self.send(plan, arguments, progress, logs=logs, task=task, in_order=in_order)
+        key = canonical_json(arguments)
+        cached = self.cached(plan, key, scope)
+        if cached is not None:
+            return cached
 
+        async def fetch() -> RawResult:
+            async with self.slot(priority):
+                raw, version = await self.send(plan, arguments, progress, logs=logs, in_order=in_order)
+            self.keep(plan, key, scope, raw, version)
+            return raw, version
+
+        raw, version = await self.flights.call((scope, plan.tool, key), fetch)
+        return copy.deepcopy(raw), version  # each caller's answer is its own to shape
+
+    async def send(
+        self,
+        plan: CallPlan,
+        arguments: dict[str, Any],
+        progress: ProgressFn | None,
+        *,
+        logs: bool = True,
+        task: dict[str, Any] | None = None,
+        in_order: bool = False,
+    ) -> RawResult:
+        """The upstream's raw result of one call, sent now (admission is the caller's), and its revision.
+
+        `logs=False` asks a 2026 upstream for none of its log messages (for a caller who would not
+        hear them); `task` (2025-11-25 task metadata) asks it to run the call as a task. `in_order`:
+        the upstream's log messages of the call must reach the caller's client before its result;
+        the SDK's client then sends it, as it hands a connection's messages on one by one (the lane
+        takes a result off the wire while a log read before it may still be on its way to the client).
+        Raises as `Upstream.request` does, and `UpstreamResultError` for a result that breaks the
+        tool's output schema.
+        """
+        upstream, tool = self.upstream, plan.tool
+        what = f"tool {tool!r}"
+        logger.debug("upstream call sent: %s", tool)
+        if task is None and (plan.as_task or in_order or not self._raw_upstream(plan)):
+            result: types.CallToolResult = await upstream.request(
+                what, lambda client: self._send_modelled(client, plan, arguments, progress)
+            )
+            logger.debug("upstream call answered: %s%s", tool, " (isError)" if result.is_error else "")
+            return result.model_dump(by_alias=True, mode="json", exclude_none=True), None
+
+        async def send_raw(client: Client) -> RawResult:
+            lane = upstream.lane
+            if lane is None:  # the connection is closing under us
+                raise MCPError(code=CONNECTION_CLOSED, message="Connection closed")
+            raw = await lane.call(client, tool, arguments, progress, logs=logs, task=task)
+            return raw, client.protocol_version
+
+        raw, version = await upstream.request(what, send_raw)
+        logger.debug("upstream call answered: %s%s", tool, " (isError)" if _is_error(raw) else "")
+        return await self.checked(plan, arguments, progress, raw, version, task)
+
+    async def checked(
+        self,
+        plan: CallPlan,
+        arguments: dict[str, Any],
+        progress: ProgressFn | None,
+        raw: Any,
+        version: str | None,
+        task: dict[str, Any] | None = None,
+    ) -> RawResult:
+        """A raw result as read off the upstream's wire, made the call's answer: an input-required result
+        has its rounds driven by the SDK's client (sampling under the mux's policy) and the answer checked
+        against the tool's output schema (`UpstreamResultError`). A task the call asked for is its answer."""
+        if task is not None and created_task(raw):
+            return raw, version  # the tool's result comes later, from `tasks/result`
+        what = f"tool {plan.tool!r}"
+        if methods.is_input_required(raw):
+            # The first leg only asked for input: the SDK's client asks again and drives the rounds.
+            logger.debug("%s on %r asked for input; the SDK's client takes it over", what, self.upstream.name)
+            slow: types.CallToolResult = await self.upstream.request(
+                what, lambda client: client.call_tool(plan.tool, arguments, progress_callback=progress)
+            )
+            raw, version = slow.model_dump(by_alias=True, mode="json", exclude_none=True), None
+        problem = plan.output.problem(raw) if plan.output is not None else None
+        if problem is not None:
+            raise result_error(self.upstream.name, what, problem)
+        return raw, version
+
+    def cached(self, plan: CallPlan, key: str, scope: str | None = None) -> RawResult | None:
+        """A fresh cached result of a call whose plan caches (`key`: its canonical JSON arguments), a copy."""
+        if plan.cache is None:
+            return None
+        cached = self.cache.get((self.upstream.name, plan.tool, key), scope=scope)
+        return None if cached is None else (copy.deepcopy(cached[0]), cached[1])
+
+    def keep(self, plan: CallPlan, key: str, scope: str | None, raw: Any, version: str | None) -> None:
+        """Cache a result where the plan says so: never an error, nor what is no `CallToolResult`."""
+        rule = plan.cache
+        if rule is None or not isinstance(raw, dict) or raw.get("isError"):
+            return
+        try:
+            self.result_model(plan.tool, raw, version)
+        except UpstreamError:
+            return  # not kept: each caller's answer says what is wrong with it
+        name = self.upstream.name
+        self.cache.put((name, plan.tool, key), (copy.deepcopy(raw), version), scope=scope, ttl=rule.ttl, tags=(name,))
+
+    def result_model(self, tool: str, raw: Any, version: str | None) -> types.CallToolResult:
+        """A raw result read as the SDK's model, as the SDK's client reads it; an `UpstreamError`
+        (internal error) saying what is wrong with one that is no `CallToolResult`."""
+        try:
+            if version is None:
+                return types.CallToolResult.model_validate(raw, by_name=False)
+            result = methods.parse_server_result("tools/call", version, raw)
+        except (ValidationError, ValueError, KeyError) as err:
+            problem = f"upstream {self.upstream.name!r} answered tool {tool!r} with an invalid result: {err}"
+            raise UpstreamError(problem, types.INTERNAL_ERROR) from None
+        if not isinstance(result, types.CallToolResult):
+            problem = f"upstream {self.upstream.name!r} answered tool {tool!r} with a {type(result).__name__}"
+            raise UpstreamError(problem, types.INTERNAL_ERROR)
+        return result
+
+    def _raw_upstream(self, plan: CallPlan) -> bool:
+        """Whether the call goes over the lane as raw JSON: not where only the SDK's client writes the
+        request right (an argument mirrored into an `Mcp-Param` header), nor with `[mux] fast_path = false`,
+        which keeps the SDK on both sides of every call."""
+        return self.mux().fast_path and not plan.param_headers
+
+    def _send_modelled(
+        self, client: Client, plan: CallPlan, arguments: dict[str, Any], progress: ProgressFn | None
+    ) -> Awaitable[types.CallToolResult]:
+        if plan.as_task:
+            lane, timeout_ms = self.upstream.lane, int(self.upstream.timeout * 1000)
+            return call_as_task(client, lane, plan.tool, arguments, progress, timeout_ms)
+        return client.call_tool(plan.tool, arguments, progress_callback=progress)
+
+    async def _gated(self, tool: str, arguments: dict[str, Any], priority: int) -> types.CallToolResult:
+        """A list-form batch's one call of the batch tool (the SDK's client sends it)."""
         async with self.slot(priority):
             logger.debug("upstream call sent: %s", tool)
-            result: types.CallToolResult = await upstream.request(f"tool {tool!r}", send)
+
+            def send(client: Client) -> Awaitable[types.CallToolResult]:
+                return client.call_tool(tool, arguments)
+
+            result: types.CallToolResult = await self.upstream.request(f"tool {tool!r}", send)
             logger.debug("upstream call answered: %s%s", tool, " (isError)" if result.is_error else "")
             return result
 
     def slot(self, priority: int) -> AbstractAsyncContextManager[None]:
         """One admission through this upstream's gate (limits, queue) for the body of the `async with`."""
         return self.gate.slot(priority=priority, deadline=self.queue_deadline())
-
-    async def admit(self, priority: int) -> None:
-        """Wait for one admission through this upstream's gate, as `slot` does; `gate.release()` gives it back."""
-        await self.gate.acquire(priority=priority, deadline=self.queue_deadline())
 
     def queue_deadline(self) -> float:
         """When a call asking for admission now stops waiting: `queue_timeout`, else the call timeout, from now."""
@@ -224,7 +367,7 @@ class UpstreamDispatcher:
             for indices in groups.values():
                 arguments = {**items[indices[0]][1], form.list_argument: [items[i][2] for i in indices]}
                 try:
-                    merged = await self._gated(form.batch_tool, arguments, None, self.plan(form.batch_tool).priority)
+                    merged = await self._gated(form.batch_tool, arguments, self.plan(form.batch_tool).priority)
                     parts: Sequence[types.CallToolResult | BaseException] = split_batch_result(
                         merged, len(indices), form
                     )
@@ -235,6 +378,15 @@ class UpstreamDispatcher:
             return results
 
         return call_batch
+
+
+def _is_error(raw: Any) -> bool:
+    return isinstance(raw, dict) and raw.get("isError") is True
+
+
+def created_task(raw: Any) -> bool:
+    """Whether a task-augmented call was answered with the upstream's task (it may also just answer)."""
+    return isinstance(raw, dict) and isinstance(raw.get("task"), dict) and "content" not in raw
 
 
 def split_batch_result(merged: types.CallToolResult, count: int, form: BatchForm) -> list[types.CallToolResult]:

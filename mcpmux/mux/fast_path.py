@@ -15,16 +15,17 @@ task (`AdmissionGate.hold`), and its request goes out from the code that release
 it. A task, running `FastPath.answer`, is started only for what that cannot do (a timeout, a
 cancellation, progress, an error, a result not answered at once).
 
-Which tools it serves is their `CallPlan`'s to say (`mcpmux.core.call_plan`: `slow` is None): cached and
-coalesced tools included, with the same cache and, in flight, their own `SingleFlight`; calls pass
-the upstream's admission gate at the plan's priority. Besides, the name must route to a connected
-upstream (not a local tool, not an unknown name: the SDK path words that error), the request carry
-nothing but `name`, `arguments` and `_meta` (and no 2026 `logLevel`: the SDK path relays the
-upstream's logs to such a request), and the upstream not want to ask the calling client for
-sampling (its plan's `asks_client`, where the client declared sampling). A call that may share
-another's answer (`CallPlan.shares`) is answered at once from the cache while fresh; else it waits,
-in a task, for an identical call in flight, or is launched as any other call, and identical calls
-arriving meanwhile wait for it (`SingleFlight.lead`).
+Which tools it serves is their `CallPlan`'s to say (`mcpmux.core.call_plan`: `slow` is None): cached
+and coalesced tools included. A call that takes a task is run by the upstream's executor
+(`UpstreamDispatcher.run`: cache, flights, gate, upstream), as the SDK path's calls are; a launched
+call takes the same steps without one, with the same cache, flights and gate. Besides, the name
+must route to a connected upstream (not a local tool, not an unknown name: the SDK path words that
+error), the request carry nothing but `name`, `arguments` and `_meta` (and no 2026 `logLevel`: the
+SDK path relays the upstream's logs to such a request), and the upstream not want to ask the calling
+client for sampling (its plan's `asks_client`, where the client declared sampling). A call that may
+share another's answer (`CallPlan.shares`) is answered at once from the cache while fresh; else it
+waits, in a task, for an identical call in flight, or is launched as any other call, and identical
+calls arriving meanwhile wait for it (`SingleFlight.lead`).
 """
 
 from __future__ import annotations
@@ -34,16 +35,14 @@ import copy
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from contextlib import asynccontextmanager, nullcontext
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import mcp_types as types
 from mcp import Client
-from mcp.shared.exceptions import MCPError
 from mcp.shared.inbound import InboundLadderRejection, classify_inbound_request
 from mcp_types import methods
-from mcp_types.jsonrpc import CONNECTION_CLOSED
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 from pydantic_core import from_json
@@ -52,7 +51,6 @@ from mcpmux.batching import AdmissionGate, Held, Lead, RejectedError, canonical_
 from mcpmux.core.call_plan import CallPlan
 from mcpmux.core.call_tracker import TrackedCall
 from mcpmux.core.metrics import outcome_of
-from mcpmux.core.output_schema import result_error
 from mcpmux.errors import (
     MuxError,
     UpstreamError,
@@ -61,6 +59,7 @@ from mcpmux.errors import (
     UpstreamUnavailableError,
     error_result,
 )
+from mcpmux.mux.dispatcher import RawResult, created_task
 from mcpmux.mux.multiplexer import Mux
 from mcpmux.upstream.lane import LaneFlight, ProgressFn
 from mcpmux.upstream.supervisor import Upstream, UpstreamState
@@ -94,9 +93,6 @@ class FastCall:
         """The tool's name on its upstream."""
         return self.plan.tool
 
-
-RawResult = tuple[Any, str | None]
-"""An upstream's raw `tools/call` result and its protocol revision (None: the revision of mcpmux's own models)."""
 
 Deliver = Callable[[dict[str, Any]], Awaitable[None]]
 """Sends a JSON-RPC response to the client."""
@@ -300,7 +296,7 @@ class FastPath:
             hit = self._from_cache(call, arguments, deliver_now)
             if hit is not None:
                 return hit
-            lead = dispatcher.raw_flights.lead((call.tool, arguments))
+            lead = dispatcher.flights.lead((None, call.tool, arguments))
             if lead is None:
                 return None  # an identical call is under way: a task waits for its answer
         gate = dispatcher.gate
@@ -428,14 +424,23 @@ class FastPath:
             try:
                 # Shutdown waits for (or cancels) it and a reload that stops its upstream cancels it.
                 with self.mux.track_call(call.upstream.name) if flight is None else flight.tracked:
-                    # A call that may share another's answer passes the gate only if it goes out itself.
-                    shared = flight is None and call.plan.shares and call.task is None
-                    async with nullcontext() if shared else self._slot(call, flight):
-                        fetch = self._shared(call, progress) if shared else self._led(call, progress, flight)
-                        response, outcome = await self._respond(call, fetch, flight)
-                        if deliver is not None and not _answered(flight):
-                            delivered = True
-                            await deliver(response)
+                    if flight is None:
+                        dispatcher = self.mux.dispatchers[call.upstream.name]
+                        fetch = dispatcher.run(
+                            call.plan,
+                            call.arguments,
+                            progress,
+                            priority=call.plan.priority,
+                            logs=_logs_for(call),
+                            task=call.task,
+                        )
+                        response, outcome = await self._respond(call, fetch, None)
+                    else:
+                        async with self._admitted(flight):
+                            response, outcome = await self._respond(call, self._led(call, progress, flight), flight)
+                    if deliver is not None and not _answered(flight):
+                        delivered = True
+                        await deliver(response)
             except (UpstreamUnavailableError, RejectedError) as err:
                 # Refused by a limit, or by mcpmux (shutting down, the upstream being stopped), or
                 # cancelled by it after the grace period (`CallCancelledError`). Once the client has
@@ -457,67 +462,25 @@ class FastPath:
                 flight.unlink()
 
     @asynccontextmanager
-    async def _slot(self, call: FastCall, flight: Flight | None) -> AsyncIterator[None]:
-        """One admission through the upstream's gate (limits, queue) for the body: a launched call's
-        (`_admission_of`), else waited for now at the plan's priority."""
-        if flight is None:
-            dispatcher = self.mux.dispatchers[call.upstream.name]
-            await dispatcher.admit(priority=call.plan.priority)
-            gate = dispatcher.gate
-        else:
-            gate = await self._admission_of(flight)
+    async def _admitted(self, flight: Flight) -> AsyncIterator[None]:
+        """A launched call's admission through its upstream's gate for the body: had already, or
+        waited for now where it stands in the gate's line."""
+        if flight.held is not None:
+            await flight.gate.wait_held(flight.held)
+            flight.held = None
         try:
             yield
         finally:
-            gate.release()
-
-    async def _shared(self, call: FastCall, progress: ProgressFn | None) -> RawResult:
-        """The raw result of a call that may share another's (`CallPlan.shares`), and its revision:
-        from the cache while fresh, else from an identical call in flight (launched or in a task),
-        else from its own upstream call, which identical calls arriving meanwhile join (its progress
-        goes to this caller alone)."""
-        dispatcher = self.mux.dispatchers[call.upstream.name]
-        arguments = canonical_json(call.arguments)
-        cached = self._cached(call, arguments)
-        if cached is not None:
-            return cached, None
-
-        async def fetch() -> RawResult:
-            async with dispatcher.slot(call.plan.priority):
-                raw, version = await self._call(call, progress, None)
-            self._keep(call, arguments, raw)
-            return raw, version
-
-        raw, version = await dispatcher.raw_flights.call((call.tool, arguments), fetch)
-        return copy.deepcopy(raw), version  # each caller's answer is shaped for its own revision
-
-    def _cached(self, call: FastCall, arguments: str) -> dict[str, Any] | None:
-        """The cached result of a call whose plan caches, as raw JSON, while fresh."""
-        if call.plan.cache is None:
-            return None
-        cached = self.mux.dispatchers[call.upstream.name].cache.get((call.upstream.name, call.tool, arguments))
-        return None if cached is None else cached.model_dump(by_alias=True, mode="json", exclude_none=True)
-
-    def _keep(self, call: FastCall, arguments: str, raw: Any) -> None:
-        """Cache a result where the plan says so (never an error, nor what is no `CallToolResult`)."""
-        rule = call.plan.cache
-        if rule is None or not isinstance(raw, dict) or raw.get("isError"):
-            return
-        try:
-            result = types.CallToolResult.model_validate(raw)
-        except ValidationError:
-            return  # not kept: each caller's answer says what is wrong with it
-        name = call.upstream.name
-        self.mux.dispatchers[name].cache.put((name, call.tool, arguments), result, ttl=rule.ttl, tags=(name,))
+            flight.gate.release()
 
     def _from_cache(self, call: FastCall, arguments: str, deliver_now: DeliverNow) -> Flight | None:
         """A launched call answered from the cache at once: an ended flight; None when there is no
         fresh entry, or the client could not take the answer now (its task serves it)."""
         started = time.perf_counter()
-        cached = self._cached(call, arguments)
+        cached = self.mux.dispatchers[call.upstream.name].cached(call.plan, arguments)
         if cached is None:
             return None
-        response, outcome = self._response(call, cached, None)
+        response, outcome = self._response(call, *cached)
         if not deliver_now(response):
             return None
         tracked, gate = self.mux.calls.track(call.upstream.name), self.mux.dispatchers[call.upstream.name].gate
@@ -531,13 +494,13 @@ class FastPath:
         lead = flight.lead
         if lead is None or lead.ended:
             return
-        self._keep(call, flight.arguments_key, raw)
+        self.mux.dispatchers[call.upstream.name].keep(call.plan, flight.arguments_key, None, raw, version)
         lead.finish((copy.deepcopy(raw), version) if lead.waiting else (raw, version))
 
-    async def _led(self, call: FastCall, progress: ProgressFn | None, flight: Flight | None) -> RawResult:
+    async def _led(self, call: FastCall, progress: ProgressFn | None, flight: Flight) -> RawResult:
         """`_call`; a launched call that others may share gives them its result, or its error."""
-        lead = flight.lead if flight is not None else None
-        if flight is None or lead is None:
+        lead = flight.lead
+        if lead is None:
             return await self._call(call, progress, flight)
         try:
             raw, version = await self._call(call, progress, flight)
@@ -546,14 +509,6 @@ class FastPath:
             raise
         self._share(call, flight, raw, version)
         return raw, version
-
-    @staticmethod
-    async def _admission_of(flight: Flight) -> AdmissionGate:
-        """A launched call's admission: had already, or waited for now where it stands in the gate's line."""
-        if flight.held is not None:
-            await flight.gate.wait_held(flight.held)
-            flight.held = None
-        return flight.gate
 
     async def _respond(
         self, call: FastCall, fetch: Awaitable[tuple[Any, str | None]], flight: Flight | None
@@ -568,7 +523,7 @@ class FastPath:
             return {"jsonrpc": "2.0", "id": call.request_id, "error": _dump(error)}, "error"
         if flight is not None and flight.response is not None:
             return flight.response, flight.outcome  # shaped and sent already
-        if _created_task(call, raw):
+        if call.task is not None and created_task(raw):
             assert call.owner is not None  # `route` takes no task-augmented call without one
             adopted = self.mux.tasks.adopt(call.upstream.name, raw, call.owner)
             return {"jsonrpc": "2.0", "id": call.request_id, "result": adopted}, "ok"
@@ -584,40 +539,26 @@ class FastPath:
         result = self._shape(raw, upstream_version, call.version)
         return {"jsonrpc": "2.0", "id": call.request_id, "result": result}, "error" if result.get("isError") else "ok"
 
-    async def _call(self, call: FastCall, progress: ProgressFn | None, flight: Flight | None) -> tuple[Any, str | None]:
-        """The upstream's raw result and its protocol revision.
+    async def _call(self, call: FastCall, progress: ProgressFn | None, flight: Flight) -> RawResult:
+        """A launched call's raw result and its protocol revision, as `UpstreamDispatcher.send` gives it
+        (the same checks; `UpstreamResultError` for a result that breaks the tool's output schema)."""
+        dispatcher = self.mux.dispatchers[call.upstream.name]
+        logs = _logs_for(call)
+        sent = flight.sent
+        if sent is None:  # not sent yet: its task sends it
+            return await dispatcher.send(call.plan, call.arguments, progress, logs=logs)
 
-        Raises `UpstreamResultError` for a result that breaks the tool's output schema, as
-        `Upstream.request` does on the SDK path.
-        """
+        def wait_or_resend(client: Client) -> Awaitable[RawResult]:
+            # A new session (the first one expired, HTTP 404) never saw the request: it is sent there anew.
+            if client is sent.client:
+                return _wait(sent, progress)
+            return dispatcher.send(call.plan, call.arguments, progress, logs=logs)
+
         what = f"tool {call.tool!r}"
-        if flight is None or flight.sent is None:  # not sent yet: its task sends it
-            raw, version = await call.upstream.request(what, lambda client: _send(client, call, progress))
-        else:
-            sent = flight.sent
-
-            def wait_or_resend(client: Client) -> Awaitable[tuple[Any, str | None]]:
-                # A new session (the first one expired, HTTP 404) never saw the request: it is sent there anew.
-                return _wait(sent, progress) if client is sent.client else _send(client, call, progress)
-
-            raw, version = await call.upstream.request(what, wait_or_resend, sent.client, flight.deadline)
-            if _answered(flight):
-                return raw, version  # it passed the checks below before it was sent
-        if _created_task(call, raw):
-            return raw, version  # the tool's result comes later, from `tasks/result`
-        if methods.is_input_required(raw):
-            # The SDK client drives input-required rounds (sampling under the mux's policy); the
-            # first leg only asked for input, so it is asked again on that path.
-            logger.debug("%s on %r asked for input; the SDK path takes it over", what, call.upstream.name)
-            slow: types.CallToolResult = await call.upstream.request(
-                what, lambda client: client.call_tool(call.tool, call.arguments, progress_callback=progress)
-            )
-            raw, version = slow.model_dump(by_alias=True, mode="json", exclude_none=True), None
-        output = call.plan.output
-        problem = output.problem(raw) if output is not None else None
-        if problem is not None:
-            raise result_error(call.upstream.name, what, problem)
-        return raw, version
+        raw, version = await call.upstream.request(what, wait_or_resend, sent.client, flight.deadline)
+        if _answered(flight):
+            return raw, version  # it passed the checks before it was sent
+        return await dispatcher.checked(call.plan, call.arguments, progress, raw, version)
 
     def _failed(self, call: FastCall, err: Exception) -> dict[str, Any]:
         """The `isError` result the SDK path gives for an unavailable or timed-out upstream, or a refusal."""
@@ -650,23 +591,8 @@ class FastPath:
         return result
 
 
-async def _send(client: Client, call: FastCall, progress: ProgressFn | None) -> tuple[Any, str | None]:
-    lane = call.upstream.lane
-    if lane is None:  # the connection is closing under us
-        raise MCPError(code=CONNECTION_CLOSED, message="Connection closed")
-    raw = await lane.call(client, call.tool, call.arguments, progress, logs=_logs_for(call), task=call.task)
-    return raw, client.protocol_version
-
-
 async def _wait(sent: LaneFlight, progress: ProgressFn | None) -> tuple[Any, str | None]:
     return await sent.wait(progress), sent.client.protocol_version
-
-
-def _created_task(call: FastCall, raw: Any) -> bool:
-    """Whether a task-augmented call was answered with the upstream's task (it may also just answer)."""
-    if call.task is None or not isinstance(raw, dict):
-        return False
-    return isinstance(raw.get("task"), dict) and "content" not in raw
 
 
 def _nothing() -> None:

@@ -42,7 +42,7 @@ from mcpmux.errors import (
 from mcpmux.inference.serving.sampling_bridge import SamplingBridge
 from mcpmux.mux.catalog import Catalog, CatalogView, Route
 from mcpmux.mux.client_requests import ClientRequests
-from mcpmux.mux.dispatcher import UpstreamDispatcher
+from mcpmux.mux.dispatcher import RawResult, UpstreamDispatcher
 from mcpmux.mux.reload import ReloadReport, UpstreamLifetime, reload_mux
 from mcpmux.mux.task_relay import TaskRelay
 from mcpmux.tools.base import Caller, LocalTool
@@ -79,7 +79,7 @@ class Mux:
         self.client_requests = ClientRequests()
         self.inference: InferenceService | None = None  # started on entry when [inference] backend != "off"
         self.upstreams: dict[str, Upstream] = {}
-        self.cache: ResultCache[types.CallToolResult] = ResultCache(
+        self.cache: ResultCache[RawResult] = ResultCache(
             CachePolicy(max_entries=config.mux.cache_max_entries), name="tool results"
         )
         self.resource_cache: ResultCache[types.ReadResourceResult] = ResultCache(
@@ -354,6 +354,7 @@ class Mux:
         client: str | None = None,
         client_name: str | None = None,
         profile: str | None = None,
+        hears_logs: bool = False,
     ) -> types.CallToolResult:
         """Call a tool by its public name, through the upstream's queue, cache, coalescing and batching.
 
@@ -362,7 +363,9 @@ class Mux:
         text says what happened, so a model sees it and can carry on; an unknown name raises
         `UnknownToolError`. `client` identifies the caller for per-client cache scopes; `client_name` (its
         clientInfo name) adds its `[mux] client_priorities` entry to the call's priority. `profile`: the
-        caller's profile; a name outside it is unknown (`view`).
+        caller's profile; a name outside it is unknown (`view`). `hears_logs`: the caller relays the
+        upstream's log messages of this call to its client (`on_log`), which must have them before the
+        result.
 
         Every log line written while the call runs carries its request id (`mcpmux.core.logs`).
         """
@@ -371,7 +374,7 @@ class Mux:
             outcome = "error"
             logger.debug("client call started: %s", name)
             try:
-                result = await self._call_tool(name, arguments, progress, client, client_name, profile)
+                result = await self._call_tool(name, arguments, progress, client, client_name, profile, hears_logs)
                 outcome = "isError" if result.is_error else "ok"
                 return result
             except BaseException as err:
@@ -389,6 +392,7 @@ class Mux:
         client: str | None,
         client_name: str | None,
         profile: str | None,
+        hears_logs: bool = False,
     ) -> types.CallToolResult:
         local = self.local_tools.get(name)
         if local is not None and self.view(profile).allows_local(name):
@@ -403,7 +407,7 @@ class Mux:
             with self.track_call(route.upstream):
                 boost = priority_for(self.config.mux.client_priorities, client_name) if client_name else 0
                 dispatcher = self.dispatchers[route.upstream]
-                return await dispatcher.call_tool(route.name, arguments or {}, progress, client, boost)
+                return await dispatcher.call_tool(route.name, arguments or {}, progress, client, boost, hears_logs)
         except (UpstreamUnavailableError, UpstreamTimeoutError, UpstreamResultError) as err:
             return error_result(str(err))
 

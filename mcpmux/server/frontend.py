@@ -313,6 +313,7 @@ class Frontend:
                     client=self._client_id(ctx),
                     client_name=_client_name(session),
                     profile=profile,
+                    hears_logs=True,  # `_relay_log` sends them on this request
                 )
                 notes = self.relay.take_notes(session, ctx.request_id)  # e.g. why an elicitation was declined
                 if notes:

@@ -27,7 +27,16 @@ from mcp.shared.exceptions import MCPError
 if __name__ != "__main__":
     from mcpmux import Mux
     from mcpmux.mux.fast_path import FastCall, FastPath, Flight
-    from tests.e2e.conftest import free_port, mux_over_http, mux_over_stdio, stop, text_of, wait_for_port, write_config
+    from tests.e2e.conftest import (
+        free_port,
+        mux_over_http,
+        mux_over_stdio,
+        served_in_process,
+        stop,
+        text_of,
+        wait_for_port,
+        write_config,
+    )
     from tests.reliability.conftest import HttpFront
 
 PROBE = Path(__file__).resolve()
@@ -486,7 +495,11 @@ async def test_two_hundred_concurrent_calls_from_several_clients_each_get_their_
 
 
 @pytest.mark.anyio
-async def test_calls_that_need_the_mux_take_the_sdk_path(tmp_path: Path) -> None:
+async def test_calls_that_need_the_mux_are_served_by_its_one_executor(tmp_path: Path) -> None:
+    """Calls the fast front cannot take (a per-client cache, a list form, a local tool's inner call)
+    reach the same executor. Where the SDK's front serves the client, the SDK's client sends the
+    upstream request (an int id: it hands the call's logs on before its result), as it does a list
+    form's merged call; a local tool's inner call goes raw over the lane (`mux.N`)."""
     servers = {
         "probe": probe(
             batch=[{"tool": "one", "batch_tool": "many", "argument": "item", "list_argument": "items"}],
@@ -496,13 +509,36 @@ async def test_calls_that_need_the_mux_take_the_sdk_path(tmp_path: Path) -> None
     config = write_config(tmp_path / "mux.json", servers)
     async with mux_over_stdio(config) as client:
         assert str(seen_id(await client.call_tool("probe__whoami", {}))).startswith("mux.")
-        assert isinstance(seen_id(await client.call_tool("probe__cached", {})), int)  # cached per client
+        cached = seen_id(await client.call_tool("probe__cached", {}))  # cached per client
+        assert isinstance(cached, int)
+        assert seen_id(await client.call_tool("probe__cached", {})) == cached  # served from the cache
         batched = await client.call_tool("probe__one", {"item": "x"})
         assert isinstance(json.loads(text_of(batched))["id"], int)  # merged into a `many` call
         steps = [{"tool": "probe__whoami", "arguments": {}}]
         parallel = await client.call_tool("mux_parallel", {"calls": steps})  # a local tool
         inner = parallel.structured_content["results"][0]["result"]["text"]
-        assert isinstance(json.loads(inner)["id"], int)
+        assert str(json.loads(inner)["id"]).startswith("mux.")
+
+
+@pytest.mark.anyio
+async def test_identical_calls_share_one_flight_whichever_path_they_take(tmp_path: Path) -> None:
+    """Calls relayed raw from an HTTP client and library calls (`Mux.call_tool`) to a read-only,
+    idempotent tool, made at once, are answered by one upstream call: the two paths have one executor."""
+    config = write_config(tmp_path / "mux.json", {"probe": probe()})
+    async with served_in_process(config) as (mux, _frontend, url), Client(url) as client:
+        ids: list[Any] = []
+
+        async def over_http() -> None:
+            ids.append(seen_id(await client.call_tool("probe__shared", {"text": "same"})))
+
+        async def in_process() -> None:
+            ids.append(seen_id(await mux.call_tool("probe__shared", {"text": "same"})))
+
+        async with anyio.create_task_group() as tasks:
+            for index in range(6):
+                tasks.start_soon((over_http, in_process)[index % 2])
+    assert len(ids) == 6
+    assert len(set(ids)) == 1, ids
 
 
 @pytest.mark.anyio

@@ -15,10 +15,10 @@ time cold (empty embedding cache) and warm (every vector on disk); and the listi
 search mode against the full catalog (tokens estimated as JSON characters / 4).
 
 Every embedding goes through the serving `Embedder` with default settings, as `mux_search_tools`
-does. Each latency round also embeds the same query the way mcpmux did before its embedder had
-a one-thread worker and the packed BERT forward (transformers' `BertModel` on a worker thread
-with torch's default thread count), interleaved, so both see the same load; the host's load
-average is printed with each row.
+does: its linear layers run in bfloat16 where the CPU has the instructions (`matmul_dtype`). A
+second `Embedder` holds the same model with float32 weights (what every CPU ran before), and the
+quality table's embedding rows are repeated with its vectors. Latency rounds alternate between the
+two in blocks, so both see the same load; the host's load average is printed with each row.
 """
 
 from __future__ import annotations
@@ -37,7 +37,9 @@ from typing import Any
 import anyio
 import anyio.to_thread
 import numpy as np
+import torch
 
+from mcpmux.inference.serving.bert_encoder import matmul_dtype, pack
 from mcpmux.inference.serving.embeddings import Embedder
 from mcpmux.inference.serving.encoder import EmbeddingModel
 from mcpmux.inference.serving.settings import EmbeddingSettings
@@ -77,15 +79,12 @@ def grown(size: int) -> list[ToolDoc]:
 
 
 class Model:
-    """The embedded MiniLM behind the serving `Embedder` (default settings), and the previous path."""
+    """The embedded MiniLM behind the serving `Embedder` (default settings), and the same model with
+    float32 weights behind a second `Embedder`."""
 
-    def __init__(self, embedder: Embedder, previous: EmbeddingModel) -> None:
+    def __init__(self, embedder: Embedder, float32: Embedder) -> None:
         self.embed = embedder.embed
-        self.previous = previous
-
-    async def embed_as_before(self, texts: list[str]) -> list[list[float]]:
-        """transformers' forward on a worker thread with torch's default thread count."""
-        return await anyio.to_thread.run_sync(self.previous.embed, texts)
+        self.embed_float32 = float32.embed
 
 
 # -- fusion functions compared (the index ships the one that wins on the tuning part) ------------------
@@ -132,14 +131,15 @@ def rank_of(scores: np.ndarray, names: list[str], right: str, valid: np.ndarray 
     return 0
 
 
-async def quality(model: Model) -> dict[str, Any]:
+async def quality(embed: Callable[[list[str]], Any], only: tuple[str, ...] = ()) -> dict[str, Any]:
+    """R@1, R@5, MRR per method and query group; `only`: these methods alone."""
     docs = load_docs()
     index = ToolIndex()
     index.update(docs)
-    await index.embed_missing(model.embed)
+    await index.embed_missing(embed)
     names = [doc.name for doc in docs]
     queries = json.loads(QUERIES.read_text())
-    vectors = await model.embed([item["query"] for item in queries])
+    vectors = await embed([item["query"] for item in queries])
     methods: dict[str, Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray | None]]] = {
         "bm25": lambda kw, de: (kw, kw > 0),
         "dense": lambda kw, de: (de, None),
@@ -152,6 +152,8 @@ async def quality(model: Model) -> dict[str, Any]:
             methods[f"cc a={alpha} floor={floor:g}"] = lambda kw, de, a=alpha, f=floor: (convex(kw, de, a, f), None)
     results: dict[str, Any] = {}
     for method, score in methods.items():
+        if only and method not in only:
+            continue
         per: dict[str, list[int]] = {}
         for item, vector in zip(queries, vectors, strict=True):
             keyword = index.keyword_scores(item["query"])
@@ -172,7 +174,7 @@ async def quality(model: Model) -> dict[str, Any]:
     return results
 
 
-async def latency(model: Model, size: int, rounds: int = 200, cold_max: int = 10_000) -> dict[str, float]:
+async def latency(model: Model, size: int, rounds: int = 200, cold_max: int = 10_000) -> dict[str, Any]:
     """Past `cold_max` tools the cold build is not timed: each copy of a real tool gets the real tool's
     vector on disk (ranking costs the same whatever the vectors hold), and only the warm build is."""
     docs = grown(size)
@@ -184,12 +186,12 @@ async def latency(model: Model, size: int, rounds: int = 200, cold_max: int = 10
         await cold_index.embed_missing(model.embed)
         cold = time.perf_counter() - started if size <= cold_max else float("nan")
         if size > cold_max:
-            vectors = {
+            copied = {
                 doc.short + doc.server.rstrip("0123456789"): cache.get(cache.key(doc.dense_text()))
                 for doc in cold_index.docs
             }
             for doc in docs[cold_max:]:
-                vector = vectors.get(doc.short + doc.server.rstrip("0123456789"))
+                vector = copied.get(doc.short + doc.server.rstrip("0123456789"))
                 if vector is not None:
                     cache.put(cache.key(doc.dense_text()), vector)
         warm_index = ToolIndex(EmbeddingCache(Path(folder), "bench"))
@@ -201,18 +203,18 @@ async def latency(model: Model, size: int, rounds: int = 200, cold_max: int = 10
     queries = [item["query"] for item in json.loads(QUERIES.read_text())]
     vectors = await model.embed(queries)
     rank_ms: list[float] = []
-    timed: dict[str, list[float]] = {"now": [], "before": []}
+    timed: dict[str, list[float]] = {"now": [], "float32": []}
     load_before = os.getloadavg()[0]
     for round_ in range(rounds):
-        query, vector = queries[round_ % len(queries)], vectors[round_ % len(queries)]
+        query, embedded = queries[round_ % len(queries)], vectors[round_ % len(queries)]
         started = time.perf_counter()
-        warm_index.search(query, 5, vector)
+        warm_index.search(query, 5, embedded)
         rank_ms.append((time.perf_counter() - started) * 1e3)
-    # The two ways alternate in blocks of rounds, not query by query, so that neither's times include
-    # the other's torch threads still spinning after its forward (the old way runs on torch's pool).
+    # The two ways alternate in blocks of rounds, each block a new run of queries, so that both see the
+    # same load and neither warms the caches for the other's next query.
     block = 25
     for round_ in range(2 * rounds):
-        label, embed = ("now", model.embed) if (round_ // block) % 2 == 0 else ("before", model.embed_as_before)
+        label, embed = ("now", model.embed) if (round_ // block) % 2 == 0 else ("float32", model.embed_float32)
         query = queries[round_ % len(queries)]
         started = time.perf_counter()
         fresh = (await embed([query]))[0]
@@ -226,8 +228,8 @@ async def latency(model: Model, size: int, rounds: int = 200, cold_max: int = 10
         "rank_p99_ms": _pct(rank_ms, 99),
         "search_p50_ms": _pct(timed["now"], 50),
         "search_p99_ms": _pct(timed["now"], 99),
-        "before_p50_ms": _pct(timed["before"], 50),
-        "before_p99_ms": _pct(timed["before"], 99),
+        "float32_p50_ms": _pct(timed["float32"], 50),
+        "float32_p99_ms": _pct(timed["float32"], 99),
         "load_average": [load_before, os.getloadavg()[0]],
     }
 
@@ -258,11 +260,18 @@ async def main() -> None:
     parser.add_argument("--cold-max", type=int, default=10_000, help="time the cold build only up to this many tools")
     args = parser.parse_args()
     loaded = await anyio.to_thread.run_sync(EmbeddingModel, MODEL, "cpu")
-    previous = await anyio.to_thread.run_sync(EmbeddingModel, MODEL, "cpu")
-    previous.packed = None
-    async with Embedder(EmbeddingSettings(model=MODEL), model=loaded) as embedder:
-        model = Model(embedder, previous)
-        report: dict[str, Any] = {"quality": await quality(model), "listing": listing_size()}
+    float32 = await anyio.to_thread.run_sync(EmbeddingModel, MODEL, "cpu")
+    float32.packed = pack(float32.model, torch.float32)
+    report: dict[str, Any] = {"matmul_dtype": str(matmul_dtype()), "cpu": _cpu()}
+    sys.stdout.write(f"CPU: {report['cpu']}; the query forward's linear layers: {report['matmul_dtype']}\n")
+    settings = EmbeddingSettings(model=MODEL)
+    async with Embedder(settings, model=loaded) as embedder, Embedder(settings, model=float32) as embedder32:
+        model = Model(embedder, embedder32)
+        report["quality"] = await quality(model.embed)
+        if loaded.packed is not None and loaded.packed.dtype != torch.float32:
+            same = await quality(model.embed_float32, ("dense", "shipped (ToolIndex.search)"))
+            report["quality"] |= {f"{method}, float32": groups for method, groups in same.items()}
+        report["listing"] = listing_size()
         sys.stdout.write(_table(report))
         sys.stdout.flush()
         report["latency"] = []
@@ -290,14 +299,27 @@ def _table(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _latency_line(row: dict[str, float]) -> str:
+def _latency_line(row: dict[str, Any]) -> str:
     return (
         f"{row['tools']} tools: build cold {row['build_cold_s']:.2f} s, warm {row['build_warm_s'] * 1e3:.0f} ms; "
         f"rank p50 {row['rank_p50_ms']:.2f} ms p99 {row['rank_p99_ms']:.2f} ms; with query embedding "
-        f"p50 {row['search_p50_ms']:.1f} ms p99 {row['search_p99_ms']:.1f} ms (before: p50 {row['before_p50_ms']:.1f} "
-        f"ms p99 {row['before_p99_ms']:.1f} ms); load average {row['load_average'][0]:.1f} -> "
-        f"{row['load_average'][1]:.1f}"
+        f"p50 {row['search_p50_ms']:.1f} ms p99 {row['search_p99_ms']:.1f} ms (float32 weights: p50 "
+        f"{row['float32_p50_ms']:.1f} ms p99 {row['float32_p99_ms']:.1f} ms); "
+        f"load average {row['load_average'][0]:.1f} -> {row['load_average'][1]:.1f}"
     )
+
+
+def _cpu() -> str:
+    """The CPU's model name and its bfloat16 instructions, from /proc/cpuinfo (Linux)."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "unknown"
+    fields = dict(line.split(":", 1) for line in info.splitlines() if ":" in line)
+    name = fields.get("model name\t", "").strip()
+    flags = fields.get("flags\t\t", "").split()
+    wanted = [flag for flag in ("avx512_bf16", "amx_bf16", "amx_int8", "avx_vnni") if flag in flags]
+    return f"{name}, {os.cpu_count()} cores, {' '.join(wanted) or 'no bfloat16 instructions'}"
 
 
 if __name__ == "__main__":

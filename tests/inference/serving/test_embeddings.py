@@ -1,6 +1,7 @@
 """Embeddings with the real all-MiniLM-L6-v2 (shipped in a package): batching through the
 DynamicBatcher gives the same vectors as one text at a time, length bucketing cuts padding,
-pooling follows the model's sentence-transformers config, and mistakes are explained."""
+pooling follows the model's sentence-transformers config, bfloat16 weights (where the CPU has the
+instructions) keep the float32 vectors' directions, and mistakes are explained."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import anyio
 import pytest
 import torch
 
+from mcpmux.inference.serving.bert_encoder import matmul_dtype, pack
 from mcpmux.inference.serving.embeddings import Embedder
 from mcpmux.inference.serving.encoder import (
     EmbeddingModel,
@@ -53,6 +55,16 @@ def cosine(a: list[float], b: list[float]) -> float:
     return sum(x * y for x, y in zip(a, b, strict=True))  # vectors are L2-normalized
 
 
+def assert_same_vector(got: list[float], want: list[float], model: EmbeddingModel, text: str = "") -> None:
+    """The same text's vector from another batch: equal within 1e-5 on float32 weights. On bfloat16 ones a
+    product of another shape sums in another order, and its result can round to a neighbouring bfloat16
+    at the next layer's input: the direction stays (another text's vector is far below this cosine)."""
+    if model.packed is None or model.packed.dtype == torch.float32:
+        assert got == pytest.approx(want, abs=1e-5), text
+    else:
+        assert cosine(got, want) > 0.99995, text
+
+
 @pytest.mark.slow  # ~1 s on a quiet machine; 10 s+ on a shared 2-core one
 async def test_batched_embeddings_equal_unbatched_for_mixed_lengths(model: EmbeddingModel) -> None:
     alone = [model.embed([text])[0] for text in MIXED]
@@ -68,7 +80,7 @@ async def test_batched_embeddings_equal_unbatched_for_mixed_lengths(model: Embed
                 tg.start_soon(client, i)
         stats = embedder.stats()
     for i, want in enumerate(alone):
-        assert got[i] == pytest.approx(want, abs=1e-5), MIXED[i]
+        assert_same_vector(got[i], want, model, MIXED[i])
     # The 12 concurrent clients really shared batches.
     assert stats["batcher"]["items"] == len(MIXED)
     assert stats["mean_batch_size"] > 1
@@ -80,7 +92,7 @@ async def test_one_caller_gets_its_texts_back_in_order(model: EmbeddingModel) ->
         vectors = await embedder.embed(MIXED)
     assert len(vectors) == len(MIXED)
     for text, vector in zip(MIXED, vectors, strict=True):
-        assert vector == pytest.approx(model.embed([text])[0], abs=1e-5)
+        assert_same_vector(vector, model.embed([text])[0], model, text)
 
 
 async def test_more_texts_than_the_queue_holds_are_all_embedded(model: EmbeddingModel) -> None:
@@ -90,7 +102,7 @@ async def test_more_texts_than_the_queue_holds_are_all_embedded(model: Embedding
         vectors = await embedder.embed(texts)
     assert len(vectors) == len(texts)
     for i in (0, 555, 1_099):
-        assert vectors[i] == pytest.approx(model.embed([texts[i]])[0], abs=1e-5)
+        assert_same_vector(vectors[i], model.embed([texts[i]])[0], model, texts[i])
 
 
 @pytest.mark.slow
@@ -106,8 +118,8 @@ def test_bucketing_lowers_padding_waste_and_changes_no_vector(model: EmbeddingMo
     assert real == real2
     assert waste_flat > 0.5  # one long text pads eleven short ones
     assert waste_bucketed < waste_flat / 2
-    for a, b in zip(flat, bucketed, strict=True):
-        assert a == pytest.approx(b, abs=1e-5)
+    for a, b, text in zip(flat, bucketed, MIXED, strict=True):
+        assert_same_vector(a, b, model, text)
 
 
 def test_length_buckets_cover_every_text_once_within_a_factor_of_two() -> None:
@@ -134,18 +146,42 @@ def test_vectors_are_normalized_and_mean_pooled_as_the_model_says(model: Embeddi
 
 
 def test_packed_forward_gives_the_transformers_models_vectors(model: EmbeddingModel) -> None:
-    assert model.packed is not None  # all-MiniLM-L6-v2 is a plain BERT
+    packed = pack(model.model, torch.float32)
+    assert packed is not None  # all-MiniLM-L6-v2 is a plain BERT
     ids = model.tokenize(MIXED)
     longest = max(len(x) for x in ids)
     input_ids = torch.tensor([x + [0] * (longest - len(x)) for x in ids])
     mask = torch.tensor([[1] * len(x) + [0] * (longest - len(x)) for x in ids])
     with torch.inference_mode():
         reference = model.model(input_ids=input_ids, attention_mask=mask).last_hidden_state
-        packed = model.packed(input_ids, mask)
-        alone = model.packed(input_ids[:1, : len(ids[0])], None)
+        states = packed(input_ids, mask)
+        alone = packed(input_ids[:1, : len(ids[0])], None)
     real = mask.unsqueeze(-1).bool()
-    assert torch.allclose(packed.masked_fill(~real, 0), reference.masked_fill(~real, 0), atol=1e-4)
+    assert torch.allclose(states.masked_fill(~real, 0), reference.masked_fill(~real, 0), atol=1e-4)
     assert torch.allclose(alone, reference[:1, : len(ids[0])], atol=1e-4)
+
+
+def test_the_encoder_multiplies_in_bfloat16_only_where_the_cpu_has_the_instructions(model: EmbeddingModel) -> None:
+    assert model.packed is not None
+    assert model.packed.dtype == matmul_dtype()
+    cpuinfo = Path("/proc/cpuinfo")
+    if not cpuinfo.is_file():
+        pytest.skip("no /proc/cpuinfo to read the CPU's flags from")
+    flags = {flag for line in cpuinfo.read_text().splitlines() if line.startswith("flags") for flag in line.split()}
+    native = bool(flags & {"avx512_bf16", "amx_bf16"}) and torch.backends.mkldnn.is_available()
+    assert matmul_dtype() == (torch.bfloat16 if native else torch.float32)
+
+
+def test_bfloat16_weights_keep_the_float32_vectors_directions(model: EmbeddingModel) -> None:
+    if matmul_dtype() != torch.bfloat16:
+        pytest.skip("this CPU has no bfloat16 instructions: the encoder keeps float32 weights here")
+    float32 = EmbeddingModel(MINILM, device="cpu")
+    float32.packed = pack(float32.model, torch.float32)
+    bf16 = EmbeddingModel(MINILM, device="cpu")
+    bf16.packed = pack(bf16.model, torch.bfloat16)
+    for text, want, got in zip(MIXED, float32.embed(MIXED), bf16.embed(MIXED), strict=True):
+        assert cosine(got, want) > 0.9999, text
+        assert got != want  # the bfloat16 products really ran
 
 
 def test_one_intraop_thread_stays_on_the_thread_that_asked_for_it() -> None:

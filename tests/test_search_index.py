@@ -17,12 +17,12 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-def _doc(server: str, short: str, description: str, **arguments: str) -> ToolDoc:
+def _doc(server: str, short: str, description: str, title: str = "", **arguments: str) -> ToolDoc:
     schema = {
         "type": "object",
         "properties": {name: {"type": "string", "description": text} for name, text in arguments.items()},
     }
-    return ToolDoc(f"{server}__{short}", server, short, "", description, schema)
+    return ToolDoc(f"{server}__{short}", server, short, title, description, schema)
 
 
 DOCS = [
@@ -31,6 +31,7 @@ DOCS = [
     _doc("github", "searchIssues", "Search issues and pull requests in GitHub repositories.", q="Search query"),
     _doc("gitlab", "search_issues", "Search issues of a GitLab project.", project="Project id"),
     _doc("time", "get_current_time", "Get the current time in a specific timezone.", timezone="IANA name"),
+    _doc("maps", "geocode", "Turn an address into coordinates.", "Geocoder", address="Street address"),
 ]
 
 
@@ -45,6 +46,7 @@ def test_bm25_ranks_by_name_description_and_arguments() -> None:
     index.update(DOCS)
     assert index.search("read a file", 2)[0].doc.name == "files__read_file"
     assert index.search("IANA timezone", 1)[0].doc.name == "time__get_current_time"  # an argument's description
+    assert [hit.doc.name for hit in index.search("geocoder", 3)] == ["maps__geocode"]  # the title
     assert index.search("zzz", 3) == []
     both = [hit.doc.name for hit in index.search("search issues", 5)]
     assert set(both[:2]) == {"github__searchIssues", "gitlab__search_issues"}

@@ -2,7 +2,7 @@
 
 The client tests run `mcpmux serve` over stdio with inference off (BM25 alone: the embedding model
 would cost tens of seconds of CPU per process here); the hybrid ranking and the embedding cache are
-tested in-process with the real MiniLM.
+tested in-process with the real MiniLM, embedded or behind a remote OpenAI-compatible server.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from mcp import Client
 from mcpmux.core.config import config_from_dict
 from mcpmux.mux.multiplexer import Mux
 from tests.e2e.conftest import demo, mux_over_stdio, text_of, write_config
+from tests.inference.serving.openai_server import openai_only_server
 
 pytestmark = pytest.mark.anyio
 
@@ -96,6 +97,11 @@ async def test_search_answers_in_the_documented_shape_best_first(client: Client)
     assert "1. time__get_current_time" in text
     assert "mux_call_tool" in text
     assert '"timezone"' in text  # the schema is in the text too, for clients that show only text
+
+
+async def test_a_search_without_a_limit_returns_five_tools(client: Client) -> None:
+    result = await client.call_tool("mux_search_tools", {"query": "echo, add or weather"})
+    assert len(_names(result)) == 5  # of the 8 tools of alpha and beta these words match
 
 
 async def test_servers_globs_narrow_the_search(client: Client) -> None:
@@ -197,6 +203,9 @@ async def test_found_tools_join_a_sessions_listing_when_exposed_as_listing(tmp_p
 # -- in-process: modes, the real embedding model, the cache ---------------------------------------------
 
 
+_SEARCH_ON = {"inference": {"backend": "off"}, "mux": {"tool_search": "on"}}
+
+
 def _config(**mux: Any) -> Any:
     return config_from_dict(
         {"mcpServers": {"alpha": demo("alpha"), "time": TIME_SERVER}, "inference": {"backend": "off"}, "mux": mux}
@@ -222,6 +231,19 @@ async def test_off_serves_neither_search_tool(home: Path) -> None:
         assert not {tool.name for tool in mux.list_tools()} & {"mux_search_tools", "mux_call_tool"}
 
 
+async def test_a_reload_brings_the_index_up_to_date(home: Path) -> None:
+    async with Mux(config_from_dict({"mcpServers": {"alpha": demo("alpha")}, **_SEARCH_ON})) as mux:
+        search = mux.tool_search
+        assert search is not None
+        query = "current time in a timezone"
+        assert all(hit.doc.server == "alpha" for hit in await search.search(query, 50))
+        await mux.reload(_config(tool_search="on"))  # the time server joins
+        with anyio.fail_after(20):
+            while (await search.search(query, 1))[0].doc.server != "time":
+                await anyio.sleep(0.05)
+        assert (await search.search(query, 1))[0].doc.name == "time__get_current_time"
+
+
 async def test_bm25_alone_is_logged_once_when_embeddings_are_off(home: Path, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="mcpmux.tools.search")
     async with Mux(_config(tool_search="on")) as mux:
@@ -236,13 +258,29 @@ async def test_bm25_alone_is_logged_once_when_embeddings_are_off(home: Path, cap
     assert '[inference] backend is "off"' in said[0]
 
 
+@pytest.fixture(scope="module")
+def remote_minilm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A remote OpenAI-compatible server (a second mcpmux) whose /embeddings runs MiniLM; yields its URL."""
+    config = tmp_path_factory.mktemp("remote") / "mcpmux.toml"
+    config.write_text('[inference]\nbackend = "local"\n')  # no generation model loads for embeddings
+    with openai_only_server(config) as url:
+        yield url
+
+
 @pytest.mark.slow
-async def test_hybrid_ranking_with_the_real_minilm_and_a_warm_restart(home: Path) -> None:
-    """The embedded MiniLM embeds the catalog once; a second start finds every vector on disk."""
+@pytest.mark.parametrize("backend", ["local", "openai"])
+async def test_hybrid_ranking_with_the_real_minilm_and_a_warm_restart(
+    home: Path, backend: str, request: pytest.FixtureRequest
+) -> None:
+    """MiniLM (embedded, or behind a remote server's /embeddings) embeds the catalog once; a second start
+    finds every vector on disk."""
+    inference: dict[str, Any] = {"backend": backend}
+    if backend == "openai":
+        inference["remote"] = {"base_url": request.getfixturevalue("remote_minilm"), "model": "unused"}
     config = config_from_dict(
         {
             "mcpServers": {"alpha": demo("alpha"), "time": TIME_SERVER},
-            "inference": {"backend": "local"},
+            "inference": inference,
             "mux": {"tool_search": "on"},
         }
     )

@@ -5,8 +5,6 @@ timeout, nothing listening, missing API key) name the URL and say what happened.
 from __future__ import annotations
 
 import os
-import re
-import signal
 import socket
 import subprocess
 import sys
@@ -19,6 +17,7 @@ from mcpmux.inference.engine.config import SamplingParams
 from mcpmux.inference.serving.remote import RemoteError
 from mcpmux.inference.serving.service import InferenceService
 from mcpmux.inference.serving.settings import EmbeddingSettings, InferenceSettings, ModelSettings, RemoteSettings
+from tests.inference.serving.openai_server import openai_only_server
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -33,25 +32,8 @@ def remote_url(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> It
     config.write_text(
         f'[inference]\nbackend = "local"\n[inference.models.tiny]\nmodel = "{tiny_llama}"\nkv_cache_memory_mb = 4\n'
     )
-    proc = subprocess.Popen(
-        [*MCPMUX, "serve", "--openai-only", "--config", str(config), "--port", "0"],
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stderr is not None
-    lines: list[str] = []
-    try:
-        for line in proc.stderr:
-            lines.append(line)
-            found = re.search(r"(http://\S+/v1)", line)
-            if found:
-                break
-        else:
-            pytest.fail(f"mcpmux serve --openai-only exited with {proc.wait()}:\n{''.join(lines)}")
-        yield found.group(1)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0
+    with openai_only_server(config) as url:
+        yield url
 
 
 def remote_settings(url: str, model: str = "tiny", timeout: float = 30.0) -> InferenceSettings:

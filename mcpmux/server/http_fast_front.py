@@ -185,6 +185,7 @@ class FastHttpProtocol(HttpToolsProtocol):
         super().connection_made(transport)
         if self.client:
             self._address = self.client[0]
+        self.front.idle.opened(self._address)
 
     def data_received(self, data: bytes) -> None:
         self.front.idle.busy(self._address, self)
@@ -232,7 +233,7 @@ class FastHttpProtocol(HttpToolsProtocol):
             return False
         # A 2026 error's status comes from the SDK's table; a 2025 session's errors ride a 200, as on its SSE.
         status = ERROR_CODE_HTTP_STATUS.get(response["error"]["code"], 200) if modern and "error" in response else 200
-        if cycle.keep_alive and cycle.scope is self.scope and self.front.idle.crowded(self._address):
+        if cycle.keep_alive and cycle.scope is self.scope and self.front.idle.retire(self._address):
             cycle.keep_alive = False  # nothing after this request on the connection: retire it (`HttpFastFront.idle`)
         payload = dumps(response)
         content = [STATUS_LINE[status]]

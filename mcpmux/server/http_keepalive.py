@@ -13,6 +13,12 @@ may be sending on it as it closes). The wait spares clients that share an addres
 one connection busy (local agents and editors all come from 127.0.0.1): their connections are idle
 only briefly. Only a connection with nothing more in progress is closed: no request behind the one
 answered.
+
+Retiring helps only a client that then takes one of its idle connections. One that connects anew
+instead (a load driver with a fixed connection per caller, a pool that never reuses its idle
+connections) would pay a reconnection on every call while its idle surplus stays: once a new
+connection follows a retirement from an address before any of its idle connections was taken up or
+closed, that address's connections are no longer retired until one is.
 """
 
 from __future__ import annotations
@@ -31,6 +37,15 @@ class IdleConnections:
         """Idle connections one address may hold; 0: no limit (nothing is tracked)."""
         self._idle: dict[str, dict[object, float]] = {}
         """Per address: its idle connections, longest idle first, with the time each went idle."""
+        self._retired: dict[str, float] = {}
+        """Per address a connection was retired from: when, until a connection idle then is taken up or closed."""
+        self._reconnects: set[str] = set()
+        """Addresses that connected anew after a retirement, rather than take an idle connection: not retired from."""
+
+    def opened(self, address: str) -> None:
+        """A new connection from `address`."""
+        if address in self._retired:
+            self._reconnects.add(address)
 
     def resting(self, address: str, connection: object) -> None:
         """`connection` from `address` waits for its next request."""
@@ -42,13 +57,26 @@ class IdleConnections:
     def busy(self, address: str, connection: object) -> None:
         """`connection` from `address` got data, or closed: it no longer counts as idle."""
         idle = self._idle.get(address)
-        if idle is not None and idle.pop(connection, None) is not None and not idle:
+        went_idle = None if idle is None else idle.pop(connection, None)
+        if went_idle is None:
+            return
+        if went_idle <= self._retired.get(address, -1.0):
+            # A connection of the surplus, not the caller's own between two calls: the pool shrinks.
+            del self._retired[address]
+            self._reconnects.discard(address)
+        if not idle:  # nothing idle left to retire: forget the address
             del self._idle[address]
+            self._retired.pop(address, None)
+            self._reconnects.discard(address)
 
-    def crowded(self, address: str) -> bool:
-        """Whether `address` holds `limit` idle connections or more besides the one asking, the
-        longest idle of them for `STALE_AFTER` seconds."""
+    def retire(self, address: str) -> bool:
+        """Whether the connection from `address` answering now is retired (and so counted): `address`
+        holds `limit` idle connections or more besides it, the longest idle of them for `STALE_AFTER`
+        seconds, and has not connected anew after the last retirement."""
         idle = self._idle.get(address)
-        if idle is None or len(idle) < self.limit:
+        if idle is None or len(idle) < self.limit or address in self._reconnects:
             return False
-        return time.monotonic() - next(iter(idle.values())) >= STALE_AFTER
+        if time.monotonic() - next(iter(idle.values())) < STALE_AFTER:
+            return False
+        self._retired[address] = time.monotonic()
+        return True

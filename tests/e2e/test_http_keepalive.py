@@ -77,6 +77,33 @@ def test_a_connection_past_the_limit_is_retired_after_its_answer(served: tuple[s
             sock.close()
 
 
+def test_a_client_that_connects_anew_rather_than_take_an_idle_connection_is_not_retired_again(
+    served: tuple[str, int],
+) -> None:
+    """A load driver keeps a connection per caller: after a burst, one caller goes on alone and the
+    others' connections stay idle. Retiring the busy one made that caller reconnect on every call
+    (the idle ones are never taken up); one retirement, then the new connection is kept."""
+    url, limit = served
+    idle = [connect(url) for _ in range(3)]
+    caller = connect(url)
+    try:
+        for n, sock in enumerate(idle, start=30):
+            answer(url, sock, n)
+        time.sleep(STALE_AFTER + 0.05)
+        closes = [answer(url, caller, 40)]
+        if closes[0] == "close":
+            caller.close()
+            caller = connect(url)  # as a driver does: the caller's own connection, anew
+        closes += [answer(url, caller, n) for n in range(41, 45)]
+        assert closes == (["close"] + [None] * 4 if limit else [None] * 5)
+        assert still_open(caller)
+        # Once the client takes up one of its idle connections, surplus connections are retired again.
+        assert answer(url, idle[0], 50) == ("close" if limit else None)
+    finally:
+        for sock in [*idle, caller]:
+            sock.close()
+
+
 def test_closed_connections_no_longer_count(served: tuple[str, int]) -> None:
     url, _ = served
     gone = [connect(url) for _ in range(3)]

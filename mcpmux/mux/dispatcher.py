@@ -61,10 +61,14 @@ from mcpmux.errors import UpstreamError, error_result
 from mcpmux.upstream.lane import ProgressFn
 from mcpmux.upstream.supervisor import Upstream
 from mcpmux.upstream.tasks import call_as_task
+from mcpmux.wire.json_bytes import dumps, loads
+from mcpmux.wire.plain_result import is_plain
 
 BatchItem = tuple[str, dict[str, Any], Any]  # (key of the other arguments, the other arguments, the varying value)
 RawResult = tuple[Any, str | None]
 """An upstream's raw `tools/call` result and its protocol revision (None: the revision of mcpmux's own models)."""
+CachedResult = tuple[bytes, str | None]
+"""A cached `RawResult`, its result as JSON text."""
 FlightKey = tuple[str | None, str, str]
 """(cache scope: the client, or None for all; tool; canonical JSON arguments)."""
 logger = logging.getLogger(__name__)
@@ -76,7 +80,7 @@ class UpstreamDispatcher:
     def __init__(
         self,
         upstream: Upstream,
-        cache: ResultCache[RawResult],
+        cache: ResultCache[CachedResult],
         mux: Callable[[], MuxSettings],
         observe: CallObserver | None = None,
     ) -> None:
@@ -294,19 +298,24 @@ class UpstreamDispatcher:
         if plan.cache is None:
             return None
         cached = self.cache.get((self.upstream.name, plan.tool, key), scope=scope)
-        return None if cached is None else (copy.deepcopy(cached[0]), cached[1])
+        return None if cached is None else (loads(cached[0]), cached[1])
 
     def keep(self, plan: CallPlan, key: str, scope: str | None, raw: Any, version: str | None) -> None:
-        """Cache a result where the plan says so: never an error, nor what is no `CallToolResult`."""
+        """Cache a result where the plan says so: never an error, nor what is no `CallToolResult`.
+
+        It is kept as JSON text: each hit reads a copy of its own (which a caller may shape in
+        place), cheaper than copying the objects. A result of the SDK's model (`version` None) or of
+        the commonest shape (`is_plain`) is known valid without reading it into the model."""
         rule = plan.cache
         if rule is None or not isinstance(raw, dict) or raw.get("isError"):
             return
-        try:
-            self.result_model(plan.tool, raw, version)
-        except UpstreamError:
-            return  # not kept: each caller's answer says what is wrong with it
+        if version is not None and not is_plain(raw):
+            try:
+                self.result_model(plan.tool, raw, version)
+            except UpstreamError:
+                return  # not kept: each caller's answer says what is wrong with it
         name = self.upstream.name
-        self.cache.put((name, plan.tool, key), (copy.deepcopy(raw), version), scope=scope, ttl=rule.ttl, tags=(name,))
+        self.cache.put((name, plan.tool, key), (dumps(raw), version), scope=scope, ttl=rule.ttl, tags=(name,))
 
     def result_model(self, tool: str, raw: Any, version: str | None) -> types.CallToolResult:
         """A raw result read as the SDK's model, as the SDK's client reads it; an `UpstreamError`

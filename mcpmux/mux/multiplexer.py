@@ -42,7 +42,7 @@ from mcpmux.errors import (
 from mcpmux.inference.serving.sampling_bridge import SamplingBridge
 from mcpmux.mux.catalog import Catalog, CatalogView, Route
 from mcpmux.mux.client_requests import ClientRequests
-from mcpmux.mux.dispatcher import RawResult, UpstreamDispatcher
+from mcpmux.mux.dispatcher import CachedResult, UpstreamDispatcher
 from mcpmux.mux.reload import ReloadReport, UpstreamLifetime, reload_mux
 from mcpmux.mux.task_relay import TaskRelay
 from mcpmux.tools.base import Caller, LocalTool
@@ -79,7 +79,7 @@ class Mux:
         self.client_requests = ClientRequests()
         self.inference: InferenceService | None = None  # started on entry when [inference] backend != "off"
         self.upstreams: dict[str, Upstream] = {}
-        self.cache: ResultCache[RawResult] = ResultCache(
+        self.cache: ResultCache[CachedResult] = ResultCache(
             CachePolicy(max_entries=config.mux.cache_max_entries), name="tool results"
         )
         self.resource_cache: ResultCache[types.ReadResourceResult] = ResultCache(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pydantic_core import PydanticSerializationError, to_json
+from pydantic_core import PydanticSerializationError, from_json, to_json
 
 
 def dumps(message: Any) -> bytes:
@@ -18,6 +18,11 @@ def dumps(message: Any) -> bytes:
         return to_json(message)
     except PydanticSerializationError:
         return json.dumps(message, separators=(",", ":")).encode()
+
+
+def loads(data: bytes | str) -> Any:
+    """JSON text read back as Python objects (pydantic-core's parser, as the fast path reads messages)."""
+    return from_json(data)
 
 
 def line(message: Any) -> bytes:

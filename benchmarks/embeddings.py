@@ -3,6 +3,7 @@ waste with and without length bucketing, on the real all-MiniLM-L6-v2 (CPU).
 
     .venv/bin/python benchmarks/embeddings.py            # 64 clients x 8 texts each, 3 repeats
     .venv/bin/python benchmarks/embeddings.py --quick    # 64 clients x 3 texts, 1 repeat
+    .venv/bin/python benchmarks/embeddings.py --float32  # float32 weights where bfloat16 would run
 
 64 closed-loop clients each embed texts one at a time (a mix of short queries and long passages,
 as a retrieval workload sends). Every configuration serves the same texts through an `Embedder`
@@ -26,6 +27,7 @@ from pathlib import Path
 import anyio
 import torch
 
+from mcpmux.inference.serving.bert_encoder import pack
 from mcpmux.inference.serving.embeddings import Embedder
 from mcpmux.inference.serving.encoder import EmbeddingModel
 from mcpmux.inference.serving.settings import EmbeddingSettings
@@ -119,9 +121,13 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--clients", type=int, default=64)
+    parser.add_argument("--float32", action="store_true", help="float32 linear layers (the default: matmul_dtype())")
     args = parser.parse_args()
     per_client, repeats = (3, 1) if args.quick else (8, 3)
     model = EmbeddingModel(MODEL, device="cpu")
+    if args.float32:
+        model.packed = pack(model.model, torch.float32)
+    weights = model.packed.dtype if model.packed is not None else torch.float32
     model.embed(workload(16, seed=1))  # warm-up, excluded
     results = []
     for name, settings in CONFIGS.items():
@@ -129,7 +135,8 @@ async def main() -> None:
         results.append(median_result(runs))
     base = results[0].texts_per_s
     print(
-        f"\n{args.clients} clients x {per_client} texts, {repeats} repeat(s), torch threads {torch.get_num_threads()}"
+        f"\n{args.clients} clients x {per_client} texts, {repeats} repeat(s), torch threads {torch.get_num_threads()}, "
+        f"linear layers in {weights}"
     )
     header = f"{'config':<28}{'texts/s':>9}{'x':>7}{'p50 ms':>9}{'p99 ms':>9}{'batch':>7}{'passes':>8}{'pad waste':>11}"
     print(header)
@@ -145,6 +152,7 @@ async def main() -> None:
             {
                 "machine": platform.platform(),
                 "torch_threads": torch.get_num_threads(),
+                "weights": str(weights),
                 "clients": args.clients,
                 "texts_per_client": per_client,
                 "repeats": repeats,

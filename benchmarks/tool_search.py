@@ -1,6 +1,6 @@
 """Tool search quality, latency, index build time and listing size (issue 26).
 
-    python benchmarks/tool_search.py [--sizes 200 2000] [--rounds N] [--cold-max N] [--json OUT]
+    python benchmarks/tool_search.py [--sizes 200 2000] [--rounds N] [--cold-max N] [--pause S] [--json OUT]
 
 Data: `tests/data/tool_catalogs.json` (the tool lists of 11 real servers, stored by
 `benchmarks/tool_catalogs.py`) and `tests/data/tool_search_queries.json` (152 labeled queries, each
@@ -19,6 +19,9 @@ does: its linear layers run in bfloat16 where the CPU has the instructions (`mat
 second `Embedder` holds the same model with float32 weights (what every CPU ran before), and the
 quality table's embedding rows are repeated with its vectors. Latency rounds alternate between the
 two in blocks, so both see the same load; the host's load average is printed with each row.
+Searches run back to back unless `--pause S` waits S seconds before each one, as a client that
+searches now and then does: the first forward after a pause finds less of the model in the CPU's
+caches.
 """
 
 from __future__ import annotations
@@ -174,7 +177,9 @@ async def quality(embed: Callable[[list[str]], Any], only: tuple[str, ...] = ())
     return results
 
 
-async def latency(model: Model, size: int, rounds: int = 200, cold_max: int = 10_000) -> dict[str, Any]:
+async def latency(
+    model: Model, size: int, rounds: int = 200, cold_max: int = 10_000, pause: float = 0.0
+) -> dict[str, Any]:
     """Past `cold_max` tools the cold build is not timed: each copy of a real tool gets the real tool's
     vector on disk (ranking costs the same whatever the vectors hold), and only the warm build is."""
     docs = grown(size)
@@ -216,6 +221,8 @@ async def latency(model: Model, size: int, rounds: int = 200, cold_max: int = 10
     for round_ in range(2 * rounds):
         label, embed = ("now", model.embed) if (round_ // block) % 2 == 0 else ("float32", model.embed_float32)
         query = queries[round_ % len(queries)]
+        if pause:
+            await anyio.sleep(pause)
         started = time.perf_counter()
         fresh = (await embed([query]))[0]
         warm_index.search(query, 5, fresh)
@@ -230,6 +237,7 @@ async def latency(model: Model, size: int, rounds: int = 200, cold_max: int = 10
         "search_p99_ms": _pct(timed["now"], 99),
         "float32_p50_ms": _pct(timed["float32"], 50),
         "float32_p99_ms": _pct(timed["float32"], 99),
+        "pause_s": pause,
         "load_average": [load_before, os.getloadavg()[0]],
     }
 
@@ -257,6 +265,7 @@ async def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="*", default=[200, 2000])
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--pause", type=float, default=0.0, help="seconds of idle before each timed search")
     parser.add_argument("--cold-max", type=int, default=10_000, help="time the cold build only up to this many tools")
     args = parser.parse_args()
     loaded = await anyio.to_thread.run_sync(EmbeddingModel, MODEL, "cpu")
@@ -276,7 +285,7 @@ async def main() -> None:
         sys.stdout.flush()
         report["latency"] = []
         for size in args.sizes:
-            report["latency"].append(await latency(model, size, args.rounds, args.cold_max))
+            report["latency"].append(await latency(model, size, args.rounds, args.cold_max, args.pause))
             sys.stdout.write(_latency_line(report["latency"][-1]) + "\n")
             sys.stdout.flush()
     if args.json is not None:
@@ -300,8 +309,10 @@ def _table(report: dict[str, Any]) -> str:
 
 
 def _latency_line(row: dict[str, Any]) -> str:
+    pause = f", {row['pause_s']:g} s idle before each search" if row["pause_s"] else ""
     return (
-        f"{row['tools']} tools: build cold {row['build_cold_s']:.2f} s, warm {row['build_warm_s'] * 1e3:.0f} ms; "
+        f"{row['tools']} tools{pause}: build cold {row['build_cold_s']:.2f} s, "
+        f"warm {row['build_warm_s'] * 1e3:.0f} ms; "
         f"rank p50 {row['rank_p50_ms']:.2f} ms p99 {row['rank_p99_ms']:.2f} ms; with query embedding "
         f"p50 {row['search_p50_ms']:.1f} ms p99 {row['search_p99_ms']:.1f} ms (float32 weights: p50 "
         f"{row['float32_p50_ms']:.1f} ms p99 {row['float32_p99_ms']:.1f} ms); "

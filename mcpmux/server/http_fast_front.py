@@ -23,21 +23,21 @@ pipelined requests, and any request the checks or the routing turn down.
 from __future__ import annotations
 
 import logging
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, cast
 
-import anyio
-import mcp_types as types
 from mcp.shared.inbound import ERROR_CODE_HTTP_STATUS
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.types import Scope
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 
-from mcpmux.mux.fast_path import FastCall, FastPath, Flight
+from mcpmux.mux.call_sink import ServedCall, serve
+from mcpmux.mux.fast_path import FastCall, FastPath
 from mcpmux.server.http_edge import HttpEdge
 from mcpmux.server.http_fast import CANCELLED_ERROR, FastPathMiddleware, session_of
 from mcpmux.server.http_keepalive import IdleConnections
+from mcpmux.upstream.lane import ProgressFn
 from mcpmux.wire.batch_array import id_key
 from mcpmux.wire.json_bytes import dumps
 
@@ -51,30 +51,45 @@ _NOT_HELD = frozenset({b"forwarded", b"x-forwarded-for", b"x-forwarded-proto", b
 
 
 @dataclass(slots=True, eq=False)
-class _Running:
-    """A fast-path call in flight on a connection."""
+class _HttpSink:
+    """Where one fast-path call's response goes: its request's connection (`CallSink`)."""
 
-    call: FastCall
+    front: HttpFastFront
     protocol: FastHttpProtocol
     cycle: RequestResponseCycle
-    scope: anyio.CancelScope | None = None
-    """The scope of its task, once it has one."""
-    cancelled: bool = False
-    flight: Flight | None = None
+    key: tuple[str, str] | None
+    """(2025 session, request id) while the call is in flight, for a `notifications/cancelled` to find it."""
+    modern: bool
+    """The client speaks 2026-07-28: an error's HTTP status comes from the SDK's table."""
+    served: ServedCall | None = None
     gone: bool = False
     """The client closed the connection."""
+    progress: ProgressFn | None = None  # a call that asked for progress goes through ASGI
+
+    def respond_now(self, response: dict[str, Any]) -> bool:
+        return self.protocol.respond(self.cycle, response, self.modern)
+
+    async def respond(self, response: dict[str, Any]) -> None:
+        self.respond_now(response)
+
+    def start(self, work: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        self.protocol.start_task(work())
+
+    def withheld(self, call: FastCall) -> dict[str, Any] | None:
+        # A 2025 session's notifications/cancelled: the SDK's -32800; a client gone gets nothing.
+        return None if self.gone else {"jsonrpc": "2.0", "id": call.request_id, "error": CANCELLED_ERROR}
+
+    def ended(self) -> None:
+        self.front._forget(self)
 
     def cancel(self) -> None:
-        self.cancelled = True
-        if self.scope is not None:
-            self.scope.cancel()
-        if self.flight is not None:
-            self.flight.wake()  # a launched call with no task yet gets one, to tell the upstream
+        if self.served is not None:
+            self.served.cancel()
 
-    def respond(self, response: dict[str, Any]) -> bool:
-        if self.cancelled:
-            return False  # cancelled: the task answers (or, the client gone, nobody)
-        return self.protocol.respond(self.cycle, response, self.call.version in MODERN_PROTOCOL_VERSIONS)
+    def lost(self) -> None:
+        """The client closed the connection: the call is cancelled, nobody is left to answer."""
+        self.gone = True
+        self.cancel()
 
 
 class HttpFastFront:
@@ -108,65 +123,22 @@ class HttpFastFront:
             return False  # a duplicate id in flight: the SDK path answers that as it always has
         if not self.edge.admits(scope, len(body)):  # last: it counts the request against the rate limit
             return False
-        running = _Running(call, protocol, cycle)
+        sink = _HttpSink(self, protocol, cycle, key, call.version in MODERN_PROTOCOL_VERSIONS)
         if key is not None:
-            self.middleware.running[key] = running
-        protocol.running = running
+            self.middleware.running[key] = sink
+        protocol.running = sink
         try:
-            self._start(running, key)
+            sink.served = serve(self.fast, call, sink)
         except Exception:  # nothing went out (`launch` leaves nothing behind): the ASGI app serves it
             logger.exception("launching fast-path call %r failed; the SDK path serves it", call.tool)
-            self._forget(running, key)
             return False
         return True
 
-    def _start(self, running: _Running, key: tuple[str, str] | None) -> None:
-        call, protocol = running.call, running.protocol
-
-        def deliver_now(response: dict[str, Any]) -> bool:
-            if not running.respond(response):
-                return False
-            self._forget(running, key)
-            return True
-
-        def escalate() -> None:
-            protocol.start_task(self._serve(running, key))
-
-        flight = self.fast.launch(call, deliver_now, escalate)
-        if flight is None:
-            protocol.start_task(self._serve(running, key))
-            return
-        running.flight = flight
-
-    async def _serve(self, running: _Running, key: tuple[str, str] | None) -> None:
-        async def deliver(response: dict[str, Any]) -> None:
-            running.respond(response)
-
-        error: dict[str, Any] | None = None
-        running.scope = anyio.CancelScope()
-        if running.cancelled:
-            running.scope.cancel()
-        try:
-            with running.scope:
-                await self.fast.answer(running.call, deliver=deliver, flight=running.flight)
-        except Exception:  # the request still gets its answer, as uvicorn's 500 on the ASGI path
-            logger.exception("fast-path call %r failed", running.call.tool)
-            error = {"code": types.INTERNAL_ERROR, "message": "Internal error"}
-        finally:
-            self._forget(running, key)
-        # Cancelled (a 2025 session's notifications/cancelled), even if the call ended before it could
-        # notice: the result was withheld, so the request gets the SDK's -32800 (respond writes once).
-        if running.cancelled and not running.gone:
-            error = CANCELLED_ERROR
-        if error is not None:
-            response = {"jsonrpc": "2.0", "id": running.call.request_id, "error": error}
-            running.protocol.respond(running.cycle, response, running.call.version in MODERN_PROTOCOL_VERSIONS)
-
-    def _forget(self, running: _Running, key: tuple[str, str] | None) -> None:
-        if key is not None and self.middleware.running.get(key) is running:
-            del self.middleware.running[key]
-        if running.protocol.running is running:
-            running.protocol.running = None
+    def _forget(self, sink: _HttpSink) -> None:
+        if sink.key is not None and self.middleware.running.get(sink.key) is sink:
+            del self.middleware.running[sink.key]
+        if sink.protocol.running is sink:
+            sink.protocol.running = None
 
 
 class FastHttpProtocol(HttpToolsProtocol):
@@ -176,7 +148,7 @@ class FastHttpProtocol(HttpToolsProtocol):
     """
 
     front: HttpFastFront
-    running: _Running | None = None
+    running: _HttpSink | None = None
     _held: tuple[RequestResponseCycle, Any] | None = None
     _address = ""
     """The client's IP address, for `HttpFastFront.idle`."""
@@ -215,10 +187,8 @@ class FastHttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.front.idle.busy(self._address, self)
-        running = self.running
-        if running is not None:
-            running.gone = True
-            running.cancel()
+        if self.running is not None:
+            self.running.lost()
         super().connection_lost(exc)
 
     def start_task(self, coroutine: Coroutine[Any, Any, None]) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import weakref
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -27,7 +28,8 @@ from mcp.shared.exceptions import NoBackChannelError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel
 
-from mcpmux.mux.fast_path import FastCall, FastPath, Flight, decode, sampling_declared
+from mcpmux.mux.call_sink import ServedCall, serve
+from mcpmux.mux.fast_path import FastCall, FastPath, decode, sampling_declared
 from mcpmux.server.stdio_batch import StdioBatchEdge
 from mcpmux.upstream.lane import ProgressFn
 from mcpmux.wire.batch_array import id_key
@@ -39,18 +41,30 @@ TASK_OWNER_STDIO = "stdio"
 T = TypeVar("T", bound=BaseModel)
 
 
-@dataclass(slots=True)
-class _Running:
-    """A fast-path call in flight: its cancel scope, and its flight when it was launched."""
+@dataclass(slots=True, eq=False)
+class _StdioSink:
+    """Where one fast-path call's lines go: the client's stdout (`CallSink`)."""
 
-    scope: anyio.CancelScope
-    flight: Flight | None = None
-    ended: bool = False
+    front: StdioFastFront
+    call: FastCall
+    key: str
+    progress: ProgressFn | None
+    served: ServedCall | None = None
 
-    def cancel(self) -> None:
-        self.scope.cancel()
-        if self.flight is not None:
-            self.flight.wake()  # a launched call with no task yet gets one, to tell the upstream
+    def respond_now(self, response: dict[str, Any]) -> bool:
+        return self.front._write_now(response)
+
+    async def respond(self, response: dict[str, Any]) -> None:
+        await self.front._write(response)
+
+    def start(self, work: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        self.front._tasks.start_soon(work)
+
+    def withheld(self, call: FastCall) -> dict[str, Any] | None:
+        return None  # a cancelled request gets no response at all, as on the SDK path
+
+    def ended(self) -> None:
+        self.front._forget(self)
 
 
 class StdioFastFront:
@@ -65,7 +79,7 @@ class StdioFastFront:
         self._edge = edge
         self._tasks = tasks
         self._callers = callers
-        self._running: dict[str, _Running] = {}
+        self._running: dict[str, _StdioSink] = {}
         self._relays: dict[str, _ClientStandIn] = {}
         self.connection: Connection | None = None
         """The client's 2025 session, once initialized (set by `Frontend`): upstreams' requests to the
@@ -96,10 +110,10 @@ class StdioFastFront:
             if not isinstance(message, dict) or message.get("jsonrpc") != "2.0" or "id" in message:
                 return False  # not a well-formed notification: the SDK path words the refusal
             params = message.get("params")
-            running = self._running.get(id_key(params.get("requestId"))) if isinstance(params, dict) else None
-            if running is None:
+            sink = self._running.get(id_key(params.get("requestId"))) if isinstance(params, dict) else None
+            if sink is None or sink.served is None:
                 return False
-            running.cancel()
+            sink.served.cancel()
             return True
         if '"initialize"' in line:
             message = decode(line)
@@ -111,59 +125,22 @@ class StdioFastFront:
 
     def close(self) -> None:
         """Give every launched call still without a task its task (which the caller then cancels)."""
-        for running in list(self._running.values()):
-            if running.flight is not None:
-                running.flight.wake()
+        for sink in list(self._running.values()):
+            if sink.served is not None:
+                sink.served.detach()
 
     def _start(self, call: FastCall, key: str) -> None:
-        """Launch the call right here when it can be (`FastPath.launch`), else start its task."""
-        running = self._running[key] = _Running(anyio.CancelScope())
-        self._hold_relay(call)
-
-        def deliver_now(response: dict[str, Any]) -> bool:
-            if running.scope.cancel_called or not self._write_now(response):
-                return False  # a cancelled request gets no response at all
-            self._forget(call, key, running)  # answered: a cancellation for this id is too late
-            return True
-
-        def escalate() -> None:
-            try:
-                self._tasks.start_soon(self._serve, call, key, running)
-            except RuntimeError:  # the task group is gone (its front ended abnormally): nobody to answer
-                assert running.flight is not None
-                self.fast.abandon(call, running.flight)
-                self._forget(call, key, running)
-
-        try:
-            flight = self.fast.launch(call, deliver_now, escalate)
-        except BaseException:
-            self._forget(call, key, running)
-            raise
-        if flight is None:
-            self._tasks.start_soon(self._serve, call, key, running)
-            return
-        running.flight = flight
-
-    async def _serve(self, call: FastCall, key: str, running: _Running) -> None:
+        """Serve the call (`serve`: launched right here when it can be, else in a task of the front's)."""
         progress = self._progress_relay(call.progress_token) if call.progress_token is not None else None
+        sink = self._running[key] = _StdioSink(self, call, key, progress)
+        self._hold_relay(call)
+        sink.served = serve(self.fast, call, sink)
 
-        async def deliver(response: dict[str, Any]) -> None:
-            if not running.scope.cancel_called:  # a request cancelled before its answer gets none at all
-                await self._write(response)
-
-        try:
-            with running.scope:
-                await self.fast.answer(call, progress, deliver=deliver, flight=running.flight)
-        finally:
-            self._forget(call, key, running)
-
-    def _forget(self, call: FastCall, key: str, running: _Running) -> None:
+    def _forget(self, sink: _StdioSink) -> None:
         """The call is over for this front (answered, or its task ended): once."""
-        if running.ended:
-            return
-        running.ended = True
-        if self._running.get(key) is running:  # the id may be in use again by a newer call
-            del self._running[key]
+        call = sink.call
+        if self._running.get(sink.key) is sink:  # the id may be in use again by a newer call
+            del self._running[sink.key]
         relay = self._relays[call.upstream.name]
         relay.calls -= 1
         if call.version not in MODERN_PROTOCOL_VERSIONS:

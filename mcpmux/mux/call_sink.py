@@ -1,0 +1,150 @@
+"""One relayed call between a fast front and the executor: the front's sink, and the call in flight.
+
+A fast front (stdio lines, raw HTTP below ASGI) parses a request into a `FastCall`
+(`FastPath.route`) and hands it to `serve` with a `CallSink`: where the call's response and progress
+are written, and how the front runs a task. The front does nothing else for the call: it parses and
+writes. `serve` launches the call where it can (`FastPath.launch`: the answer is written from the
+code that reads it off the upstream's wire, with no task), and otherwise, or once something needs
+one (progress, an error, a timeout, a cancellation), runs `FastPath.answer` in a task the sink
+starts. The front keeps the `ServedCall` it gets back, to cancel the call.
+
+Every request is answered exactly once: with its result; with the sink's `withheld` answer if it
+was cancelled first (none at all on stdio, the SDK's -32800 on a 2025 HTTP session); or with an
+internal error if serving it failed unexpectedly (logged). `ended` tells the front, once, that the
+call is over for it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import anyio
+import mcp_types as types
+
+from mcpmux.mux.fast_path import FastCall, FastPath, Flight
+from mcpmux.upstream.lane import ProgressFn
+
+logger = logging.getLogger(__name__)
+
+
+class CallSink(Protocol):
+    """What a front gives `serve` for one call."""
+
+    @property
+    def progress(self) -> ProgressFn | None:
+        """Where the call's progress goes (None: the client asked for none)."""
+
+    def respond_now(self, response: dict[str, Any]) -> bool:
+        """Write the JSON-RPC response at once, from synchronous code; False when it cannot go out now."""
+
+    async def respond(self, response: dict[str, Any]) -> None:
+        """Write the JSON-RPC response (from the call's task)."""
+
+    def start(self, work: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Run `work` in a task the front owns; `RuntimeError` when the front can start none (it ended)."""
+
+    def withheld(self, call: FastCall) -> dict[str, Any] | None:
+        """The response a call cancelled before its answer gets (None: none at all)."""
+
+    def ended(self) -> None:
+        """The call is over for the front (answered, abandoned, or its task ended); called once."""
+
+
+@dataclass(slots=True, eq=False)
+class ServedCall:
+    """A call `serve` took on, for its front to cancel."""
+
+    call: FastCall
+    sink: CallSink
+    flight: Flight | None = None
+    """The launched call, while it may still need a task (None: it was not launched)."""
+    scope: anyio.CancelScope | None = None
+    """Its task's scope, once it has a task."""
+    cancelled: bool = False
+    answered: bool = False
+    """Whether its response went out."""
+    over: bool = False
+
+    def cancel(self) -> None:
+        """The client cancelled the call (or went away): its answer is withheld, the upstream told."""
+        self.cancelled = True
+        if self.scope is not None:
+            self.scope.cancel()
+        if self.flight is not None:
+            self.flight.wake()  # a launched call with no task yet gets one, to tell the upstream
+
+    def detach(self) -> None:
+        """The front is closing: a launched call still without a task gets one (which the front then cancels)."""
+        if self.flight is not None:
+            self.flight.wake()
+
+    def end(self) -> None:
+        if not self.over:
+            self.over = True
+            self.sink.ended()
+
+
+def serve(fast: FastPath, call: FastCall, sink: CallSink) -> ServedCall:
+    """Take on `call`: launched right here when it can be, else in a task the sink starts."""
+    served = ServedCall(call, sink)
+
+    def deliver_now(response: dict[str, Any]) -> bool:
+        if served.cancelled or not sink.respond_now(response):
+            return False  # its task answers (a cancelled call, with `withheld`)
+        served.answered = True
+        served.end()  # answered: a cancellation for it is too late
+        return True
+
+    def escalate() -> None:
+        try:
+            sink.start(lambda: _answer(fast, served))
+        except RuntimeError:  # the front has ended abnormally: nobody is left to answer
+            assert served.flight is not None
+            fast.abandon(call, served.flight)
+            served.end()
+
+    try:
+        served.flight = fast.launch(call, deliver_now, escalate)
+        if served.flight is None:
+            sink.start(lambda: _answer(fast, served))
+    except BaseException:
+        served.end()
+        raise
+    return served
+
+
+async def _answer(fast: FastPath, served: ServedCall) -> None:
+    """Serve the call in its task (`FastPath.answer`), then write what a cancelled or failed call gets."""
+    call, sink = served.call, served.sink
+
+    async def deliver(response: dict[str, Any]) -> None:
+        if not served.cancelled:  # a call cancelled before its answer gets `withheld` instead
+            served.answered = True
+            await sink.respond(response)
+
+    served.scope = anyio.CancelScope()
+    if served.cancelled:
+        served.scope.cancel()
+    failed = False
+    try:
+        with served.scope:
+            await fast.answer(call, sink.progress, deliver=deliver, flight=served.flight)
+    except Exception:  # the request still gets an answer, as an unexpected error does on the SDK path
+        logger.exception("fast-path call %r failed", call.tool)
+        failed = True
+    finally:
+        served.end()
+    if served.answered:
+        return
+    if served.cancelled:  # even if the call ended before it could notice: the result was withheld
+        response = sink.withheld(call)
+    elif failed:
+        error = {"code": types.INTERNAL_ERROR, "message": "Internal error"}
+        response = {"jsonrpc": "2.0", "id": call.request_id, "error": error}
+    else:
+        return
+    if response is not None:
+        await sink.respond(response)

@@ -133,6 +133,7 @@ class Mux:
         await self._stack.__aenter__()
         self._tasks = anyio.create_task_group()
         await self._tasks.__aenter__()
+        self.tasks.start(self._tasks)
         try:
             for name, upstream in self.upstreams.items():
                 self._lifetimes[name] = await UpstreamLifetime.start(self._tasks, upstream, self.dispatchers[name])

@@ -9,6 +9,8 @@ one mcpmux never gave out, is "not found", exactly as an id that never existed: 
 client that another's task exists. An upstream's `notifications/tasks/status` goes to the task's
 owner alone, under mcpmux's id (`listener`, set by the front that can reach the owner). Ids are
 kept for the most recent `MAX_TASKS` tasks.
+
+2026-07-28 clients' tasks (the tasks extension) are `extension`'s (`mcpmux.mux.extension_tasks`).
 """
 
 from __future__ import annotations
@@ -20,10 +22,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import mcp_types as types
+from anyio.abc import TaskGroup
 from cachetools import LRUCache
 from mcp.shared.exceptions import MCPError
 
 from mcpmux.errors import MuxError
+from mcpmux.mux.extension_tasks import ExtensionTasks
 from mcpmux.upstream.supervisor import Upstream
 from mcpmux.upstream.tasks import with_related_task
 
@@ -51,6 +55,12 @@ class TaskRelay:
         self._ids: LRUCache[tuple[str, str], str] = LRUCache(maxsize=MAX_TASKS)
         """mcpmux's id for each (upstream, the upstream's task id)."""
         self.listener: StatusListener | None = None
+        self.extension = ExtensionTasks(upstreams)
+        """The tasks 2026-07-28 clients created (the `io.modelcontextprotocol/tasks` extension)."""
+
+    def start(self, group: TaskGroup) -> None:
+        """Run what follows tasks in `group` (the Mux's task group): it ends with the Mux."""
+        self.extension.start(group)
 
     def adopt(self, upstream: str, created: dict[str, Any], owner: str) -> dict[str, Any]:
         """An upstream's raw `CreateTaskResult` for `owner`'s call, as the client gets it: under mcpmux's id."""

@@ -59,6 +59,7 @@ from mcpmux.server.resource_subscriptions import ResourceSubscriptions
 from mcpmux.server.standalone_stream import StandaloneStreamWatch
 from mcpmux.server.stdio_batch import StdioBatchEdge, claimed_stdio
 from mcpmux.server.stdio_fast import TASK_OWNER_STDIO, StdioFastFront
+from mcpmux.server.task_front import TaskFastPath, TaskFront
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -127,23 +128,6 @@ def _profile_of(ctx: Any) -> str | None:
     return request.scope.get(PROFILE_SCOPE) if request is not None else None
 
 
-def _task_owner(ctx: Any) -> str:
-    """Who owns the tasks of a request's client, as the fast fronts name it (a request with no session: nobody)."""
-    request = ctx.request
-    if request is None:
-        return TASK_OWNER_STDIO
-    session = request.headers.get("mcp-session-id")
-    return task_owner(session) if session else f"sessionless:{uuid.uuid4().hex}"
-
-
-async def _worded(answer: Awaitable[T]) -> T:
-    """`answer`, with mcpmux's errors as the client's JSON-RPC errors."""
-    try:
-        return await answer
-    except MuxError as err:
-        raise _as_mcp_error(err) from None
-
-
 def _declares_roots(connection: Connection) -> bool:
     capabilities = connection.client_capabilities
     return capabilities is not None and capabilities.roots is not None
@@ -174,12 +158,14 @@ class Frontend:
         self._callers: dict[str, weakref.WeakKeyDictionary[ServerSession, types.RequestId]] = {}
         # 2026-07-28 callers' upstream calls parked while the client answers sampling (input-required rounds).
         self.rounds = InputRounds(idle_timeout=mux.config.mux.sampling_round_timeout)
+        # Tasks of both eras: `tasks/*`, and tools/call answered with a task for 2026 clients that ask.
+        self.task_front = TaskFront(mux)
         self.server = _MuxServer(
             "mcpmux",
             version=__version__,
             instructions="mcpmux: tools from several MCP servers, named server__tool.",
             on_list_tools=self._list_tools,
-            on_call_tool=self._call_tool,
+            on_call_tool=self.task_front.wrap(self._call_tool),
             on_list_resources=self._list_resources,
             on_list_resource_templates=self._list_resource_templates,
             on_read_resource=self._read_resource,
@@ -219,11 +205,7 @@ class Frontend:
         mux.on_catalog_changed(self.subscriptions.renew)
         self.server.add_request_handler("resources/subscribe", types.SubscribeRequestParams, self._subscribe)
         self.server.add_request_handler("resources/unsubscribe", types.UnsubscribeRequestParams, self._unsubscribe)
-        # 2025-11-25 tasks a client created with a task-augmented call (relayed raw, on the fast path).
-        self.server.add_request_handler("tasks/get", types.GetTaskRequestParams, self._get_task)
-        self.server.add_request_handler("tasks/result", types.GetTaskPayloadRequestParams, self._task_result)
-        self.server.add_request_handler("tasks/cancel", types.CancelTaskRequestParams, self._cancel_task)
-        self.server.add_request_handler("tasks/list", types.PaginatedRequestParams, self._list_tasks)
+        self.task_front.register(self.server)
         mux.tasks.listener = self._task_status
 
     def _seen(self, ctx: Any) -> ServerSession:
@@ -234,7 +216,7 @@ class Frontend:
 
     def _fast_path(self) -> FastPath:
         """A fast path for this front's mux; 2026 results get this front's `serverInfo` stamp."""
-        return FastPath(self.mux, self.server.server_info_stamp)
+        return TaskFastPath(self.mux, self.server.server_info_stamp)
 
     def _client_id(self, ctx: Any) -> str:
         """Which client sent a request: the scope of its private cache entries (`scope = "client"`).
@@ -460,18 +442,6 @@ class Frontend:
         except MuxError as err:
             raise _as_mcp_error(err) from None
         return types.EmptyResult()
-
-    async def _get_task(self, ctx: Any, params: types.GetTaskRequestParams) -> types.GetTaskResult:
-        return await _worded(self.mux.tasks.get(_task_owner(ctx), params.task_id))
-
-    async def _task_result(self, ctx: Any, params: types.GetTaskPayloadRequestParams) -> types.CallToolResult:
-        return await _worded(self.mux.tasks.result(_task_owner(ctx), params.task_id))
-
-    async def _cancel_task(self, ctx: Any, params: types.CancelTaskRequestParams) -> types.CancelTaskResult:
-        return await _worded(self.mux.tasks.cancel(_task_owner(ctx), params.task_id))
-
-    async def _list_tasks(self, ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListTasksResult:
-        return await _worded(self.mux.tasks.list(_task_owner(ctx)))
 
     async def _roots_changed(self, ctx: Any, params: types.NotificationParams) -> None:
         """`notifications/roots/list_changed` from a client: passed on to every upstream."""

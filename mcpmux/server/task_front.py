@@ -1,0 +1,238 @@
+"""Tasks as clients see them, in both protocol eras: the `tasks/*` requests, and the `tools/call`s
+answered with a task for 2026-07-28 clients (the `io.modelcontextprotocol/tasks` extension).
+
+- **2025-11-25** (`Mux.tasks`): `tasks/get`, `tasks/result`, `tasks/cancel` and `tasks/list` on the
+  tasks a session created with a task-augmented call (relayed raw on the fast path). Their owner is
+  the session (the one stdio client, or the HTTP session id).
+- **2026-07-28** (`Mux.tasks.extension`): a `tools/call` whose request declares the extension, to a
+  tool that may run as a task, is answered with mcpmux's `CreateTaskResult`; `tasks/get`,
+  `tasks/update` and `tasks/cancel` follow it, each answered -32021 when its request does not declare
+  the extension, and `tasks/result` and `tasks/list` (gone from the extension) -32601. The
+  extension is declared in `server/discover` (the 2026 capabilities) and nowhere else.
+
+A 2026 request has no session, so its tasks are owned by who sent it: over HTTP the bearer token the
+edge accepted (by a keyed hash; the token itself is never kept) within the request's profile, or,
+without a token, every tokenless request of that profile alike, for whom the task id (128 random
+bits) is the only key; on stdio, the one client. Another owner's id is "not found".
+
+Tools a 2026 upstream may answer with a task are called through the SDK path for a client that
+declared the extension (`TaskFastPath` leaves them to it): the fast path relays results, not tasks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import mcp_types as types
+from mcp.server.lowlevel.server import Server
+from mcp.shared.exceptions import MCPError
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+from mcpmux.core.call_plan import CallPlan
+from mcpmux.errors import (
+    MuxError,
+    UpstreamError,
+    UpstreamResultError,
+    UpstreamTimeoutError,
+    UpstreamUnavailableError,
+    error_result,
+)
+from mcpmux.mux.dispatcher import UpstreamDispatcher
+from mcpmux.mux.fast_path import FastCall, FastPath
+from mcpmux.mux.multiplexer import Mux
+from mcpmux.server.http_edge import PROFILE_SCOPE
+from mcpmux.server.http_fast import task_owner
+from mcpmux.server.stdio_fast import TASK_OWNER_STDIO
+from mcpmux.upstream import task_extension as wire
+from mcpmux.upstream.supervisor import Upstream
+
+T = TypeVar("T")
+CallHandler = Callable[[Any, types.CallToolRequestParams], Awaitable[Any]]
+
+
+class UpdateTaskParams(types.GetTaskRequestParams):
+    """`tasks/update`'s params: the task, and the client's answers to its `inputRequests`."""
+
+    input_responses: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class _Target:
+    upstream: Upstream
+    dispatcher: UpstreamDispatcher
+    plan: CallPlan
+
+
+def task_target(mux: Mux, name: str, profile: str | None) -> _Target | None:
+    """Where a call of the public tool `name` goes, if its upstream may run it as a task: a 2025
+    upstream's tool it runs only as one, or any tool of a 2026 upstream that declared the extension."""
+    try:
+        route = mux.resolve_tool(name, profile)
+    except MuxError:
+        return None  # the plain path words it
+    upstream, dispatcher = mux.upstreams.get(route.upstream), mux.dispatchers.get(route.upstream)
+    if upstream is None or dispatcher is None:
+        return None
+    plan = dispatcher.plan(route.name)
+    return _Target(upstream, dispatcher, plan) if plan.as_task or wire.offered(upstream.client) else None
+
+
+class TaskFastPath(FastPath):
+    """The fast path, less the calls that may be answered with a task: a 2026 request declaring the
+    extension, to a tool that may run as one (the fast path would relay a task handle as a result)."""
+
+    __slots__ = ()
+
+    def route(
+        self,
+        message: Any,
+        legacy_version: str | None,
+        declares_sampling: bool = False,
+        headers: Any = None,
+        owner: str | None = None,
+    ) -> FastCall | None:
+        params = message.get("params") if isinstance(message, dict) else None
+        meta = params.get("_meta") if isinstance(params, dict) else None
+        if (
+            isinstance(meta, dict)
+            and meta.get(types.PROTOCOL_VERSION_META_KEY) in MODERN_PROTOCOL_VERSIONS
+            and wire.declared(meta.get(types.CLIENT_CAPABILITIES_META_KEY))
+            and isinstance(name := params.get("name"), str)  # type: ignore[union-attr]
+            and task_target(self.mux, name, None) is not None
+        ):
+            return None
+        return super().route(message, legacy_version, declares_sampling, headers, owner)
+
+
+def _modern(ctx: Any) -> bool:
+    return ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
+
+
+def _method_not_found(method: str) -> MCPError:
+    return MCPError(code=types.METHOD_NOT_FOUND, message="Method not found", data=method)
+
+
+async def _worded(answer: Awaitable[T]) -> T:
+    """`answer`, with mcpmux's errors as the client's JSON-RPC errors."""
+    try:
+        return await answer
+    except UpstreamError as err:
+        raise MCPError(err.code, str(err), err.data) from None
+    except MuxError as err:
+        raise MCPError(types.INTERNAL_ERROR, str(err)) from None
+
+
+class TaskFront:
+    """The `tasks/*` handlers of both eras, and the `tools/call` wrapper that gives 2026 clients tasks."""
+
+    def __init__(self, mux: Mux) -> None:
+        self.mux = mux
+        self._key = secrets.token_bytes(32)
+        """Keys the hash that names a 2026 client by its bearer token."""
+        self._server: Server[Any] | None = None
+
+    def register(self, server: Server[Any]) -> None:
+        """Serve `tasks/*` and a `server/discover` that declares the extension on `server`."""
+        self._server = server
+        server.add_request_handler("tasks/get", types.GetTaskRequestParams, self._get)
+        server.add_request_handler("tasks/result", types.GetTaskPayloadRequestParams, self._result)
+        server.add_request_handler("tasks/cancel", types.CancelTaskRequestParams, self._cancel)
+        server.add_request_handler("tasks/list", types.PaginatedRequestParams, self._list)
+        server.add_request_handler("tasks/update", UpdateTaskParams, self._update)
+        server.add_request_handler("server/discover", types.RequestParams, self._discover)
+
+    def wrap(self, plain: CallHandler) -> CallHandler:
+        """The `tools/call` handler: a task for a 2026 client that declared the extension, where the tool
+        may run as one; `plain` for everything else (and for a 2026 upstream that asked for input first)."""
+
+        async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> Any:
+            target = self._target(ctx, params)
+            if target is None:
+                return await plain(ctx, params)
+            try:
+                with self.mux.track_call(target.upstream.name):
+                    call = self.mux.tasks.extension.call(
+                        self.owner(ctx), target.upstream, target.dispatcher, target.plan, params.arguments or {}
+                    )
+                    answer = await _worded(call)
+            except (UpstreamUnavailableError, UpstreamTimeoutError, UpstreamResultError) as err:
+                return error_result(str(err))  # as a plain call words them: the model reads what happened
+            return await plain(ctx, params) if answer is None else answer
+
+        return call_tool
+
+    def _target(self, ctx: Any, params: types.CallToolRequestParams) -> _Target | None:
+        if not _modern(ctx) or not wire.declared(ctx.session.client_capabilities):
+            return None
+        if params.name in self.mux.local_tools or params.request_state is not None:
+            return None
+        request = ctx.request
+        return task_target(self.mux, params.name, request.scope.get(PROFILE_SCOPE) if request is not None else None)
+
+    def owner(self, ctx: Any) -> str:
+        """Who owns a 2026 request's tasks (see the module's docstring)."""
+        request = ctx.request
+        if request is None:
+            return "stdio"
+        token = request.headers.get("authorization")
+        who = "bearer:" + hmac.new(self._key, token.encode(), hashlib.sha256).hexdigest() if token else "tokenless"
+        return f"{who} in profile {request.scope.get(PROFILE_SCOPE)!r}"
+
+    def _extension_owner(self, ctx: Any) -> str:
+        """A 2026 request's owner, once it declared the extension (else -32021)."""
+        if not wire.declared(ctx.session.client_capabilities):
+            raise wire.missing()
+        return self.owner(ctx)
+
+    @staticmethod
+    def _legacy_owner(ctx: Any) -> str:
+        """Who owns a 2025 session's tasks, as the fast fronts name it (a request with no session: nobody)."""
+        request = ctx.request
+        if request is None:
+            return TASK_OWNER_STDIO
+        session = request.headers.get("mcp-session-id")
+        return task_owner(session) if session else f"sessionless:{uuid.uuid4().hex}"
+
+    async def _get(self, ctx: Any, params: types.GetTaskRequestParams) -> Any:
+        if _modern(ctx):
+            return await _worded(self.mux.tasks.extension.get(self._extension_owner(ctx), params.task_id))
+        return await _worded(self.mux.tasks.get(self._legacy_owner(ctx), params.task_id))
+
+    async def _cancel(self, ctx: Any, params: types.CancelTaskRequestParams) -> Any:
+        if _modern(ctx):
+            return await _worded(self.mux.tasks.extension.cancel(self._extension_owner(ctx), params.task_id))
+        return await _worded(self.mux.tasks.cancel(self._legacy_owner(ctx), params.task_id))
+
+    async def _update(self, ctx: Any, params: UpdateTaskParams) -> dict[str, Any]:
+        if not _modern(ctx):
+            raise _method_not_found("tasks/update")
+        owner = self._extension_owner(ctx)
+        return await _worded(self.mux.tasks.extension.update(owner, params.task_id, params.input_responses))
+
+    async def _result(self, ctx: Any, params: types.GetTaskPayloadRequestParams) -> types.CallToolResult:
+        if _modern(ctx):
+            raise _method_not_found("tasks/result")  # the extension polls `tasks/get` instead
+        return await _worded(self.mux.tasks.result(self._legacy_owner(ctx), params.task_id))
+
+    async def _list(self, ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListTasksResult:
+        if _modern(ctx):
+            raise _method_not_found("tasks/list")  # no listing in the extension: nothing tells of others' tasks
+        return await _worded(self.mux.tasks.list(self._legacy_owner(ctx)))
+
+    async def _discover(self, ctx: Any, params: types.RequestParams | None) -> types.DiscoverResult:
+        """`server/discover`, as the SDK answers it, with the tasks extension among the capabilities."""
+        server = self._server
+        assert server is not None  # `register` set it: this handler is registered there
+        capabilities = server.get_capabilities(protocol_version=ctx.protocol_version)
+        extensions = {**(capabilities.extensions or {}), wire.EXTENSION: {}}
+        return types.DiscoverResult(
+            supported_versions=list(MODERN_PROTOCOL_VERSIONS),
+            capabilities=capabilities.model_copy(update={"extensions": extensions}),
+            instructions=server.instructions,
+        )

@@ -183,7 +183,7 @@ class Frontend:
         # Upstream sampling, elicitation and roots requests go to the client whose call caused them.
         self.relay = ClientRelay(self._callers, self.rounds, self._connections, mux.calls.in_flight)
         requests = mux.client_requests
-        requests.asker, requests.noter = self.relay.ask, self.relay.note
+        requests.asker, requests.noter = self.task_front.asker(self.relay.ask), self.relay.note
         requests.complete_listener = self.relay.elicitation_complete
         # Added here, not passed to the constructor: that warns (logging and roots are deprecated in 2026-07-28).
         self._log_levels: weakref.WeakKeyDictionary[Connection, types.LoggingLevel] = weakref.WeakKeyDictionary()

@@ -43,6 +43,7 @@ from mcpmux.errors import (
     UpstreamUnavailableError,
     error_result,
 )
+from mcpmux.mux.client_requests import ClientAsker, ClientRequest, ClientResult
 from mcpmux.mux.dispatcher import UpstreamDispatcher
 from mcpmux.mux.fast_path import FastCall, FastPath
 from mcpmux.mux.multiplexer import Mux
@@ -157,15 +158,28 @@ class TaskFront:
                 return await plain(ctx, params)
             try:
                 with self.mux.track_call(target.upstream.name):
-                    call = self.mux.tasks.extension.call(
-                        self.owner(ctx), target.upstream, target.dispatcher, target.plan, params.arguments or {}
-                    )
+                    owner, asks = self.owner(ctx), ctx.session.client_capabilities
+                    arguments = params.arguments or {}
+                    tasks = self.mux.tasks.extension
+                    call = tasks.call(owner, target.upstream, target.dispatcher, target.plan, arguments, asks)
                     answer = await _worded(call)
             except (UpstreamUnavailableError, UpstreamTimeoutError, UpstreamResultError) as err:
                 return error_result(str(err))  # as a plain call words them: the model reads what happened
             return await plain(ctx, params) if answer is None else answer
 
         return call_tool
+
+    def asker(self, relay: ClientAsker) -> ClientAsker:
+        """Asks an upstream's request about a task a 2026 client follows through mcpmux in that task's
+        `inputRequests` (or nobody, when it cannot be asked there); any other request as `relay` does."""
+
+        async def ask(upstream: str, request: ClientRequest, limit: float | None) -> ClientResult | None:
+            followed = self.mux.tasks.extension.following(upstream, request)
+            if followed is not None:
+                return await followed.ask(request, limit)
+            return await relay(upstream, request, limit)
+
+        return ask
 
     def _target(self, ctx: Any, params: types.CallToolRequestParams) -> _Target | None:
         if not _modern(ctx) or not wire.declared(ctx.session.client_capabilities):

@@ -70,6 +70,14 @@ def from_legacy(task: dict[str, Any]) -> dict[str, Any]:
     return shaped
 
 
+def without_meta(answer: dict[str, Any], key: str) -> dict[str, Any]:
+    """`answer` without `_meta[key]` (and without `_meta` once empty): a stamp or a link that names
+    the upstream, where mcpmux answers in its own name."""
+    meta = {name: value for name, value in (answer.get("_meta") or {}).items() if name != key}
+    plain = {name: value for name, value in answer.items() if name != "_meta"}
+    return {**plain, "_meta": meta} if meta else plain
+
+
 async def request(client: Client, method: str, params: dict[str, Any]) -> dict[str, Any]:
     """Send `method` on `client`'s 2026-07-28 session declaring the tasks extension; its raw result.
 

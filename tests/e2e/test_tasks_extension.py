@@ -67,26 +67,26 @@ def _config(tmp_path: Path, servers: dict[str, dict[str, Any]]) -> Path:
 
 
 @asynccontextmanager
-async def _http_client(url: str, token: str, *, tasks: bool = True, mode: str = "auto") -> AsyncIterator[Client]:
+async def _http_client(url: str, token: str, *, tasks: bool = True, **options: Any) -> AsyncIterator[Client]:
     extensions = [TasksExtension()] if tasks else None
     headers = {"Authorization": f"Bearer {token}"}
     async with (
         httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30.0, read=None)) as http,
-        Client(streamable_http_client(url, http_client=http), mode=mode, extensions=extensions) as connected,  # type: ignore[arg-type]
+        Client(streamable_http_client(url, http_client=http), extensions=extensions, **options) as connected,
     ):
         yield connected
 
 
 @asynccontextmanager
-async def _through(front: str, config: Path, *, tasks: bool = True) -> AsyncIterator[Client]:
-    """A 2026 client of mcpmux on `front` (stdio, or HTTP with the first token)."""
+async def _through(front: str, config: Path, *, tasks: bool = True, **options: Any) -> AsyncIterator[Client]:
+    """A 2026 client of mcpmux on `front` (stdio, or HTTP with the first token); `options` are `Client`'s."""
     extensions = [TasksExtension()] if tasks else None
     if front == "stdio":
-        async with mux_over_stdio(config, extensions=extensions) as client:
+        async with mux_over_stdio(config, extensions=extensions, **options) as client:
             yield client
     else:
         with mux_over_http(config) as url:
-            async with _http_client(url, TOKENS[0], tasks=tasks) as client:
+            async with _http_client(url, TOKENS[0], tasks=tasks, **options) as client:
                 yield client
 
 
@@ -99,8 +99,9 @@ async def _error(request: Any) -> tuple[int, Any]:
 # -- a 2025-11-25 upstream: server-everything ------------------------------------------------------
 
 
-def _report_directly(topic: str) -> str:
-    """server-everything's report on `topic`, for a 2025 client that runs the tool as a task itself."""
+def _report_directly(topic: str, clarified: str | None = None) -> str:
+    """server-everything's report on `topic`, for a 2025 client that runs the tool as a task itself;
+    with `clarified`, an ambiguous query, and the client answers the elicitation for it so."""
     process = subprocess.Popen(
         ["node", str(EVERYTHING), "stdio"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
@@ -117,13 +118,23 @@ def _report_directly(topic: str) -> str:
             message = json.loads(process.stdout.readline())
             if "id" in message and "method" not in message:
                 replies[message["id"]] = message
+            elif message.get("method") == "elicitation/create":
+                answer = {"action": "accept", "content": {"interpretation": clarified}}
+                process.stdin.write(json.dumps({"jsonrpc": "2.0", "id": message["id"], "result": answer}) + "\n")
+                process.stdin.flush()
         return replies[request_id]
 
     try:
-        hello = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "direct", "version": "1"}}
+        capabilities = {"elicitation": {}} if clarified else {}
+        hello = {
+            "protocolVersion": "2025-11-25",
+            "capabilities": capabilities,
+            "clientInfo": {"name": "d", "version": "1"},
+        }
         request(1, "initialize", hello)
         process.stdin.write('{"jsonrpc": "2.0", "method": "notifications/initialized"}\n')
-        call = {"name": "simulate-research-query", "arguments": {"topic": topic}, "task": {"ttl": 60000}}
+        arguments = {"topic": topic, "ambiguous": clarified is not None}
+        call = {"name": "simulate-research-query", "arguments": arguments, "task": {"ttl": 60000}}
         task_id = request(2, "tools/call", call)["result"]["task"]["taskId"]
         report = request(3, "tasks/result", {"taskId": task_id})["result"]
         return str(report["content"][0]["text"])
@@ -190,6 +201,42 @@ async def test_a_2025_upstreams_task_is_a_2026_clients_task_under_mcpmux_id(tmp_
 
 
 @needs_everything
+@pytest.mark.parametrize("front", ["stdio", "http"])
+async def test_a_2025_upstreams_question_during_a_task_is_the_tasks_input_request(tmp_path: Path, front: str) -> None:
+    """server-everything asks for a clarification while an ambiguous research runs: mcpmux shows the
+    2026 client the question in `tasks/get` (`input_required`), and its `tasks/update` answers it."""
+    config = _config(tmp_path, {"everything": {"command": "node", "args": [str(EVERYTHING), "stdio"]}})
+    reports: list[str] = []
+
+    async def report_directly() -> None:
+        reports.append(await anyio.to_thread.run_sync(_report_directly, "python", "snake"))
+
+    async def elicit(context: Any, params: Any) -> Any:
+        raise AssertionError("a 2026 client is asked in the task's inputRequests, never pushed a request")
+
+    async with anyio.create_task_group() as meanwhile:
+        meanwhile.start_soon(report_directly)
+        async with _through(front, config, elicitation_callback=elicit) as client:
+            created = await client.session.call_tool(
+                RESEARCH, {"topic": "python", "ambiguous": True}, allow_claimed=True
+            )
+            assert isinstance(created, CreateTaskResult)
+            asking = await wait_for(client.session, created.task_id, until=("input_required",))
+            ((key, question),) = asking["inputRequests"].items()
+            assert question["method"] == "elicitation/create"
+            assert question["params"]["message"].startswith('The research query "python" could have multiple')
+            assert "_meta" not in question["params"]  # its related-task names the upstream's task
+            choices = question["params"]["requestedSchema"]["properties"]["interpretation"]["oneOf"]
+            assert {"const": "snake", "title": "Python snake species"} in choices
+            answer = {key: {"action": "accept", "content": {"interpretation": "snake"}}}
+            assert (await update_task(client.session, created.task_id, answer))["resultType"] == "complete"
+            done = await wait_for(client.session, created.task_id)
+    assert done["status"] == "completed"
+    assert done["result"]["content"][0]["text"] == reports[0]
+    assert "# Research Report: python (snake)" in reports[0]
+
+
+@needs_everything
 async def test_a_task_is_its_owners_alone_and_a_client_without_the_extension_is_answered_plainly(
     tmp_path: Path,
 ) -> None:
@@ -202,6 +249,11 @@ async def test_a_task_is_its_owners_alone_and_a_client_without_the_extension_is_
         ):
             created = await owner.session.call_tool(RESEARCH, {"topic": "owls"}, allow_claimed=True)
             assert isinstance(created, CreateTaskResult)
+            # The owner declared no elicitation: the upstream's question is declined, no other client asked.
+            unasked = await owner.session.call_tool(
+                RESEARCH, {"topic": "python", "ambiguous": True}, allow_claimed=True
+            )
+            assert isinstance(unasked, CreateTaskResult)
             # Another client (another token) is told what an id that never existed gets: not found.
             for request in (
                 get_task(stranger.session, created.task_id),
@@ -217,6 +269,9 @@ async def test_a_task_is_its_owners_alone_and_a_client_without_the_extension_is_
             report = await plain.call_tool(RESEARCH, {"topic": "owls"})
             assert text_of(report).startswith("# Research Report: owls")
             assert (await wait_for(owner.session, created.task_id))["status"] == "completed"
+            declined = await wait_for(owner.session, unasked.task_id)
+            declined_text = declined["result"]["content"][0]["text"]
+            assert declined_text.startswith("# Research Report: python (User declined - using default interpretation)")
         # A 2025 session is told of tasks as 2025-11-25 has them, and of no extension.
         async with _http_client(url, TOKENS[0], mode="legacy") as legacy:
             assert legacy.protocol_version == "2025-11-25"

@@ -199,7 +199,9 @@ class Frontend:
         if mux.tool_search is not None:
             mux.tool_search.on_found = self.found_tools.found
         self.server.add_request_handler(
-            "subscriptions/listen", types.SubscriptionsListenRequestParams, self.subscriptions.listen
+            "subscriptions/listen",
+            types.SubscriptionsListenRequestParams,
+            self.task_front.listen(self.subscriptions.listen),
         )
         mux.on_resource_updated(self.subscriptions.updated)
         mux.on_catalog_changed(self.subscriptions.renew)

@@ -181,6 +181,18 @@ class TaskFront:
 
         return ask
 
+    def listen(self, listen: Callable[[Any, T], Awaitable[Any]]) -> Callable[[Any, T], Awaitable[Any]]:
+        """`subscriptions/listen`: asking for `notifications/tasks` (`taskIds`) needs the extension (else
+        -32021). mcpmux sends none: its acknowledgement agrees to no task id, and clients poll `tasks/get`."""
+
+        async def listen_for(ctx: Any, params: T) -> Any:
+            notifications = (ctx.params or {}).get("notifications")
+            if isinstance(notifications, dict) and "taskIds" in notifications:
+                self._extension_owner(ctx)
+            return await listen(ctx, params)
+
+        return listen_for
+
     def _target(self, ctx: Any, params: types.CallToolRequestParams) -> _Target | None:
         if not _modern(ctx) or not wire.declared(ctx.session.client_capabilities):
             return None

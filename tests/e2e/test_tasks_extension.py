@@ -272,11 +272,48 @@ async def test_a_task_is_its_owners_alone_and_a_client_without_the_extension_is_
             declined = await wait_for(owner.session, unasked.task_id)
             declined_text = declined["result"]["content"][0]["text"]
             assert declined_text.startswith("# Research Report: python (User declined - using default interpretation)")
+        # notifications/tasks are the extension's too; mcpmux agrees to send none (clients poll tasks/get).
+        refused = await _listen_for_tasks(url, TOKENS[0], {})
+        assert refused["error"]["code"] == -32021
+        assert refused["error"]["data"] == {"requiredCapabilities": {"extensions": {EXTENSION: {}}}}
+        acknowledged = await _listen_for_tasks(url, TOKENS[0], {"extensions": {EXTENSION: {}}})
+        assert acknowledged["method"] == "notifications/subscriptions/acknowledged"
+        assert acknowledged["params"]["notifications"] == {"toolsListChanged": True}
         # A 2025 session is told of tasks as 2025-11-25 has them, and of no extension.
         async with _http_client(url, TOKENS[0], mode="legacy") as legacy:
             assert legacy.protocol_version == "2025-11-25"
             assert legacy.server_capabilities.extensions is None
             assert legacy.server_capabilities.tasks is not None
+
+
+async def _listen_for_tasks(url: str, token: str, capabilities: dict[str, Any]) -> dict[str, Any]:
+    """The first message of a `subscriptions/listen` asking for `notifications/tasks` (raw: the SDK's
+    client has no word for `taskIds`)."""
+    meta = {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "1"},
+        "io.modelcontextprotocol/clientCapabilities": capabilities,
+    }
+    notifications = {"taskIds": ["everything.some-task"], "toolsListChanged": True}
+    body = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "subscriptions/listen",
+        "params": {"notifications": notifications, "_meta": meta},
+    }
+    headers = {
+        "authorization": f"Bearer {token}",
+        "accept": "application/json, text/event-stream",
+        "mcp-protocol-version": "2026-07-28",
+        "mcp-method": "subscriptions/listen",
+    }
+    async with httpx2.AsyncClient(timeout=10) as http, http.stream("POST", url, json=body, headers=headers) as response:
+        if response.headers.get("content-type", "").startswith("application/json"):
+            return json.loads(await response.aread())
+        async for line in response.aiter_lines():
+            if line.startswith("data:"):
+                return json.loads(line[5:])
+    raise AssertionError("the listen stream ended without a message")
 
 
 # -- a 2026-07-28 upstream: the SDK 2.3 task server -------------------------------------------------

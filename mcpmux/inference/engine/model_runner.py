@@ -64,7 +64,11 @@ class ModelRunner:
             loaded.device,
         )
         builtin = PREFIX + loaded.name in builtin_names()
-        if loaded.device.type == "cpu" and loaded.dtype == torch.float32 and cpu_fused.wanted(builtin=builtin):
+        if (
+            loaded.device.type == "cpu"
+            and loaded.dtype in (torch.float32, torch.bfloat16)
+            and cpu_fused.wanted(builtin=builtin)
+        ):
             cpu_fused.enable()  # built in the background: steps run the torch kernels until it is ready
         self.graphs: DecodeGraphs | None = None
         if cuda_graphs and DecodeGraphs.usable(loaded):

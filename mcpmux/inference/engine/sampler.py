@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from mcpmux.inference import kernels
 from mcpmux.inference.engine.config import SamplingParams
 from mcpmux.inference.engine.outputs import TokenLogprob
 
@@ -63,7 +64,7 @@ def sample(logits: torch.Tensor, requests: list[SampleRequest]) -> SampleResult:
         bias = mask.result().to(scores.device)  # filled while the forward ran
         scores = logits.clone()
         scores.index_add_(0, torch.tensor(constrained, device=scores.device), bias)
-    tokens = torch.argmax(scores, dim=-1)
+    tokens = kernels.argmax(scores)
     for row, req in enumerate(requests):
         if not req.params.greedy:
             tokens[row] = _sample_row(scores[row], req)

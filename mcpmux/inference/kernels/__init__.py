@@ -16,12 +16,23 @@ from torch import Tensor
 from mcpmux.inference.kernels import cpu_fused, reference
 from mcpmux.inference.kernels.dispatch import backend, set_backend
 
-__all__ = ["backend", "paged_attention", "rms_norm", "rotary_embedding", "set_backend", "silu_and_mul", "write_kv"]
+__all__ = [
+    "argmax",
+    "backend",
+    "paged_attention",
+    "rms_norm",
+    "rotary_embedding",
+    "set_backend",
+    "silu_and_mul",
+    "write_kv",
+]
+
+_FUSED_DTYPES = (torch.float32, torch.bfloat16)
 
 
 def _fused(tensor: Tensor) -> ModuleType | None:
-    """The fused CPU kernels where they run `tensor` (float32, on CPU, torch backend, built), else None."""
-    if tensor.dtype != torch.float32 or tensor.device.type != "cpu" or backend(tensor) != "torch":
+    """The fused CPU kernels where they run `tensor` (float32 or bfloat16, on CPU, torch backend, built), else None."""
+    if tensor.dtype not in _FUSED_DTYPES or tensor.device.type != "cpu" or backend(tensor) != "torch":
         return None
     return cpu_fused.ops()
 
@@ -38,7 +49,8 @@ def write_kv(key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_
         triton_write_kv(key, value, k_cache, v_cache, slot_mapping)
         return
     fused = _fused(key)
-    if fused is not None and value.dtype == k_cache.dtype == torch.float32 and _rows_contiguous(key, value):
+    same_dtype = key.dtype == value.dtype == k_cache.dtype == v_cache.dtype
+    if fused is not None and same_dtype and _rows_contiguous(key, value):
         fused.write_kv_(key, value, k_cache, v_cache, slot_mapping)
     else:
         reference.write_kv(key, value, k_cache, v_cache, slot_mapping)
@@ -88,13 +100,16 @@ def paged_attention(
             out,
         )
     fused = _fused(q)
-    # A decode step (one query row per sequence) reads the cache in place; prefill rows take the reference.
-    if fused is not None and max_query_len == 1 and q.shape[0] == seq_lens.shape[0] and k_cache.dtype == q.dtype:
-        attended = fused.decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale)
-        if out is None:
-            return attended
-        return out.copy_(attended)
-    return reference.paged_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out)
+    if fused is None or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype or q.stride(2) != 1:
+        return reference.paged_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out)
+    # Decode rows (one query token) read the cache in place; prefill/extend rows take the reference's SDPA.
+    if out is None:
+        out = torch.empty_like(q)
+    step = (block_tables, seq_lens, query_start_loc)
+    fused.decode_attention_(q, k_cache, v_cache, *step, scale, out)
+    if max_query_len > 1:
+        reference.paged_attention(q, k_cache, v_cache, *step, scale, out, decode=False)
+    return out
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
@@ -108,7 +123,13 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = No
 
         return triton_rms_norm(x, weight, eps, residual)
     fused = _fused(x)
-    if fused is not None and x.dim() == 2 and x.stride(1) == 1 and (residual is None or residual.stride(1) == 1):
+    if (
+        fused is not None
+        and x.dim() == 2
+        and x.stride(1) == 1
+        and weight.dtype == x.dtype
+        and (residual is None or (residual.stride(1) == 1 and residual.dtype == x.dtype))
+    ):
         normed, h = fused.rms_norm(x, residual, weight, eps)
         return normed if residual is None else (normed, h)
     return reference.rms_norm(x, weight, eps, residual)
@@ -125,7 +146,7 @@ def rotary_embedding(positions: Tensor, q: Tensor, k: Tensor, cos_sin_cache: Ten
 
         return triton_rotary(positions, q, k, cos_sin_cache)
     fused = _fused(q)
-    if fused is not None and k.dtype == torch.float32 and q.stride(2) == 1 and k.stride(2) == 1:
+    if fused is not None and k.dtype == q.dtype and q.stride(2) == 1 and k.stride(2) == 1:
         fused.rotary_(positions, q, k, cos_sin_cache)
         return q, k
     return reference.rotary_embedding(positions, q, k, cos_sin_cache)
@@ -137,3 +158,11 @@ def silu_and_mul(gate_up: Tensor) -> Tensor:
     if fused is not None and gate_up.dim() == 2 and gate_up.stride(1) == 1:
         return fused.silu_and_mul(gate_up)
     return reference.silu_and_mul(gate_up)
+
+
+def argmax(logits: Tensor) -> Tensor:
+    """``torch.argmax(logits, dim=-1)`` for float32 ``logits`` [N, vocab]: each row's first largest value's index."""
+    fused = _fused(logits)
+    if fused is not None and logits.dtype == torch.float32 and logits.dim() == 2 and logits.stride(1) == 1:
+        return fused.argmax_rows(logits)
+    return torch.argmax(logits, dim=-1)

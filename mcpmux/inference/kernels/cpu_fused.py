@@ -1,5 +1,6 @@
 """Fused CPU kernels for the small operators of a step: RMSNorm with its residual add, rotary, the KV
-write, SiLU * up, and decode attention read through the block tables (no gathered copy of the context).
+write, SiLU * up, decode attention read through the block tables (no gathered copy of the context),
+and the greedy argmax, in float32 or bfloat16.
 
 On CPU a decode step of a small model is a few large products and, around them, dozens of small
 operators per layer, each paying torch's dispatch and a pass over memory; at one sequence those are
@@ -10,7 +11,7 @@ by :func:`enable`, so a step never waits for the compiler: until the build is do
 fails, the torch reference runs. :func:`ops` is the built module, or None.
 
 `MCPMUX_CPU_KERNELS`: ``auto`` (default: fused for the builtin models, see :func:`wanted`),
-``fused`` (every float32 CPU model) or ``torch`` (never).
+``fused`` (every float32 or bfloat16 CPU model) or ``torch`` (never).
 """
 
 from __future__ import annotations
@@ -37,10 +38,6 @@ _lock = threading.Lock()
 _module: ModuleType | None = None
 _thread: threading.Thread | None = None
 _active = False
-# No -fopenmp: the kernels run on the calling thread. With it, their parallel loops would start a
-# second OpenMP runtime (the system's, beside the one torch ships), whose threads torch's thread
-# setting does not reach.
-_CFLAGS = ["-O3", "-march=native", "-ffp-contract=off"]
 
 
 def ops() -> ModuleType | None:
@@ -54,14 +51,15 @@ def disable() -> None:
     _active = False
 
 
-# No -fopenmp: the kernels run on the calling thread. With it, their parallel loops would start a
-# second OpenMP runtime (the system's, beside the one torch ships), whose threads torch's thread
-# setting does not reach.
-_CFLAGS = ["-O3", "-march=native", "-ffp-contract=off"]
+# -fopenmp compiles `at::parallel_for`'s pragmas and the kernels' `omp simd` loops; the link gets no
+# -fopenmp, so the OpenMP calls resolve to the runtime torch already loaded (linking the system's
+# libgomp would start a second team, whose threads torch's thread setting does not reach), and
+# `at::parallel_for` applies torch's thread count on whichever thread calls it.
+_CFLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"]
 
 
 def wanted(*, builtin: bool) -> bool:
-    """Whether a float32 CPU model (`builtin`: one of the builtin models) should run the fused kernels."""
+    """Whether a float32 or bfloat16 CPU model (`builtin`: a builtin model) should run the fused kernels."""
     mode = os.environ.get(ENV_VAR, "auto").strip().lower()
     if mode not in _MODES:
         raise InvalidSettingError(f"{ENV_VAR}={mode!r}: expected one of {', '.join(_MODES)}")

@@ -1,42 +1,374 @@
 """C++ source of the fused CPU kernels (`cpu_fused` builds it with `torch.utils.cpp_extension.load_inline`).
 
 Each kernel does in one pass over its rows what the torch reference does in several operators, for
-float32 tensors whose rows are contiguous. The arithmetic is the reference's, operation for
-operation, in float32, with floating-point contraction off (no fused multiply-adds the reference
-does not do): rotary, the KV write and SiLU * up match it bit for bit (SiLU is ATen's own, called
-from C++); RMSNorm sums its squares, and decode attention its scores and values, in another order
-than the reference (SDPA's blocked softmax), so both match it to rounding.
+float32 or bfloat16 tensors whose rows are contiguous. The arithmetic is the reference's, operation
+for operation, in float32, with the same roundings to bfloat16 where the reference rounds, and with
+floating-point contraction off (no fused multiply-adds the reference does not do): rotary, the KV
+write and SiLU * up match it bit for bit (SiLU is ATen's own, called from C++); RMSNorm sums its
+squares, and decode attention its scores and values, in another order than the reference (SDPA's
+blocked softmax, with an exponential that differs from libm's by an ulp or two), so both match it to
+rounding. Greedy argmax is exact (the first index of the largest value, a NaN counting as largest).
+
+Work is split over torch's own OpenMP threads with `at::parallel_for` (compiled with -fopenmp for the
+header's pragmas, not linked with it: the OpenMP symbols resolve to the runtime torch loaded, and
+`at::parallel_for` applies torch's thread count on every calling thread).
 """
 
 SOURCE = r"""
 #include <torch/extension.h>
+#include <ATen/Parallel.h>
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 namespace {
 
-constexpr int64_t kLanes = 8;
+using c10::BFloat16;
 
-void check_rows(const torch::Tensor& t, const char* name) {
-  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == torch::kFloat32, name, " must be a float32 CPU tensor");
-  TORCH_CHECK(t.dim() == 2 && t.stride(1) == 1, name, " must be 2-D with contiguous rows");
+// Elements a parallel chunk should at least hold: below it, waking the other threads costs more.
+constexpr int64_t kGrainElements = 16384;
+
+template <typename T>
+inline float rounded(float v) {
+  return static_cast<float>(static_cast<T>(v));  // float: itself; bfloat16: round to nearest even
 }
 
 inline float dot(const float* __restrict__ a, const float* __restrict__ b, int64_t n) {
-  float acc[kLanes] = {0.0f};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    for (int64_t j = 0; j < kLanes; ++j) acc[j] += a[i + j] * b[i + j];
-  }
-  for (; i < n; ++i) acc[0] += a[i] * b[i];
   float total = 0.0f;
-  for (int64_t j = 0; j < kLanes; ++j) total += acc[j];
+#pragma omp simd reduction(+ : total)
+  for (int64_t i = 0; i < n; ++i) total += a[i] * b[i];
   return total;
 }
 
-float sum_of_squares(const float* v, int64_t n) { return dot(v, v, n); }
+template <typename T>
+inline void to_float(const T* __restrict__ src, float* __restrict__ dst, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(src[i]);
+}
+
+// Sixteen float lanes in GCC's generic vectors: one AVX-512 register, two AVX2 ones, four NEON ones.
+constexpr int64_t kLanes = 16;
+typedef float vf __attribute__((vector_size(64)));
+typedef float vf8 __attribute__((vector_size(32)));
+typedef float vf4 __attribute__((vector_size(16)));
+typedef int32_t vi __attribute__((vector_size(64)));
+typedef uint16_t vh __attribute__((vector_size(32)));
+typedef uint32_t vu __attribute__((vector_size(64)));
+
+inline vf load(const float* p) {
+  vf v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+inline vf load(const BFloat16* p) {  // a bfloat16 is the top half of a float
+  vh half;
+  std::memcpy(&half, p, sizeof(half));
+  const vu bits = __builtin_convertvector(half, vu) << 16;
+  vf v;
+  std::memcpy(&v, &bits, sizeof(v));
+  return v;
+}
+
+inline float sum(vf v) {
+  const vf8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+                __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  const vf4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
+  return (b[0] + b[2]) + (b[1] + b[3]);
+}
+
+inline void store(float* p, vf v) { std::memcpy(p, &v, sizeof(v)); }
+
+// The four sums of a, b, c and d, each folded in halves as `sum` folds one.
+inline vf4 sum4(vf a, vf b, vf c, vf d) {
+  const vf ab = __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+                __builtin_shufflevector(a, b, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+  const vf cd = __builtin_shufflevector(c, d, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+                __builtin_shufflevector(c, d, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+  const vf x = __builtin_shufflevector(ab, cd, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+               __builtin_shufflevector(ab, cd, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+  const vf8 y = __builtin_shufflevector(x, x, 0, 1, 4, 5, 8, 9, 12, 13) +
+                __builtin_shufflevector(x, x, 2, 3, 6, 7, 10, 11, 14, 15);
+  return __builtin_shufflevector(y, y, 0, 2, 4, 6) + __builtin_shufflevector(y, y, 1, 3, 5, 7);
+}
+
+// exp(x) to about an ulp, lane by lane (Cephes' expf: 2^n times a polynomial of the remainder).
+inline vf exp_approx(vf x) {
+  constexpr float low = -87.3365447f, high = 88.3762626f, log2e = 1.44269504088896341f;
+  constexpr float poly[] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f,
+                            1.6666665459e-1f, 5.0000001201e-1f};
+  x = x < low ? vf{} + low : x;
+  x = x > high ? vf{} + high : x;
+  const vf t = x * log2e + 0.5f;
+  vi n_int = __builtin_convertvector(t, vi);  // toward zero, then down to the floor
+  vf n = __builtin_convertvector(n_int, vf);
+  const vi above = n > t;
+  n_int += above;  // -1 where the truncation was above t
+  n = above ? n - 1.0f : n;
+  vf r = x - n * 0.693359375f;  // ln 2 in two parts, so that r keeps its low bits
+  r = r - n * -2.12194440e-4f;
+  vf p = r * poly[0] + poly[1];
+  for (int i = 2; i < 6; ++i) p = p * r + poly[i];
+  p = p * (r * r) + r + 1.0f;
+  const vi bits = (n_int + 127) << 23;
+  vf scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return p * scale;
+}
+
+int64_t padded(int64_t len) { return (len + kLanes - 1) / kLanes * kLanes; }
+
+// p[0:len] = exp(p - max(p)) / sum, with the exponentials above, sixteen at a time: p holds padded(len)
+// floats, the padding set to -inf here (its exponentials, 1e-38 each, vanish in a sum of at least 1).
+inline void softmax(float* p, int64_t len) {
+  const int64_t end = padded(len);
+  std::fill(p + len, p + end, -std::numeric_limits<float>::infinity());
+  vf tops = vf{} - std::numeric_limits<float>::infinity();
+  for (int64_t j = 0; j < end; j += kLanes) {
+    const vf v = load(p + j);
+    tops = v > tops ? v : tops;
+  }
+  float top = tops[0];
+  for (int l = 1; l < kLanes; ++l) top = std::max(top, tops[l]);
+  vf totals = {};
+  for (int64_t j = 0; j < end; j += kLanes) {
+    const vf e = exp_approx(load(p + j) - top);
+    store(p + j, e);
+    totals += e;
+  }
+  const float inv = 1.0f / sum(totals);
+  for (int64_t j = 0; j < end; j += kLanes) store(p + j, load(p + j) * inv);
+}
+
+void check_dtype(const torch::Tensor& t, const char* name) {
+  TORCH_CHECK(t.device().is_cpu() && (t.scalar_type() == torch::kFloat32 || t.scalar_type() == torch::kBFloat16),
+              name, " must be a float32 or bfloat16 CPU tensor");
+}
+
+void check_rows(const torch::Tensor& t, const char* name) {
+  check_dtype(t, name);
+  TORCH_CHECK(t.dim() == 2 && t.stride(1) == 1, name, " must be 2-D with contiguous rows");
+}
+
+void check_same(const torch::Tensor& a, const torch::Tensor& b, const char* what) {
+  TORCH_CHECK(a.scalar_type() == b.scalar_type(), what, " must all have the same dtype");
+}
+
+int64_t grain_rows(int64_t elements_per_row) {
+  return std::max<int64_t>(1, kGrainElements / std::max<int64_t>(1, elements_per_row));
+}
+
+template <typename T>
+void rms_norm_rows(const torch::Tensor& x, const c10::optional<torch::Tensor>& residual, const torch::Tensor& weight,
+                   float eps, torch::Tensor& h, torch::Tensor& out) {
+  const int64_t rows = x.size(0), n = x.size(1);
+  const T* w = weight.data_ptr<T>();
+  at::parallel_for(0, rows, grain_rows(n), [&](int64_t begin, int64_t end) {
+    std::vector<float> hf(n);
+    for (int64_t r = begin; r < end; ++r) {
+      const T* xr = x.data_ptr<T>() + r * x.stride(0);
+      T* hr = h.data_ptr<T>() + r * h.stride(0);
+      if (residual.has_value()) {
+        const T* rr = residual->data_ptr<T>() + r * residual->stride(0);
+        for (int64_t i = 0; i < n; ++i) {
+          hr[i] = static_cast<T>(static_cast<float>(xr[i]) + static_cast<float>(rr[i]));
+          hf[i] = static_cast<float>(hr[i]);
+        }
+      } else {
+        to_float(hr, hf.data(), n);
+      }
+      const float inv = 1.0f / std::sqrt(dot(hf.data(), hf.data(), n) / static_cast<float>(n) + eps);
+      T* o = out.data_ptr<T>() + r * n;
+      for (int64_t i = 0; i < n; ++i) o[i] = static_cast<T>(static_cast<float>(w[i]) * rounded<T>(hf[i] * inv));
+    }
+  });
+}
+
+template <typename T>
+void rotary_rows(const int64_t* pos, torch::Tensor& t, const float* cos_sin, int64_t rotary) {
+  const int64_t tokens = t.size(0), heads = t.size(1), s0 = t.stride(0), s1 = t.stride(1), half = rotary / 2;
+  T* base = t.data_ptr<T>();
+  at::parallel_for(0, tokens, grain_rows(heads * rotary), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const float* c = cos_sin + pos[i] * rotary;
+      const float* s = c + half;
+      for (int64_t head = 0; head < heads; ++head) {
+        T* x = base + i * s0 + head * s1;
+        for (int64_t j = 0; j < half; ++j) {
+          const float x1 = static_cast<float>(x[j]), x2 = static_cast<float>(x[j + half]);
+          const float cj = rounded<T>(c[j]), sj = rounded<T>(s[j]);
+          x[j] = static_cast<T>(rounded<T>(x1 * cj) + rounded<T>(-x2 * sj));
+          x[j + half] = static_cast<T>(rounded<T>(x2 * cj) + rounded<T>(x1 * sj));
+        }
+      }
+    }
+  });
+}
+
+// Attention may contract a * b + c into one fused multiply-add (its sums are in another order than the
+// reference's anyway); the kernels above keep the reference's separate roundings.
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=fast")
+
+// One (sequence, KV head) of decode attention for head_dim = 16 * NV and a group of G query heads (G = 0:
+// any group, read at run time): every key row is loaded once for the whole group (its scores), then
+// every value row once (the group's weighted sums, in G * NV vector registers where they fit).
+// `scores` holds group * padded(len) floats.
+template <typename T, int NV, int G>
+void attend_item(const float* qf, int64_t group, const T* kc, const T* vc, const int32_t* table, int64_t block,
+                 int64_t row, int64_t len, float* scores, T* out, int64_t out_head_stride) {
+  constexpr int64_t dim = NV * kLanes;
+  const int64_t heads = G > 0 ? G : group, ld = padded(len);
+  auto key = [&](int64_t j) { return kc + (static_cast<int64_t>(table[j / block]) * block + j % block) * row; };
+  int64_t j = 0;
+  if constexpr (NV <= 4) {  // four keys at a time, their sums folded together
+    for (; j + 4 <= len; j += 4) {
+      vf k[4][NV];
+      for (int u = 0; u < 4; ++u) {
+        for (int c = 0; c < NV; ++c) k[u][c] = load(key(j + u) + c * kLanes);
+      }
+      for (int64_t g = 0; g < heads; ++g) {
+        const float* qg = qf + g * dim;
+        vf acc[4];
+        for (int u = 0; u < 4; ++u) acc[u] = load(qg) * k[u][0];
+        for (int c = 1; c < NV; ++c) {
+          const vf qc = load(qg + c * kLanes);
+          for (int u = 0; u < 4; ++u) acc[u] += qc * k[u][c];
+        }
+        const vf4 sums = sum4(acc[0], acc[1], acc[2], acc[3]);
+        std::memcpy(scores + g * ld + j, &sums, sizeof(sums));
+      }
+    }
+  }
+  for (; j < len; ++j) {
+    vf k[NV];
+    for (int c = 0; c < NV; ++c) k[c] = load(key(j) + c * kLanes);
+    for (int64_t g = 0; g < heads; ++g) {
+      const float* qg = qf + g * dim;
+      vf acc = load(qg) * k[0];
+      for (int c = 1; c < NV; ++c) acc += load(qg + c * kLanes) * k[c];
+      scores[g * ld + j] = sum(acc);
+    }
+  }
+  for (int64_t g = 0; g < heads; ++g) softmax(scores + g * ld, len);
+  constexpr int kHeld = G > 0 ? G : 1;  // heads summed at once
+  for (int64_t g0 = 0; g0 < heads; g0 += kHeld) {
+    vf acc[kHeld][NV] = {};
+    for (int64_t j = 0; j < len; ++j) {
+      const T* vp = vc + (static_cast<int64_t>(table[j / block]) * block + j % block) * row;
+      vf v[NV];
+      for (int c = 0; c < NV; ++c) v[c] = load(vp + c * kLanes);
+      for (int h = 0; h < kHeld; ++h) {
+        const vf weight = vf{} + scores[(g0 + h) * ld + j];
+        for (int c = 0; c < NV; ++c) acc[h][c] += weight * v[c];
+      }
+    }
+    for (int h = 0; h < kHeld; ++h) {
+      T* o = out + (g0 + h) * out_head_stride;
+      for (int c = 0; c < NV; ++c) {
+        for (int64_t l = 0; l < kLanes; ++l) o[c * kLanes + l] = static_cast<T>(acc[h][c][l]);
+      }
+    }
+  }
+}
+
+#pragma GCC pop_options
+
+template <typename T>
+using AttendItem = void (*)(const float*, int64_t, const T*, const T*, const int32_t*, int64_t, int64_t, int64_t,
+                            float*, T*, int64_t);
+
+template <typename T, int NV>
+AttendItem<T> for_group(int64_t group) {
+  switch (group) {
+    case 1: return &attend_item<T, NV, 1>;
+    case 2: return &attend_item<T, NV, 2>;
+    case 3: return &attend_item<T, NV, 3>;
+    case 4: return &attend_item<T, NV, 4>;
+    case 6: return &attend_item<T, NV, 6>;
+    case 8: return &attend_item<T, NV, 8>;
+    default: return &attend_item<T, NV, 0>;
+  }
+}
+
+// The vector kernel for a head size and group, or nullptr (the scalar loop serves).
+template <typename T>
+AttendItem<T> vector_attention(int64_t dim, int64_t group) {
+  switch (dim) {
+    case 32: return &attend_item<T, 2, 0>;
+    case 64: return for_group<T, 4>(group);
+    case 80: return &attend_item<T, 5, 0>;
+    case 96: return &attend_item<T, 6, 0>;
+    case 128: return for_group<T, 8>(group);
+    default: return nullptr;
+  }
+}
+
+// Attention of the query row of every single-token sequence over its paged context; see decode_attention_.
+template <typename T>
+void decode_rows(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+                 const torch::Tensor& block_tables, const std::vector<int64_t>& seqs, const int32_t* lens,
+                 const int32_t* starts, float scale, torch::Tensor& out) {
+  const int64_t heads = q.size(1), dim = q.size(2);
+  const int64_t block = k_cache.size(1), kv_heads = k_cache.size(2), group = heads / kv_heads;
+  const int64_t max_blocks = block_tables.size(1), row = kv_heads * dim;
+  const T* kc = k_cache.data_ptr<T>();
+  const T* vc = v_cache.data_ptr<T>();
+  const int32_t* tables = block_tables.data_ptr<int32_t>();
+  const T* qp = q.data_ptr<T>();
+  T* op = out.data_ptr<T>();
+  const int64_t qs0 = q.stride(0), qs1 = q.stride(1), os0 = out.stride(0), os1 = out.stride(1);
+  const int64_t items = static_cast<int64_t>(seqs.size()) * kv_heads;
+  const bool heads_packed = q.stride(1) == dim && out.stride(1) == dim;
+  const AttendItem<T> vector_item = heads_packed ? vector_attention<T>(dim, group) : nullptr;
+  at::parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores, qf(group * dim), acc(group * dim), kv_row(dim);
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t s = seqs[item / kv_heads], kvh = item % kv_heads, len = lens[s], qrow = starts[s];
+      const int32_t* table = tables + s * max_blocks;
+      for (int64_t g = 0; g < group; ++g) to_float(qp + qrow * qs0 + (kvh * group + g) * qs1, qf.data() + g * dim, dim);
+      const int64_t ld = padded(len);
+      scores.resize(group * ld);
+      if (vector_item != nullptr) {
+        for (float& v : qf) v *= scale;
+        vector_item(qf.data(), group, kc + kvh * dim, vc + kvh * dim, table, block, row, len, scores.data(),
+                    op + qrow * os0 + kvh * group * os1, os1);
+        continue;
+      }
+      // Row j of a cache for this sequence and KV head, as floats (bfloat16 rows converted into kv_row).
+      auto cached = [&](const T* cache, int64_t j) -> const float* {
+        const T* at = cache + (static_cast<int64_t>(table[j / block]) * block + j % block) * row + kvh * dim;
+        if constexpr (std::is_same_v<T, float>) {
+          return at;
+        } else {
+          to_float(at, kv_row.data(), dim);
+          return kv_row.data();
+        }
+      };
+      for (int64_t j = 0; j < len; ++j) {
+        const float* kf = cached(kc, j);
+        for (int64_t g = 0; g < group; ++g) scores[g * ld + j] = dot(qf.data() + g * dim, kf, dim) * scale;
+      }
+      for (int64_t g = 0; g < group; ++g) softmax(scores.data() + g * ld, len);
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (int64_t j = 0; j < len; ++j) {
+        const float* vf = cached(vc, j);
+        for (int64_t g = 0; g < group; ++g) {
+          const float p = scores[g * ld + j];
+          float* __restrict__ a = acc.data() + g * dim;
+#pragma omp simd
+          for (int64_t d = 0; d < dim; ++d) a[d] += p * vf[d];
+        }
+      }
+      for (int64_t g = 0; g < group; ++g) {
+        T* o = op + qrow * os0 + (kvh * group + g) * os1;
+        for (int64_t d = 0; d < dim; ++d) o[d] = static_cast<T>(acc[g * dim + d]);
+      }
+    }
+  });
+}
 
 }  // namespace
 
@@ -44,25 +376,19 @@ float sum_of_squares(const float* v, int64_t n) { return dot(v, v, n); }
 std::vector<torch::Tensor> rms_norm(torch::Tensor x, c10::optional<torch::Tensor> residual, torch::Tensor weight,
                                     double eps) {
   check_rows(x, "x");
+  check_same(x, weight, "x and weight");
   const int64_t rows = x.size(0), n = x.size(1);
   TORCH_CHECK(weight.is_contiguous() && weight.numel() == n, "weight must hold one contiguous value per column");
+  if (residual.has_value()) {
+    check_rows(*residual, "residual");
+    check_same(x, *residual, "x and residual");
+  }
   auto h = residual.has_value() ? torch::empty({rows, n}, x.options()) : x;
-  if (residual.has_value()) check_rows(*residual, "residual");
   auto out = torch::empty({rows, n}, x.options());
-  const float* w = weight.data_ptr<float>();
-  const float epsf = static_cast<float>(eps);
-  {
-    for (int64_t r = 0; r < rows; ++r) {
-      float* hr = h.data_ptr<float>() + r * h.stride(0);
-      if (residual.has_value()) {
-        const float* xr = x.data_ptr<float>() + r * x.stride(0);
-        const float* rr = residual->data_ptr<float>() + r * residual->stride(0);
-        for (int64_t i = 0; i < n; ++i) hr[i] = xr[i] + rr[i];
-      }
-      const float inv = 1.0f / std::sqrt(sum_of_squares(hr, n) / static_cast<float>(n) + epsf);
-      float* o = out.data_ptr<float>() + r * n;
-      for (int64_t i = 0; i < n; ++i) o[i] = w[i] * (hr[i] * inv);
-    }
+  if (x.scalar_type() == torch::kFloat32) {
+    rms_norm_rows<float>(x, residual, weight, static_cast<float>(eps), h, out);
+  } else {
+    rms_norm_rows<BFloat16>(x, residual, weight, static_cast<float>(eps), h, out);
   }
   return {out, h};
 }
@@ -71,29 +397,18 @@ std::vector<torch::Tensor> rms_norm(torch::Tensor x, c10::optional<torch::Tensor
 void rotary_(torch::Tensor positions, torch::Tensor q, torch::Tensor k, torch::Tensor cos_sin) {
   TORCH_CHECK(positions.scalar_type() == torch::kInt64 && positions.is_contiguous(), "positions must be int64");
   TORCH_CHECK(cos_sin.scalar_type() == torch::kFloat32 && cos_sin.is_contiguous(), "cos_sin must be float32");
-  const int64_t tokens = q.size(0), rotary = cos_sin.size(1), half = rotary / 2;
-  const int64_t* pos = positions.data_ptr<int64_t>();
+  const int64_t tokens = q.size(0), rotary = cos_sin.size(1);
+  check_same(q, k, "q and k");
   for (const torch::Tensor* t : {&q, &k}) {
-    TORCH_CHECK(t->scalar_type() == torch::kFloat32 && t->dim() == 3 && t->stride(2) == 1,
-                "q and k must be float32 [T, H, D] with contiguous heads");
+    check_dtype(*t, "q and k");
+    TORCH_CHECK(t->dim() == 3 && t->stride(2) == 1, "q and k must be [T, H, D] with contiguous heads");
     TORCH_CHECK(t->size(0) == tokens && t->size(2) >= rotary, "q and k must have a row per position");
   }
   for (torch::Tensor* t : {&q, &k}) {
-    const int64_t heads = t->size(1), s0 = t->stride(0), s1 = t->stride(1);
-    float* base = t->data_ptr<float>();
-    {
-      for (int64_t i = 0; i < tokens; ++i) {
-        const float* c = cos_sin.data_ptr<float>() + pos[i] * rotary;
-        const float* s = c + half;
-        for (int64_t head = 0; head < heads; ++head) {
-          float* x = base + i * s0 + head * s1;
-          for (int64_t j = 0; j < half; ++j) {
-            const float x1 = x[j], x2 = x[j + half];
-            x[j] = x1 * c[j] + (-x2) * s[j];
-            x[j + half] = x2 * c[j] + x1 * s[j];
-          }
-        }
-      }
+    if (t->scalar_type() == torch::kFloat32) {
+      rotary_rows<float>(positions.data_ptr<int64_t>(), *t, cos_sin.data_ptr<float>(), rotary);
+    } else {
+      rotary_rows<BFloat16>(positions.data_ptr<int64_t>(), *t, cos_sin.data_ptr<float>(), rotary);
     }
   }
 }
@@ -105,82 +420,62 @@ void write_kv_(torch::Tensor key, torch::Tensor value, torch::Tensor k_cache, to
   TORCH_CHECK(slot_mapping.scalar_type() == torch::kInt64 && slot_mapping.is_contiguous(), "slots must be int64");
   const int64_t row = k_cache.size(2) * k_cache.size(3), slots = k_cache.size(0) * k_cache.size(1);
   for (const torch::Tensor* t : {&key, &value}) {
-    TORCH_CHECK(t->scalar_type() == torch::kFloat32 && t->stride(2) == 1 && t->stride(1) == t->size(2) &&
-                    t->size(1) * t->size(2) == row, "key and value must be float32 [T, Hkv, D], each row contiguous");
+    TORCH_CHECK(t->scalar_type() == k_cache.scalar_type() && t->stride(2) == 1 && t->stride(1) == t->size(2) &&
+                    t->size(1) * t->size(2) == row,
+                "key and value must be [T, Hkv, D] in the cache's dtype, each row contiguous");
   }
   for (const torch::Tensor* t : {&k_cache, &v_cache}) {
-    TORCH_CHECK(t->scalar_type() == torch::kFloat32 && t->is_contiguous(), "the caches must be contiguous float32");
+    check_dtype(*t, "the caches");
+    TORCH_CHECK(t->scalar_type() == k_cache.scalar_type() && t->is_contiguous(), "the caches must be contiguous");
   }
+  const int64_t bytes = row * k_cache.element_size();
   const int64_t* slot = slot_mapping.data_ptr<int64_t>();
+  char* kc = static_cast<char*>(k_cache.data_ptr());
+  char* vc = static_cast<char*>(v_cache.data_ptr());
+  const char* kp = static_cast<const char*>(key.data_ptr());
+  const char* vp = static_cast<const char*>(value.data_ptr());
+  const int64_t ks = key.stride(0) * key.element_size(), vs = value.stride(0) * value.element_size();
   for (int64_t i = 0; i < key.size(0); ++i) {
     if (slot[i] < 0) continue;
     TORCH_CHECK(slot[i] < slots, "slot ", slot[i], " is outside the cache");
-    std::memcpy(k_cache.data_ptr<float>() + slot[i] * row, key.data_ptr<float>() + i * key.stride(0), row * 4);
-    std::memcpy(v_cache.data_ptr<float>() + slot[i] * row, value.data_ptr<float>() + i * value.stride(0), row * 4);
+    std::memcpy(kc + slot[i] * bytes, kp + i * ks, bytes);
+    std::memcpy(vc + slot[i] * bytes, vp + i * vs, bytes);
   }
 }
 
-// Attention of one query row per sequence (a decode step: row i is sequence i) over its paged context,
-// read in place through its block table: scores, softmax, weighted sum of values. q: [S, H, D]; caches:
-// [blocks, block_size, Hkv, D]; block_tables: [S, max_blocks] int32; seq_lens: [S] int32. Returns [S, H, D].
-torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
-                               torch::Tensor block_tables, torch::Tensor seq_lens, double scale) {
-  TORCH_CHECK(q.scalar_type() == torch::kFloat32 && q.dim() == 3 && q.stride(2) == 1, "q must be float32 [S, H, D]");
-  for (const torch::Tensor* t : {&k_cache, &v_cache}) {
-    TORCH_CHECK(t->scalar_type() == torch::kFloat32 && t->is_contiguous(), "the caches must be contiguous float32");
-  }
+// Attention of every single-token sequence of a step (a decode row) over its paged context, read in
+// place through its block table: scores, softmax, weighted sum of values, written to its row of out.
+// Rows of sequences with several query tokens are left alone (the caller attends them). q, out:
+// [T, H, D]; caches: [blocks, block_size, Hkv, D]; block_tables: [S, max_blocks] int32; seq_lens: [S]
+// int32; query_start_loc: [S + 1] int32.
+void decode_attention_(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor block_tables,
+                       torch::Tensor seq_lens, torch::Tensor query_start_loc, double scale, torch::Tensor out) {
+  check_dtype(q, "q");
+  TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1, "q must be [T, H, D] with contiguous heads");
+  TORCH_CHECK(out.sizes() == q.sizes() && out.stride(2) == 1, "out must be shaped like q");
+  for (const torch::Tensor* t : {&k_cache, &v_cache, &out}) check_same(q, *t, "q, the caches and out");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "the caches must be contiguous");
   TORCH_CHECK(block_tables.scalar_type() == torch::kInt32 && block_tables.is_contiguous(), "block tables: int32");
   TORCH_CHECK(seq_lens.scalar_type() == torch::kInt32 && seq_lens.is_contiguous(), "seq_lens: int32");
-  const int64_t seqs = q.size(0), heads = q.size(1), dim = q.size(2);
-  const int64_t block = k_cache.size(1), kv_heads = k_cache.size(2), group = heads / kv_heads;
-  const int64_t max_blocks = block_tables.size(1), row = kv_heads * dim;
-  TORCH_CHECK(seq_lens.size(0) == seqs && block_tables.size(0) == seqs, "one query row per sequence");
-  auto out = torch::empty({seqs, heads, dim}, q.options());
-  const float* kc = k_cache.data_ptr<float>();
-  const float* vc = v_cache.data_ptr<float>();
-  const int32_t* tables = block_tables.data_ptr<int32_t>();
+  TORCH_CHECK(query_start_loc.scalar_type() == torch::kInt32 && query_start_loc.is_contiguous(),
+              "query_start_loc: int32");
+  const int64_t num_seqs = seq_lens.size(0), capacity = block_tables.size(1) * k_cache.size(1);
+  TORCH_CHECK(block_tables.size(0) == num_seqs && query_start_loc.size(0) == num_seqs + 1, "one table per sequence");
+  TORCH_CHECK(q.size(1) % k_cache.size(2) == 0, "query heads must be a multiple of KV heads");
   const int32_t* lens = seq_lens.data_ptr<int32_t>();
-  const float scalef = static_cast<float>(scale);
-  const float* qp = q.data_ptr<float>();
-  float* op = out.data_ptr<float>();
-  const int64_t qs0 = q.stride(0), qs1 = q.stride(1);
-  for (int64_t s = 0; s < seqs; ++s) {
-    TORCH_CHECK(lens[s] >= 1 && lens[s] <= max_blocks * block, "sequence ", s,
-                " has a context its block table cannot hold");
+  const int32_t* starts = query_start_loc.data_ptr<int32_t>();
+  TORCH_CHECK(starts[num_seqs] <= q.size(0), "query_start_loc points past q");
+  std::vector<int64_t> seqs;
+  for (int64_t s = 0; s < num_seqs; ++s) {
+    if (starts[s + 1] - starts[s] != 1) continue;
+    TORCH_CHECK(lens[s] >= 1 && lens[s] <= capacity, "sequence ", s, " has a context its block table cannot hold");
+    seqs.push_back(s);
   }
-  {
-    std::vector<float> scores;
-    std::vector<float> acc(group * dim);
-    for (int64_t item = 0; item < seqs * kv_heads; ++item) {
-      const int64_t s = item / kv_heads, kvh = item % kv_heads, len = lens[s];
-      const int32_t* table = tables + s * max_blocks;
-      const float* qs = qp + s * qs0 + kvh * group * qs1;
-      scores.resize(group * len);
-      for (int64_t j = 0; j < len; ++j) {
-        const float* k = kc + (static_cast<int64_t>(table[j / block]) * block + j % block) * row + kvh * dim;
-        for (int64_t g = 0; g < group; ++g) scores[g * len + j] = dot(qs + g * qs1, k, dim) * scalef;
-      }
-      for (int64_t g = 0; g < group; ++g) {
-        float* p = scores.data() + g * len;
-        float top = p[0], total = 0.0f;
-        for (int64_t j = 1; j < len; ++j) top = std::max(top, p[j]);
-        for (int64_t j = 0; j < len; ++j) total += (p[j] = std::exp(p[j] - top));
-        for (int64_t j = 0; j < len; ++j) p[j] /= total;
-      }
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      for (int64_t j = 0; j < len; ++j) {
-        const float* __restrict__ v =
-            vc + (static_cast<int64_t>(table[j / block]) * block + j % block) * row + kvh * dim;
-        for (int64_t g = 0; g < group; ++g) {
-          const float p = scores[g * len + j];
-          float* __restrict__ a = acc.data() + g * dim;
-          for (int64_t d = 0; d < dim; ++d) a[d] += p * v[d];
-        }
-      }
-      std::copy(acc.begin(), acc.end(), op + (s * heads + kvh * group) * dim);
-    }
+  if (q.scalar_type() == torch::kFloat32) {
+    decode_rows<float>(q, k_cache, v_cache, block_tables, seqs, lens, starts, static_cast<float>(scale), out);
+  } else {
+    decode_rows<BFloat16>(q, k_cache, v_cache, block_tables, seqs, lens, starts, static_cast<float>(scale), out);
   }
-  return out;
 }
 
 // silu(gate) * up for gate_up = [gate | up] along the last dimension: ATen's own vectorized SiLU,
@@ -190,6 +485,59 @@ torch::Tensor silu_and_mul(torch::Tensor gate_up) {
   auto halves = gate_up.chunk(2, -1);
   return at::silu(halves[0]).mul_(halves[1]);
 }
+
+// The index of each row's largest value (the first of equals; a NaN counts as largest), as torch.argmax.
+torch::Tensor argmax_rows(torch::Tensor logits) {
+  TORCH_CHECK(logits.scalar_type() == torch::kFloat32 && logits.dim() == 2 && logits.stride(1) == 1,
+              "logits must be float32 [N, V] with contiguous rows");
+  const int64_t rows = logits.size(0), n = logits.size(1);
+  TORCH_CHECK(n >= 1, "logits must have at least one column");
+  auto out = torch::empty({rows}, logits.options().dtype(torch::kInt64));
+  int64_t* o = out.data_ptr<int64_t>();
+  at::parallel_for(0, rows, grain_rows(n), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* p = logits.data_ptr<float>() + r * logits.stride(0);
+      // Each lane keeps its first largest value and where it was; NaNs are only noted, then looked for.
+      vf top = vf{} - std::numeric_limits<float>::infinity();
+      vi where = vi{} - 1, nan = vi{};
+      vi index;
+      for (int l = 0; l < kLanes; ++l) index[l] = l;
+      int64_t i = 0;
+      for (; i + kLanes <= n; i += kLanes, index += kLanes) {
+        const vf v = load(p + i);
+        const vi greater = v > top;
+        top = greater ? v : top;
+        where = greater ? index : where;
+        nan |= v != v;
+      }
+      float best_value = -std::numeric_limits<float>::infinity();
+      int64_t best = -1;
+      bool any_nan = false;
+      for (int l = 0; l < kLanes; ++l) {
+        any_nan |= nan[l] != 0;
+        if (where[l] >= 0 && (top[l] > best_value || (top[l] == best_value && where[l] < best))) {
+          best_value = top[l];
+          best = where[l];
+        }
+      }
+      for (; i < n; ++i) {
+        any_nan |= p[i] != p[i];
+        if (p[i] > best_value) {
+          best_value = p[i];
+          best = i;
+        }
+      }
+      if (any_nan) {
+        best = 0;
+        while (p[best] == p[best]) ++best;
+      } else if (best < 0) {
+        best = 0;  // every value is -inf
+      }
+      o[r] = best;
+    }
+  });
+  return out;
+}
 """
 
-FUNCTIONS = ["rms_norm", "rotary_", "write_kv_", "decode_attention", "silu_and_mul"]
+FUNCTIONS = ["rms_norm", "rotary_", "write_kv_", "decode_attention_", "silu_and_mul", "argmax_rows"]

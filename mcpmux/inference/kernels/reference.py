@@ -91,13 +91,11 @@ class _AttentionPlan:
     extends: list[_Extend]
 
 
-def _plan_attention(block_tables: Tensor, seq_lens: Tensor, query_start_loc: Tensor, block_size: int) -> _AttentionPlan:
+def _plan_extends(block_tables: Tensor, seq_lens: Tensor, query_start_loc: Tensor) -> list[_Extend]:
     starts = query_start_loc.tolist()
-    lens = seq_lens.tolist()
     device = block_tables.device
-    decode = [i for i in range(len(lens)) if starts[i + 1] - starts[i] == 1]
     extends = []
-    for i, seq_len in enumerate(lens):
+    for i, seq_len in enumerate(seq_lens.tolist()):
         q_len = starts[i + 1] - starts[i]
         if q_len > 1:
             mask = None
@@ -106,6 +104,15 @@ def _plan_attention(block_tables: Tensor, seq_lens: Tensor, query_start_loc: Ten
                 q_pos = torch.arange(seq_len - q_len, seq_len, device=device)
                 mask = torch.arange(seq_len, device=device)[None, :] <= q_pos[:, None]
             extends.append(_Extend(starts[i], starts[i + 1], seq_len, block_tables[i], mask))
+    return extends
+
+
+def _plan_attention(block_tables: Tensor, seq_lens: Tensor, query_start_loc: Tensor, block_size: int) -> _AttentionPlan:
+    starts = query_start_loc.tolist()
+    lens = seq_lens.tolist()
+    device = block_tables.device
+    decode = [i for i in range(len(lens)) if starts[i + 1] - starts[i] == 1]
+    extends = _plan_extends(block_tables, seq_lens, query_start_loc)
     if not decode:
         empty = torch.empty(0, dtype=torch.long, device=device)
         return _AttentionPlan(None, empty, empty.bool(), extends)
@@ -132,23 +139,34 @@ def paged_attention(
     query_start_loc: Tensor,
     scale: float,
     out: Tensor | None = None,
+    *,
+    decode: bool = True,
 ) -> Tensor:
     """Causal attention of each sequence's last query tokens over its paged context (see package docs).
 
     Decode rows (one query token) are attended together in one batched pass, since a step often
-    holds dozens of them; prefill/extend rows go one sequence at a time.
+    holds dozens of them; prefill/extend rows go one sequence at a time. With ``decode=False`` the
+    decode rows of ``out`` are left as they are (the fused CPU kernel attends them in place).
     """
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    block_size = k_cache.shape[1]
-    plan = _planned(
-        "attention",
-        (block_tables, seq_lens, query_start_loc, block_size),
-        lambda: _plan_attention(block_tables, seq_lens, query_start_loc, block_size),
-    )
-    if plan.decode_rows is not None:
-        _attend_decode_rows(q, k_cache, v_cache, plan, scale, out)
-    for ext in plan.extends:
+    if decode:
+        block_size = k_cache.shape[1]
+        plan = _planned(
+            "attention",
+            (block_tables, seq_lens, query_start_loc, block_size),
+            lambda: _plan_attention(block_tables, seq_lens, query_start_loc, block_size),
+        )
+        if plan.decode_rows is not None:
+            _attend_decode_rows(q, k_cache, v_cache, plan, scale, out)
+        extends = plan.extends
+    else:
+        extends = _planned(
+            "extends",
+            (block_tables, seq_lens, query_start_loc),
+            lambda: _plan_extends(block_tables, seq_lens, query_start_loc),
+        )
+    for ext in extends:
         out[ext.start : ext.end] = _attend_sequence(q[ext.start : ext.end], k_cache, v_cache, ext, scale)
     return out
 

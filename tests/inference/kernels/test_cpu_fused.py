@@ -1,5 +1,6 @@
 """The fused CPU kernels, built for real with gcc (about a minute on a fresh machine, then cached), against
-the torch reference on fresh random inputs, and the engine's fp32 greedy output with them against HF."""
+the torch reference on fresh random inputs in float32 and bfloat16, and the engine's fp32 greedy output
+with them against HF."""
 
 from __future__ import annotations
 
@@ -32,25 +33,40 @@ def fused() -> Iterator[ModuleType]:
     cpu_fused.disable()
 
 
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+def _tolerance(dtype: torch.dtype) -> dict[str, float]:
+    """Rounding of a sum taken in another order: float32's, or one bfloat16 step (8 bits of mantissa)."""
+    return {"rtol": 1e-6, "atol": 1e-6} if dtype == torch.float32 else {"rtol": 8e-3, "atol": 8e-3}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows", [1, 3, 64])
 @pytest.mark.parametrize("width", [64, 576, 577])
-def test_rms_norm_with_and_without_residual_matches_reference(fused: ModuleType, rows: int, width: int) -> None:
-    x, residual = torch.randn(rows, width) * 3, torch.randn(rows, width)
-    weight = torch.randn(width)
+def test_rms_norm_with_and_without_residual_matches_reference(
+    fused: ModuleType, rows: int, width: int, dtype: torch.dtype
+) -> None:
+    x, residual = (torch.randn(rows, width) * 3).to(dtype), torch.randn(rows, width).to(dtype)
+    weight = torch.randn(width).to(dtype)
     normed, h = kernels.rms_norm(x, weight, 1e-6, residual)
     want_normed, want_h = reference.rms_norm(x, weight, 1e-6, residual)
+    assert normed.dtype == h.dtype == dtype
     assert torch.equal(h, want_h)
-    torch.testing.assert_close(normed, want_normed, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(normed, want_normed, **_tolerance(dtype))
     alone = kernels.rms_norm(x, weight, 1e-6)
     assert isinstance(alone, torch.Tensor)
-    torch.testing.assert_close(alone, reference.rms_norm(x, weight, 1e-6), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(alone, reference.rms_norm(x, weight, 1e-6), **_tolerance(dtype))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rotary_dim", [64, 32])
-def test_rotary_rotates_q_and_k_views_in_place_bit_for_bit(fused: ModuleType, rotary_dim: int) -> None:
+def test_rotary_rotates_q_and_k_views_in_place_bit_for_bit(
+    fused: ModuleType, rotary_dim: int, dtype: torch.dtype
+) -> None:
     heads, kv_heads, head_dim, tokens = 9, 3, 64, 5
     # q and k as the model hands them over: strided views into one fused QKV product.
-    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim)
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim).to(dtype)
     q = qkv[:, : heads * head_dim].reshape(tokens, heads, head_dim)
     k = qkv[:, heads * head_dim : (heads + kv_heads) * head_dim].reshape(tokens, kv_heads, head_dim)
     v_before = qkv[:, (heads + kv_heads) * head_dim :].clone()
@@ -64,17 +80,31 @@ def test_rotary_rotates_q_and_k_views_in_place_bit_for_bit(fused: ModuleType, ro
     assert torch.equal(qkv[:, (heads + kv_heads) * head_dim :], v_before), "v must be left alone"
 
 
-def test_silu_and_mul_matches_reference(fused: ModuleType) -> None:
-    gate_up = torch.randn(7, 2 * 1536) * 4
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_and_mul_matches_reference(fused: ModuleType, dtype: torch.dtype) -> None:
+    gate_up = (torch.randn(7, 2 * 1536) * 4).to(dtype)
     assert torch.equal(kernels.silu_and_mul(gate_up), reference.silu_and_mul(gate_up))
 
 
 def test_other_dtypes_take_the_torch_kernels(fused: ModuleType) -> None:
-    x = torch.randn(4, 64, dtype=torch.bfloat16)
-    weight = torch.randn(64, dtype=torch.bfloat16)
+    x = torch.randn(4, 64, dtype=torch.float16)
+    weight = torch.randn(64, dtype=torch.float16)
     got = kernels.rms_norm(x, weight, 1e-6)
     assert isinstance(got, torch.Tensor)
     assert torch.equal(got, reference.rms_norm(x, weight, 1e-6))
+
+
+def test_argmax_is_torchs_first_largest_index(fused: ModuleType) -> None:
+    logits = torch.randn(6, 49152)
+    logits[1, 7] = logits[1, 9000] = 100.0  # a tie: the first wins
+    logits[2] = float("-inf")  # a row with nothing allowed
+    logits[3, 123] = float("nan")  # a NaN counts as the largest, as in torch.argmax
+    logits[4, 5] = logits[4, 6] = float("inf")
+    got = kernels.argmax(logits)
+    assert got.dtype == torch.int64
+    assert got.tolist() == torch.argmax(logits, dim=-1).tolist()
+    assert got.tolist()[1:5] == [7, 0, 123, 5]
+    assert kernels.argmax(logits[:0]).shape == (0,)
 
 
 def test_engine_greedy_output_with_fused_kernels_equals_hf(fused: ModuleType, tiny_model_dirs: dict[str, Path]) -> None:
@@ -87,35 +117,75 @@ def test_engine_greedy_output_with_fused_kernels_equals_hf(fused: ModuleType, ti
         assert run.tokens[f"r{i}"] == ref.outputs[i], f"request r{i} ({PROMPTS[i]!r}) differs from HF"
 
 
-@pytest.mark.parametrize(("heads", "kv_heads"), [(9, 3), (4, 4), (8, 2)])
-def test_decode_attention_reads_the_paged_cache_like_the_reference(
-    fused: ModuleType, heads: int, kv_heads: int
-) -> None:
-    block, head_dim = 4, 64
-    seq_lens = torch.tensor([1, 4, 5, 13, 40], dtype=torch.int32)
-    k_cache, v_cache = torch.randn(2, 64, block, kv_heads, head_dim).unbind(0)
-    # Each sequence's blocks scattered over the pool, the table padded with zeros.
-    order = torch.randperm(64, generator=torch.Generator().manual_seed(1)).tolist()
-    width = -(-int(seq_lens.max()) // block)
-    tables = torch.zeros(len(seq_lens), width, dtype=torch.int32)
-    for i, length in enumerate(seq_lens.tolist()):
+def _scattered_tables(seq_lens: list[int], block: int, pool: int) -> torch.Tensor:
+    """Each sequence's blocks scattered over a pool of `pool` blocks, the table padded with zeros."""
+    order = torch.randperm(pool, generator=torch.Generator().manual_seed(1)).tolist()
+    tables = torch.zeros(len(seq_lens), -(-max(seq_lens) // block), dtype=torch.int32)
+    for i, length in enumerate(seq_lens):
         for b in range(-(-length // block)):
             tables[i, b] = order.pop()
-    q = torch.randn(len(seq_lens), heads, head_dim)
+    return tables
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("heads", "kv_heads"), [(9, 3), (4, 4), (8, 2)])
+def test_decode_attention_reads_the_paged_cache_like_the_reference(
+    fused: ModuleType, heads: int, kv_heads: int, dtype: torch.dtype
+) -> None:
+    block, head_dim = 4, 64
+    seq_lens = torch.tensor([1, 4, 5, 13, 40, 300], dtype=torch.int32)
+    k_cache, v_cache = (torch.randn(2, 128, block, kv_heads, head_dim) * 2).to(dtype).unbind(0)
+    tables = _scattered_tables(seq_lens.tolist(), block, 128)
+    q = torch.randn(len(seq_lens), heads, head_dim).to(dtype)
     starts = torch.arange(len(seq_lens) + 1, dtype=torch.int32)
     args = (q, k_cache, v_cache, tables, seq_lens, starts, head_dim**-0.5)
     want = reference.paged_attention(*args)
     got = kernels.paged_attention(*args, 1, int(seq_lens.max()))
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert got.dtype == dtype
+    tolerance = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else _tolerance(dtype)
+    torch.testing.assert_close(got, want, **tolerance)
 
 
-def test_write_kv_scatters_rows_and_skips_negative_slots(fused: ModuleType) -> None:
-    kv = torch.randn(4, 2 * 3 * 64)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_step_of_decode_and_prefill_rows_attends_each_like_the_reference(
+    fused: ModuleType, dtype: torch.dtype
+) -> None:
+    # Decode rows around a prefill from scratch and an extend after cached tokens: one ragged step.
+    heads, kv_heads, head_dim, block = 9, 3, 64, 16
+    q_lens, seq_lens = [1, 7, 1, 5, 1], [20, 7, 1, 37, 64]
+    k_cache, v_cache = torch.randn(2, 32, block, kv_heads, head_dim).to(dtype).unbind(0)
+    tables = _scattered_tables(seq_lens, block, 32)
+    starts = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
+    q = torch.randn(sum(q_lens), heads, head_dim).to(dtype)
+    lens = torch.tensor(seq_lens, dtype=torch.int32)
+    args = (q, k_cache, v_cache, tables, lens, starts, head_dim**-0.5)
+    want = reference.paged_attention(*args)
+    out = torch.full_like(q, float("nan"))  # every row must be written
+    got = kernels.paged_attention(*args, max(q_lens), max(seq_lens), out=out)
+    assert got is out
+    tolerance = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else _tolerance(dtype)
+    torch.testing.assert_close(got, want, **tolerance)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_write_kv_scatters_rows_and_skips_negative_slots(fused: ModuleType, dtype: torch.dtype) -> None:
+    kv = torch.randn(4, 2 * 3 * 64).to(dtype)
     key, value = kv[:, : 3 * 64].reshape(4, 3, 64), kv[:, 3 * 64 :].reshape(4, 3, 64)
     slots = torch.tensor([5, -1, 0, 31])
-    caches = [torch.zeros(4, 8, 3, 64) for _ in range(4)]
+    caches = [torch.zeros(4, 8, 3, 64, dtype=dtype) for _ in range(4)]
     reference.write_kv(key, value, caches[0], caches[1], slots)
     kernels.write_kv(key, value, caches[2], caches[3], slots)
     assert torch.equal(caches[2], caches[0])
     assert torch.equal(caches[3], caches[1])
     assert int((caches[2].flatten(0, 1).abs().sum((1, 2)) > 0).sum()) == 3
+
+
+def test_the_kernels_share_torchs_openmp_runtime(fused: ModuleType) -> None:
+    # Their parallel loops run on torch's own OpenMP threads: a second runtime would start threads
+    # that torch.set_num_threads does not reach.
+    kernels.rms_norm(torch.randn(256, 576), torch.ones(576), 1e-6)
+    maps = Path("/proc/self/maps")
+    if not maps.exists():
+        pytest.skip("needs /proc (Linux)")
+    runtimes = {line.split()[-1] for line in maps.read_text().splitlines() if "libgomp" in line or "libiomp" in line}
+    assert len(runtimes) <= 1, runtimes

@@ -1,9 +1,9 @@
 """Tasks for 2026-07-28 clients (the `io.modelcontextprotocol/tasks` extension) through mcpmux.
 
 The client is `mcp.Client` declaring the extension (`tests/e2e/task_client.py`), over mcpmux's stdio
-and HTTP fronts. Upstreams: server-everything (npm, 2025-11-25), whose `simulate-research-query`
-runs only as a task, and `tests/servers/task_server.py`, an SDK 2.3 server that answers with tasks
-(2026-07-28), over stdio and HTTP. Each cell with the 2026 server compares what the client sees
+and HTTP fronts. Upstreams, each over stdio and HTTP: server-everything (npm, 2025-11-25), whose
+`simulate-research-query` runs only as a task, and `tests/servers/task_server.py`, an SDK 2.3 server
+that answers with tasks (2026-07-28). Each cell with the 2026 server compares what the client sees
 through mcpmux with what it sees connected directly; server-everything speaks no 2026, so its
 report is compared with the one a 2025 task-aware client gets from it directly.
 """
@@ -99,6 +99,22 @@ async def _error(request: Any) -> tuple[int, Any]:
 # -- a 2025-11-25 upstream: server-everything ------------------------------------------------------
 
 
+@contextmanager
+def _everything(upstream: str) -> Iterator[dict[str, Any]]:
+    """server-everything's entry in mcpmux's config: a child on stdio, or a server on loopback HTTP."""
+    if upstream == "stdio":
+        yield {"command": "node", "args": [str(EVERYTHING), "stdio"]}
+        return
+    port = free_port()
+    env = {**os.environ, "PORT": str(port)}
+    process = subprocess.Popen(["node", str(EVERYTHING), "streamableHttp"], env=env, stderr=subprocess.DEVNULL)
+    try:
+        wait_for_port(port, process)
+        yield {"url": f"http://127.0.0.1:{port}/mcp"}
+    finally:
+        stop(process)
+
+
 def _report_directly(topic: str, clarified: str | None = None) -> str:
     """server-everything's report on `topic`, for a 2025 client that runs the tool as a task itself;
     with `clarified`, an ambiguous query, and the client answers the elicitation for it so."""
@@ -144,9 +160,16 @@ def _report_directly(topic: str, clarified: str | None = None) -> str:
 
 
 @needs_everything
-@pytest.mark.parametrize("front", ["stdio", "http"])
-async def test_a_2025_upstreams_task_is_a_2026_clients_task_under_mcpmux_id(tmp_path: Path, front: str) -> None:
-    config = _config(tmp_path, {"everything": {"command": "node", "args": [str(EVERYTHING), "stdio"]}})
+@pytest.mark.parametrize(("front", "upstream"), [("stdio", "stdio"), ("http", "http")])
+async def test_a_2025_upstreams_task_is_a_2026_clients_task_under_mcpmux_id(
+    tmp_path: Path, front: str, upstream: str
+) -> None:
+    with _everything(upstream) as entry:
+        await _a_2025_task(tmp_path, front, entry)
+
+
+async def _a_2025_task(tmp_path: Path, front: str, entry: dict[str, Any]) -> None:
+    config = _config(tmp_path, {"everything": entry})
     reports: list[str] = []
 
     async def report_directly() -> None:
@@ -201,11 +224,18 @@ async def test_a_2025_upstreams_task_is_a_2026_clients_task_under_mcpmux_id(tmp_
 
 
 @needs_everything
-@pytest.mark.parametrize("front", ["stdio", "http"])
-async def test_a_2025_upstreams_question_during_a_task_is_the_tasks_input_request(tmp_path: Path, front: str) -> None:
+@pytest.mark.parametrize(("front", "upstream"), [("stdio", "http"), ("http", "stdio")])
+async def test_a_2025_upstreams_question_during_a_task_is_the_tasks_input_request(
+    tmp_path: Path, front: str, upstream: str
+) -> None:
     """server-everything asks for a clarification while an ambiguous research runs: mcpmux shows the
     2026 client the question in `tasks/get` (`input_required`), and its `tasks/update` answers it."""
-    config = _config(tmp_path, {"everything": {"command": "node", "args": [str(EVERYTHING), "stdio"]}})
+    with _everything(upstream) as entry:
+        await _a_question(tmp_path, front, entry)
+
+
+async def _a_question(tmp_path: Path, front: str, entry: dict[str, Any]) -> None:
+    config = _config(tmp_path, {"everything": entry})
     reports: list[str] = []
 
     async def report_directly() -> None:

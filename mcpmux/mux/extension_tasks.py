@@ -31,6 +31,7 @@ from mcp import Client
 from mcp.shared.exceptions import MCPError
 
 from mcpmux.core.call_plan import CallPlan
+from mcpmux.errors import UpstreamError
 from mcpmux.mux.client_requests import ClientRequest
 from mcpmux.mux.dispatcher import UpstreamDispatcher, created_task
 from mcpmux.mux.followed_task import FollowedTask, related_task
@@ -116,7 +117,10 @@ class ExtensionTasks:
         async with dispatcher.slot(plan.priority):
             raw = await upstream.request(f"tool {plan.tool!r}", send)
         if raw.get("resultType") == "task":
-            relayed = self._adopt(owner, upstream.name, str(raw["taskId"]), None)
+            if not isinstance(raw.get("taskId"), str):
+                problem = f"upstream {upstream.name!r} answered tool {plan.tool!r} with a task that has no taskId"
+                raise UpstreamError(problem, types.INTERNAL_ERROR)
+            relayed = self._adopt(owner, upstream.name, raw["taskId"], None)
             return _own(raw, relayed.task_id)
         if raw.get("resultType") == "input_required":
             return None

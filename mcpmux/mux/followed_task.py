@@ -76,8 +76,8 @@ class FollowedTask:
         self, upstream: Upstream, client: Client, created: dict[str, Any], asks: types.ClientCapabilities | None
     ) -> None:
         self.upstream = upstream
-        self.client = client
-        """The session the task lives on: gone with it."""
+        self.client: Client | None = client
+        """The session the task lives on, until it ended (the task is gone with it)."""
         self.upstream_id = str(created["taskId"])
         self.state = created
         """Its last known state upstream."""
@@ -93,13 +93,15 @@ class FollowedTask:
 
     async def follow(self) -> None:
         """Wait for the task to end (`tasks/result`, within its ttl) and keep how it ended."""
+        client = self.client
+        assert client is not None  # it ends only here, or cancelled (which cancels this first)
         params = {"taskId": self.upstream_id}
         ttl_ms = self.state.get("ttlMs") or 3_600_000
         outcome: dict[str, Any] = {}
         with self._scope:
             with anyio.move_on_after(ttl_ms / 1000):
                 try:
-                    outcome = {"result": await wire.legacy_request(self.client, "tasks/result", params)}
+                    outcome = {"result": await wire.legacy_request(client, "tasks/result", params)}
                 except MCPError as err:
                     outcome = {"error": err.error.model_dump(mode="json", exclude_none=True)}
                 except Exception as err:  # one task's fault must not end the Mux's task group
@@ -107,7 +109,7 @@ class FollowedTask:
                     outcome = {"error": {"code": types.INTERNAL_ERROR, "message": f"mcpmux lost the task: {err}"}}
             state = self.state
             try:
-                state = wire.from_legacy(await wire.legacy_request(self.client, "tasks/get", params))
+                state = wire.from_legacy(await wire.legacy_request(client, "tasks/get", params))
             except Exception as err:
                 logger.debug("task %r of %r: no state after it ended: %s", self.upstream_id, self.upstream.name, err)
             if not outcome:
@@ -116,7 +118,7 @@ class FollowedTask:
             self._end(_ended(state, outcome))
 
     def _end(self, final: dict[str, Any]) -> None:
-        self.final = final
+        self.final, self.client = final, None  # kept for `tasks/get`: no session held for it
         self._ended.set()
         for question in self._questions.values():
             question.answered.set()  # unanswered: mcpmux's fallback answers the upstream, if it still asks
@@ -191,7 +193,7 @@ class FollowedTask:
 
     async def _ask(self, method: str) -> dict[str, Any]:
         """The upstream's answer to `tasks/get` or `tasks/cancel` on the task, on its own session."""
-        if self.client is not self.upstream.client:
+        if self.client is None or self.client is not self.upstream.client:
             raise wire.not_found(self.upstream_id)  # the session it lived on is gone, and the task with it
 
         async def send(client: Client) -> dict[str, Any]:

@@ -9,8 +9,9 @@ While mcpmux waits on `tasks/result`, the upstream may ask something for the tas
 everything's elicitation for an ambiguous query, naming the task in its related-task `_meta`).
 When the client declared what it needs (elicitation; its url mode for a url one), the question
 becomes the task's `inputRequests` (status `input_required`), and the client's `tasks/update`
-answers it; otherwise mcpmux answers as it does outside any call (a decline), and the upstream's
-`input_required` reads `working`, since mcpmux, not the client, is answering.
+answers it; otherwise mcpmux declines it (the reason in the decline's `_meta`), and the upstream's
+`input_required` reads `working`, since mcpmux, not the client, is answering. Nobody else is asked,
+nor told: a question about a client's task is that client's alone.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from mcp import Client
 from mcp.shared.exceptions import MCPError
 from pydantic import ValidationError
 
-from mcpmux.mux.client_requests import ClientRequest, ClientResult
+from mcpmux.mux.client_requests import REASON_META, ClientRequest, ClientResult
 from mcpmux.upstream import task_extension as wire
 from mcpmux.upstream.supervisor import Upstream
 from mcpmux.upstream.tasks import RELATED_TASK
@@ -165,23 +166,25 @@ class FollowedTask:
                 raise MCPError(types.INVALID_PARAMS, problem) from None
             question.answered.set()
 
-    def _takes(self, request: ClientRequest) -> bool:
-        """Whether the client can be asked `request` (it declared what it needs)."""
-        if not isinstance(request, types.ElicitRequest):
-            return False  # sampling and roots go to mcpmux's fallbacks
+    def _takes(self, request: types.ElicitRequest) -> bool:
+        """Whether the client can be asked `request` (it declared elicitation, url mode for a url one)."""
         form, url = self._elicits
         return url if isinstance(request.params, types.ElicitRequestURLParams) else form
 
     async def ask(self, request: ClientRequest, limit: float | None) -> ClientResult | None:
         """Put `request` to the client as an input request of the task, and wait for its `tasks/update`.
 
-        None (the caller's fallback answers) when the client cannot be asked it, or the task ended
-        first; `TimeoutError` past `limit`. No other client is ever asked about the task.
+        An elicitation the client cannot be asked, or that the task outlived, is declined here, with
+        the reason in `_meta` (mcpmux's fallback would tell the model behind whatever call is in flight
+        on the upstream, maybe another client's); None for anything else (roots: the configured ones).
+        `TimeoutError` past `limit`. No other client is ever asked about the task.
         """
-        if not self._takes(request):
+        if not isinstance(request, types.ElicitRequest):
             return None
-        params = request.params.model_dump(by_alias=True, mode="json", exclude_none=True) if request.params else {}
-        key = f"{request.method.split('/')[0]}-{next(self._keys)}"
+        if not self._takes(request):
+            return self._decline(request, "its client did not declare elicitation (url mode for a url one)")
+        params = request.params.model_dump(by_alias=True, mode="json", exclude_none=True)
+        key = f"elicitation-{next(self._keys)}"
         question = _Question({"method": request.method, "params": wire.without_meta(params, RELATED_TASK)})
         self._questions[key] = question
         try:
@@ -189,7 +192,15 @@ class FollowedTask:
                 await question.answered.wait()
         finally:
             del self._questions[key]
-        return question.answer
+        return question.answer or self._decline(request, "the task ended before its client answered")
+
+    def _decline(self, request: types.ElicitRequest, why: str) -> types.ElicitResult:
+        reason = (
+            f"mcpmux declined upstream {self.upstream.name!r}'s elicitation ({request.params.message!r}) for "
+            f"task {self.upstream_id!r}: {why}"
+        )
+        logger.info("%s", reason)
+        return types.ElicitResult(action="decline", _meta={REASON_META: reason})
 
     async def _ask(self, method: str) -> dict[str, Any]:
         """The upstream's answer to `tasks/get` or `tasks/cancel` on the task, on its own session."""

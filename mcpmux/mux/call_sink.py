@@ -8,8 +8,8 @@ code that reads it off the upstream's wire, with no task), and otherwise, or onc
 one (progress, an error, a timeout, a cancellation), runs `FastPath.answer` in a task the sink
 starts. The front keeps the `ServedCall` it gets back, to cancel the call.
 
-Every request is answered exactly once: with its result; with the sink's `withheld` answer if it
-was cancelled first (none at all on stdio, the SDK's -32800 on a 2025 HTTP session); or with an
+Every request is answered exactly once: with its result; as the sink's `withhold` answers it if it
+was cancelled first (not at all on stdio, the SDK's -32800 on a 2025 HTTP session); or with an
 internal error if serving it failed unexpectedly (logged). `ended` tells the front, once, that the
 call is over for it.
 """
@@ -46,8 +46,8 @@ class CallSink(Protocol):
     def start(self, work: Callable[[], Coroutine[Any, Any, None]]) -> None:
         """Run `work` in a task the front owns; `RuntimeError` when the front can start none (it ended)."""
 
-    def withheld(self, call: FastCall) -> dict[str, Any] | None:
-        """The response a call cancelled before its answer gets (None: none at all)."""
+    async def withhold(self, call: FastCall) -> None:
+        """Answer a call cancelled before its answer, as the front's protocol says (or not at all)."""
 
     def ended(self) -> None:
         """The call is over for the front (answered, abandoned, or its task ended); called once."""
@@ -93,7 +93,7 @@ def serve(fast: FastPath, call: FastCall, sink: CallSink) -> ServedCall:
 
     def deliver_now(response: dict[str, Any]) -> bool:
         if served.cancelled or not sink.respond_now(response):
-            return False  # its task answers (a cancelled call, with `withheld`)
+            return False  # its task answers (a cancelled call, through `withhold`)
         served.answered = True
         served.end()  # answered: a cancellation for it is too late
         return True
@@ -121,7 +121,7 @@ async def _answer(fast: FastPath, served: ServedCall) -> None:
     call, sink = served.call, served.sink
 
     async def deliver(response: dict[str, Any]) -> None:
-        if not served.cancelled:  # a call cancelled before its answer gets `withheld` instead
+        if not served.cancelled:  # a call cancelled before its answer is answered through `withhold`
             served.answered = True
             await sink.respond(response)
 
@@ -140,11 +140,7 @@ async def _answer(fast: FastPath, served: ServedCall) -> None:
     if served.answered:
         return
     if served.cancelled:  # even if the call ended before it could notice: the result was withheld
-        response = sink.withheld(call)
+        await sink.withhold(call)
     elif failed:
         error = {"code": types.INTERNAL_ERROR, "message": "Internal error"}
-        response = {"jsonrpc": "2.0", "id": call.request_id, "error": error}
-    else:
-        return
-    if response is not None:
-        await sink.respond(response)
+        await sink.respond({"jsonrpc": "2.0", "id": call.request_id, "error": error})

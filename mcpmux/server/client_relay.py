@@ -19,9 +19,10 @@ A 2026-07-28 client is asked in its parked call's next input-required round
 request (`related_request_id`: its POST's SSE stream on HTTP). Either waits at most `limit`
 seconds (sampling rounds: the rounds' own idle timeout); on timeout, or when the upstream withdraws
 its request, a pushed request is cancelled (`notifications/cancelled`). A client without a back
-channel and no parked call is passed over. A stdio fast-path call stands in for its client's 2025
-session (`mcpmux.server.stdio_fast`): its client is asked on that session. The answer, the client's error
-(raised as `MCPError`) or None (nobody could be asked) goes back to the policy in
+channel and no parked call is passed over. A fast-path call's client is among the callers as its
+`ClientStandIn` (`mcpmux.server.client_stand_in`): it is asked on its 2025 session (stdio's one
+session, an HTTP session's standalone stream), and notes for the model reach the fast-path result.
+The answer, the client's error (raised as `MCPError`) or None (nobody could be asked) goes back to the policy in
 `mcpmux.mux.client_requests` or the sampling bridge.
 """
 
@@ -40,6 +41,7 @@ from mcp.shared.message import ServerMessageMetadata
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from mcpmux.mux.client_requests import ClientRequest
+from mcpmux.server.client_stand_in import ClientStandIn
 from mcpmux.server.input_rounds import InputRounds
 
 logger = logging.getLogger(__name__)
@@ -169,10 +171,14 @@ class ClientRelay:
         await connection.notify(data["method"], data.get("params"))
 
     def note(self, upstream: str, text: str) -> None:
-        """Add `text` to the result of the most recent SDK-path call in flight on `upstream` (if any)."""
+        """Add `text` to the result of the most recent call in flight on `upstream` (if any): an SDK-path
+        call's, or a fast-path call's through its client's stand-in."""
         for session, request_id in reversed(list(self._callers.get(upstream, {}).items())):
             if isinstance(session, ServerSession):
                 self._notes.setdefault(session, {}).setdefault(request_id, []).append(text)
+                return
+            if isinstance(session, ClientStandIn):
+                session.note(request_id, text)
                 return
 
     def take_notes(self, session: ServerSession, request_id: types.RequestId) -> list[str]:

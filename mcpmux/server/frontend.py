@@ -147,6 +147,10 @@ class Frontend:
         self.page_size = mux.config.mux.page_size
         self.bus = InMemorySubscriptionBus()
         self._connections: weakref.WeakSet[Connection] = weakref.WeakSet()
+        self._sessions: weakref.WeakValueDictionary[str, Connection] = weakref.WeakValueDictionary()
+        """2025 HTTP sessions' connections, by session id."""
+        self._streams_open: dict[str, int] = {}
+        """2025 HTTP sessions with their standalone stream open (how many GETs each holds open)."""
         self._client_ids: weakref.WeakKeyDictionary[Connection, str] = weakref.WeakKeyDictionary()
         self._stdio_client: str | None = None
         """The one client of `serve_stdio`, once it serves."""
@@ -213,8 +217,15 @@ class Frontend:
     def _seen(self, ctx: Any) -> ServerSession:
         session: ServerSession = ctx.session
         # A ServerSession lives for one request; list_changed needs the connection behind it.
-        self._connections.add(session._connection)
+        connection = session._connection
+        self._connections.add(connection)
+        if connection.session_id is not None:
+            self._sessions[connection.session_id] = connection
         return session
+
+    def _askable_session(self, session_id: str) -> Connection | None:
+        """A 2025 HTTP session's connection while its standalone stream is open (requests can reach it)."""
+        return self._sessions.get(session_id) if session_id in self._streams_open else None
 
     def _fast_path(self) -> FastPath:
         """A fast path for this front's mux; 2026 results get this front's `serverInfo` stamp."""
@@ -424,8 +435,14 @@ class Frontend:
         if _declares_roots(session._connection):
             await self.mux.roots_changed()
 
+    def _stream_closed(self, session_id: str) -> None:
+        count = self._streams_open.pop(session_id, 0) - 1
+        if count > 0:
+            self._streams_open[session_id] = count
+
     async def _stream_opened(self, session_id: str) -> None:
         """A 2025 HTTP client opened its standalone stream: upstreams may now ask it for its roots."""
+        self._streams_open[session_id] = self._streams_open.get(session_id, 0) + 1
         if any(c.session_id == session_id and _declares_roots(c) for c in list(self._connections)):
             await self.mux.roots_changed()
 
@@ -481,7 +498,7 @@ class Frontend:
             streamable_http_path=path, host=host, transport_security=unchecked, max_request_body_size=limit
         )
         app.add_middleware(BatchArrayMiddleware, path=path, max_body=limit)
-        app.add_middleware(StandaloneStreamWatch, path=path, opened=self._stream_opened)
+        app.add_middleware(StandaloneStreamWatch, path=path, opened=self._stream_opened, closed=self._stream_closed)
         inference = self.mux.inference
         if inference is not None and inference.settings.openai_api:
             from mcpmux.inference.openai.routes import openai_mount  # imported here: it pulls in torch
@@ -493,7 +510,7 @@ class Frontend:
         fast = FastPathMiddleware(app, self._fast_path(), self.server.session_manager, path=path)
         # outermost: in front of every route
         edge = HttpEdge(fast, policy=policy, mcp_path=path, config=self._running_config)
-        return edge, HttpFastFront(fast, edge)
+        return edge, HttpFastFront(fast, edge, self._callers, self._askable_session)
 
     def _running_config(self) -> Config:
         """The Mux's config, replaced by each reload (the HTTP edge follows its profiles and their tokens)."""

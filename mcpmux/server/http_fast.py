@@ -20,6 +20,7 @@ its SSE response stream. Every other request goes to the app behind, its body re
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import anyio
@@ -103,8 +104,12 @@ class FastPathMiddleware:
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": payload})
 
-    def route(self, scope: Scope, body: bytes) -> FastCall | None:
-        """The `FastCall` a POST of `body` is, or None when the SDK must serve it."""
+    def route(self, scope: Scope, body: bytes, askable: Callable[[str], object] | None = None) -> FastCall | None:
+        """The `FastCall` a POST of `body` is, or None when the SDK must serve it.
+
+        A 2025 session whose client declared sampling or elicitation is taken only where `askable`
+        gives its session something (`HttpFastFront`: its connection, while its standalone stream is
+        open), for what an upstream asks of the client to reach it there."""
         if b'"tools/call"' not in body:
             return None
         raw_headers = _raw_headers(scope)
@@ -127,7 +132,7 @@ class FastPathMiddleware:
             # The SDK keeps its sessions here; an unknown one must get its 404.
             if version is None or version in MODERN_PROTOCOL_VERSIONS or session not in self.sessions._server_instances:
                 return None
-            asks = self.declares_sampling.get(session, True)
+            asks = self.declares_sampling.get(session, True) and (askable is None or askable(session) is None)
             call = self.fast.route(message, version, asks, owner=task_owner(session))
         if call is None or call.progress_token is not None:
             return None

@@ -27,6 +27,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, cast
 
+from mcp.server.connection import Connection
 from mcp.shared.inbound import ERROR_CODE_HTTP_STATUS
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.types import Scope
@@ -34,6 +35,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from mcpmux.mux.call_sink import ServedCall, serve
 from mcpmux.mux.fast_path import FastCall, FastPath
+from mcpmux.server.client_stand_in import ClientStandIn, StandIns
 from mcpmux.server.http_edge import HttpEdge
 from mcpmux.server.http_fast import CANCELLED_ERROR, FastPathMiddleware, session_of
 from mcpmux.server.http_keepalive import IdleConnections
@@ -57,16 +59,21 @@ class _HttpSink:
     front: HttpFastFront
     protocol: FastHttpProtocol
     cycle: RequestResponseCycle
+    call: FastCall
     key: tuple[str, str] | None
     """(2025 session, request id) while the call is in flight, for a `notifications/cancelled` to find it."""
     modern: bool
     """The client speaks 2026-07-28: an error's HTTP status comes from the SDK's table."""
+    stand_in: ClientStandIn | None = None
+    """Its client among the upstream's callers (a 2025 session's call): notes for the model join its result."""
     served: ServedCall | None = None
     gone: bool = False
     """The client closed the connection."""
     progress: ProgressFn | None = None  # a call that asked for progress goes through ASGI
 
     def respond_now(self, response: dict[str, Any]) -> bool:
+        if self.stand_in is not None:
+            response = self.stand_in.with_notes(response)
         return self.protocol.respond(self.cycle, response, self.modern)
 
     async def respond(self, response: dict[str, Any]) -> None:
@@ -75,9 +82,11 @@ class _HttpSink:
     def start(self, work: Callable[[], Coroutine[Any, Any, None]]) -> None:
         self.protocol.start_task(work())
 
-    def withheld(self, call: FastCall) -> dict[str, Any] | None:
-        # A 2025 session's notifications/cancelled: the SDK's -32800; a client gone gets nothing.
-        return None if self.gone else {"jsonrpc": "2.0", "id": call.request_id, "error": CANCELLED_ERROR}
+    async def withhold(self, call: FastCall) -> None:
+        # A 2025 session's notifications/cancelled: the SDK's -32800, on a stream; a client gone gets nothing.
+        if not self.gone:
+            response = {"jsonrpc": "2.0", "id": call.request_id, "error": CANCELLED_ERROR}
+            self.protocol.respond(self.cycle, response, self.modern, event_stream=True)
 
     def ended(self) -> None:
         self.front._forget(self)
@@ -95,11 +104,21 @@ class _HttpSink:
 class HttpFastFront:
     """Takes the requests `FastPathMiddleware` would serve straight off the protocol."""
 
-    def __init__(self, middleware: FastPathMiddleware, edge: HttpEdge) -> None:
+    def __init__(
+        self,
+        middleware: FastPathMiddleware,
+        edge: HttpEdge,
+        callers: dict[str, Any],
+        askable: Callable[[str], Connection | None],
+    ) -> None:
+        """`callers`: `Frontend`'s callers per upstream; `askable`: a 2025 session's connection while
+        requests can reach its client (its standalone stream is open), else None."""
         self.middleware = middleware
         self.edge = edge
         self.fast: FastPath = middleware.fast
         self.idle = IdleConnections(edge.policy.idle_per_client)
+        self._askable = askable
+        self._stand_ins = StandIns(callers)
 
     def holds(self, scope: Any) -> bool:
         """Whether a request is held until its body is in, for `take` to see."""
@@ -114,7 +133,7 @@ class HttpFastFront:
         """Serve the request here (True), or leave it to the ASGI app (False, nothing done)."""
         scope, body = cast(Scope, cycle.scope), bytes(cycle.body)
         self.edge.enter(scope)  # its profile (its token's), which `route` reads
-        call = self.middleware.route(scope, body)
+        call = self.middleware.route(scope, body, self._askable)
         if call is None:
             return False
         session = session_of(scope)
@@ -123,9 +142,10 @@ class HttpFastFront:
             return False  # a duplicate id in flight: the SDK path answers that as it always has
         if not self.edge.admits(scope, len(body)):  # last: it counts the request against the rate limit
             return False
-        sink = _HttpSink(self, protocol, cycle, key, call.version in MODERN_PROTOCOL_VERSIONS)
+        sink = _HttpSink(self, protocol, cycle, call, key, call.version in MODERN_PROTOCOL_VERSIONS)
         if key is not None:
             self.middleware.running[key] = sink
+            sink.stand_in = self._hold_stand_in(key[0], call)
         protocol.running = sink
         try:
             sink.served = serve(self.fast, call, sink)
@@ -139,6 +159,24 @@ class HttpFastFront:
             del self.middleware.running[sink.key]
         if sink.protocol.running is sink:
             sink.protocol.running = None
+        if sink.stand_in is not None and sink.key is not None:
+            self._stand_ins.release(sink.key[0], sink.call.upstream.name, sink.call.request_id, True)
+            sink.stand_in = None
+
+    def _hold_stand_in(self, session: str, call: FastCall) -> ClientStandIn:
+        """A 2025 session's client among the upstream's callers while the call is in flight: it hears
+        the upstream's logs and is asked its requests on the session's standalone stream, as the SDK
+        path does on the call's own stream."""
+
+        def connection() -> Connection | None:
+            return self._askable(session)
+
+        async def write(message: dict[str, Any]) -> None:
+            held = self._askable(session)
+            if held is not None:
+                await held.notify(message["method"], message.get("params"))
+
+        return self._stand_ins.hold(session, call.upstream.name, call.request_id, True, connection, write)
 
 
 class FastHttpProtocol(HttpToolsProtocol):
@@ -197,8 +235,12 @@ class FastHttpProtocol(HttpToolsProtocol):
         task.add_done_callback(self.tasks.discard)
         self.tasks.add(task)
 
-    def respond(self, cycle: RequestResponseCycle, response: dict[str, Any], modern: bool) -> bool:
-        """Write `response` as the request's whole HTTP response, in one write; False if it cannot go out."""
+    def respond(
+        self, cycle: RequestResponseCycle, response: dict[str, Any], modern: bool, event_stream: bool = False
+    ) -> bool:
+        """Write `response` as the request's whole HTTP response, in one write; False if it cannot go out.
+        `event_stream`: as one event of a `text/event-stream` body (a 2025 session's answer to a
+        cancelled call, as the SDK's server writes it: clients read a late answer on a stream safely)."""
         if cycle.response_complete or cycle.disconnected or self.transport.is_closing():
             return False
         # A 2026 error's status comes from the SDK's table; a 2025 session's errors ride a 200, as on its SSE.
@@ -209,7 +251,10 @@ class FastHttpProtocol(HttpToolsProtocol):
         content = [STATUS_LINE[status]]
         for name, value in self.server_state.default_headers:
             content += [name, b": ", value, b"\r\n"]
-        content.append(b"content-type: application/json\r\ncontent-length: %d\r\n" % len(payload))
+        kind = b"application/json"
+        if event_stream:
+            kind, payload = b"text/event-stream", b"event: message\ndata: %s\n\n" % payload
+        content.append(b"content-type: %s\r\ncontent-length: %d\r\n" % (kind, len(payload)))
         if not cycle.keep_alive:
             content.append(b"connection: close\r\n")
         content += [b"\r\n", payload]

@@ -15,21 +15,18 @@ fast-path calls are in flight is asked of the client on that session, as the SDK
 from __future__ import annotations
 
 import logging
-import weakref
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import anyio
-import mcp_types as types
 from anyio.abc import TaskGroup
 from mcp.server.connection import Connection
-from mcp.shared.exceptions import NoBackChannelError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
-from pydantic import BaseModel
 
 from mcpmux.mux.call_sink import ServedCall, serve
 from mcpmux.mux.fast_path import FastCall, FastPath, decode, sampling_declared
+from mcpmux.server.client_stand_in import ClientStandIn, StandIns
 from mcpmux.server.stdio_batch import StdioBatchEdge
 from mcpmux.upstream.lane import ProgressFn
 from mcpmux.wire.batch_array import id_key
@@ -38,7 +35,6 @@ from mcpmux.wire.json_bytes import line
 logger = logging.getLogger(__name__)
 TASK_OWNER_STDIO = "stdio"
 """Who owns the tasks the one stdio client creates (`Mux.tasks`)."""
-T = TypeVar("T", bound=BaseModel)
 
 
 @dataclass(slots=True, eq=False)
@@ -49,19 +45,20 @@ class _StdioSink:
     call: FastCall
     key: str
     progress: ProgressFn | None
+    stand_in: ClientStandIn
     served: ServedCall | None = None
 
     def respond_now(self, response: dict[str, Any]) -> bool:
-        return self.front._write_now(response)
+        return self.front._write_now(self.stand_in.with_notes(response))
 
     async def respond(self, response: dict[str, Any]) -> None:
-        await self.front._write(response)
+        await self.front._write(self.stand_in.with_notes(response))
 
     def start(self, work: Callable[[], Coroutine[Any, Any, None]]) -> None:
         self.front._tasks.start_soon(work)
 
-    def withheld(self, call: FastCall) -> dict[str, Any] | None:
-        return None  # a cancelled request gets no response at all, as on the SDK path
+    async def withhold(self, call: FastCall) -> None:
+        """A cancelled request gets no response at all, as on the SDK path."""
 
     def ended(self) -> None:
         self.front._forget(self)
@@ -78,13 +75,11 @@ class StdioFastFront:
         self.fast = fast
         self._edge = edge
         self._tasks = tasks
-        self._callers = callers
         self._running: dict[str, _StdioSink] = {}
-        self._relays: dict[str, _ClientStandIn] = {}
+        self._stand_ins = StandIns(callers)
         self.connection: Connection | None = None
         """The client's 2025 session, once initialized (set by `Frontend`): upstreams' requests to the
         client go out on it."""
-        """Per upstream with calls of this client in flight: where its logs reach the client."""
         self._declares_sampling = False
         self._outbox: list[bytes] = []
         self._writing = False
@@ -130,10 +125,16 @@ class StdioFastFront:
                 sink.served.detach()
 
     def _start(self, call: FastCall, key: str) -> None:
-        """Serve the call (`serve`: launched right here when it can be, else in a task of the front's)."""
+        """Serve the call (`serve`: launched right here when it can be, else in a task of the front's).
+        Meanwhile the client stands in among the upstream's callers, as the SDK path registers its
+        session: the upstream's logs reach it (once each, however many of its calls are in flight
+        there), and what the upstream asks of the client is asked on its session."""
         progress = self._progress_relay(call.progress_token) if call.progress_token is not None else None
-        sink = self._running[key] = _StdioSink(self, call, key, progress)
-        self._hold_relay(call)
+        legacy = call.version not in MODERN_PROTOCOL_VERSIONS
+        stand_in = self._stand_ins.hold(
+            None, call.upstream.name, call.request_id, legacy, lambda: self.connection, self._write
+        )
+        sink = self._running[key] = _StdioSink(self, call, key, progress, stand_in)
         sink.served = serve(self.fast, call, sink)
 
     def _forget(self, sink: _StdioSink) -> None:
@@ -141,27 +142,8 @@ class StdioFastFront:
         call = sink.call
         if self._running.get(sink.key) is sink:  # the id may be in use again by a newer call
             del self._running[sink.key]
-        relay = self._relays[call.upstream.name]
-        relay.calls -= 1
-        if call.version not in MODERN_PROTOCOL_VERSIONS:
-            relay.legacy_calls -= 1
-        if relay.calls == 0:
-            del self._relays[call.upstream.name]
-            relay.callers.pop(relay, None)
-
-    def _hold_relay(self, call: FastCall) -> None:
-        """Registered like the SDK path registers a client's session: the upstream's logs meanwhile
-        reach this client, once each however many of its calls are in flight there."""
-        relay = self._relays.get(call.upstream.name)
-        if relay is None:
-            callers = self._callers.get(call.upstream.name)
-            if callers is None:
-                callers = self._callers[call.upstream.name] = weakref.WeakKeyDictionary()
-            relay = self._relays[call.upstream.name] = _ClientStandIn(self, callers)
-        relay.calls += 1
-        if call.version not in MODERN_PROTOCOL_VERSIONS:
-            relay.legacy_calls += 1
-        relay.callers[relay] = call.request_id
+        legacy = call.version not in MODERN_PROTOCOL_VERSIONS
+        self._stand_ins.release(None, call.upstream.name, call.request_id, legacy)
 
     def _progress_relay(self, token: Any) -> ProgressFn:
         async def relay(progress: float, total: float | None, message: str | None) -> None:
@@ -197,58 +179,3 @@ class StdioFastFront:
                     await self._edge.write_line(b"".join(lines))
         finally:
             self._writing = False
-
-
-class _ClientStandIn:
-    """Stands in for the client's SDK session in `Frontend`'s callers of one upstream, while the client
-    has fast-path calls in flight there: it is told the upstream's logs, and asked what the upstream
-    asks of the client (`mcpmux.server.client_relay`).
-
-    The logs go out while at least one of those calls is a 2025 one: a 2025 client hears every level,
-    as from the SDK path; a 2026 request did not opt in (those that do take the SDK path), so it
-    hears none. Requests go to the client's 2025 session, once there is one, while a 2025 call is in
-    flight (a 2026 client that can answer takes the SDK path, in input-required rounds).
-    """
-
-    @property
-    def _connection(self) -> Connection | None:
-        """The client's session, as `ServerSession._connection` names it (the relay's client identity)."""
-        return self._front.connection if self.legacy_calls else None
-
-    @property
-    def client_capabilities(self) -> types.ClientCapabilities | None:
-        connection = self._connection
-        return connection.client_capabilities if connection is not None else None
-
-    @property
-    def can_send_request(self) -> bool:
-        connection = self._connection
-        return connection is not None and connection.has_standalone_channel
-
-    async def send_request(self, request: types.ServerRequest, result_type: type[T], metadata: Any = None) -> T:
-        """Ask the client on its session (stdio has one stream: nothing to relate the request to)."""
-        connection = self._connection
-        if connection is None:
-            raise NoBackChannelError(request.method)  # its last 2025 call ended meanwhile
-        data = request.model_dump(by_alias=True, mode="json", exclude_none=True)
-        raw = await connection.send_raw_request(data["method"], data.get("params"))
-        return result_type.model_validate(raw, by_name=False)
-
-    def __init__(self, front: StdioFastFront, callers: Any) -> None:
-        self._front = front
-        self.callers = callers
-        """The callers of the upstream it is registered with."""
-        self.calls = 0
-        """This client's calls in flight on that upstream."""
-        self.legacy_calls = 0
-        """Those of them made in a 2025 revision: only those hear the upstream's logs."""
-
-    async def send_log_message(
-        self, level: str, data: Any, logger: str | None = None, related_request_id: Any = None
-    ) -> None:
-        if not self.legacy_calls:
-            return
-        params: dict[str, Any] = {"level": level, "data": data}
-        if logger is not None:
-            params["logger"] = logger
-        await self._front._write({"jsonrpc": "2.0", "method": "notifications/message", "params": params})

@@ -462,7 +462,7 @@ async def test_without_the_capability_the_upstream_is_declined_with_a_reason(ser
     assert result.structured_content["action"] == "decline"
     reason = result.structured_content["meta"][REASON_META]
     assert "declared elicitation" in reason
-    assert reason in text_of(result)  # the note for the model, after the upstream's own content
+    assert result.content[-1] == types.TextContent(type="text", text=reason)  # the note for the model, last
     assert roots.structured_content == {"result": [CONFIGURED_ROOT]}  # [servers.asks] roots
 
 

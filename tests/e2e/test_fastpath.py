@@ -521,6 +521,26 @@ async def test_calls_that_need_the_mux_are_served_by_its_one_executor(tmp_path: 
 
 
 @pytest.mark.anyio
+async def test_a_2025_http_client_that_can_be_asked_keeps_the_fast_path(tmp_path: Path) -> None:
+    """Clients such as VS Code declare elicitation and sampling. While such a session's standalone
+    stream is open, what an upstream asks of the client can reach it there, so its calls are relayed
+    raw (an `mux.` id: mcpmux's own lane) rather than through the SDK (an int id)."""
+    config = write_config(tmp_path / "mux.json", {"probe": probe()})
+
+    async def decline(context: Any, params: Any) -> types.ElicitResult:
+        return types.ElicitResult(action="decline")
+
+    async with (
+        served_in_process(config) as (_mux, _frontend, url),
+        Client(url, mode="legacy", elicitation_callback=decline) as client,
+    ):
+        with anyio.fail_after(10):  # the client opens its standalone stream just after connecting
+            while not str(seen_id(await client.call_tool("probe__whoami", {}))).startswith("mux."):
+                await anyio.sleep(0.05)
+        assert str(seen_id(await client.call_tool("probe__whoami", {}))).startswith("mux.")
+
+
+@pytest.mark.anyio
 async def test_identical_calls_share_one_flight_whichever_path_they_take(tmp_path: Path) -> None:
     """Calls relayed raw from an HTTP client and library calls (`Mux.call_tool`) to a read-only,
     idempotent tool, made at once, are answered by one upstream call: the two paths have one executor."""

@@ -21,8 +21,10 @@ and coalesced tools included. A call that takes a task is run by the upstream's 
 call takes the same steps without one, with the same cache, flights and gate. Besides, the name
 must route to a connected upstream (not a local tool, not an unknown name: the SDK path words that
 error), the request carry nothing but `name`, `arguments` and `_meta` (and no 2026 `logLevel`: the
-SDK path relays the upstream's logs to such a request), and the upstream not want to ask the calling
-client for sampling (its plan's `asks_client`, where the client declared sampling). A call that may
+SDK path relays the upstream's logs to such a request), the upstream not want to ask the calling
+client for sampling (its plan's `asks_client`, where the client declared sampling), and a 2026 call
+that declares the tasks extension not go to an upstream that offers it (it may be answered with a
+task, which `mcpmux.server.task_front` relays). A call that may
 share another's answer (`CallPlan.shares`) is answered at once from the cache while fresh; else it
 waits, in a task, for an identical call in flight, or is launched as any other call, and identical
 calls arriving meanwhile wait for it (`SingleFlight.lead`).
@@ -63,6 +65,8 @@ from mcpmux.mux.dispatcher import RawResult, created_task
 from mcpmux.mux.multiplexer import Mux
 from mcpmux.upstream.lane import LaneFlight, ProgressFn
 from mcpmux.upstream.supervisor import Upstream, UpstreamState
+from mcpmux.upstream.task_extension import declared as declares_tasks
+from mcpmux.upstream.task_extension import offered as offers_tasks
 from mcpmux.wire.plain_result import SERVER_INFO, is_plain
 
 logger = logging.getLogger(__name__)
@@ -216,6 +220,7 @@ class FastPath:
         if _LOG_LEVEL in meta:
             return None  # the SDK path relays the upstream's logs on this request (2026 logging is per request)
         version = meta.get(_PROTOCOL_VERSION)
+        capabilities = None
         if version in MODERN_PROTOCOL_VERSIONS:
             if isinstance(classify_inbound_request(message, headers=headers), InboundLadderRejection):
                 return None  # a malformed envelope: the SDK words the refusal
@@ -236,6 +241,8 @@ class FastPath:
             return None  # the upstream runs it only as a task: the SDK path creates and awaits one
         if declares_sampling and plan.asks_client:
             return None  # the upstream may want this very client to sample: `Frontend` tracks that
+        if isinstance(capabilities, dict) and declares_tasks(capabilities) and offers_tasks(upstream.client):
+            return None  # a 2026 call that may be answered with a task: the SDK path's task front relays it
         request_id = message["id"]
         if not isinstance(request_id, str | int) or isinstance(request_id, bool):
             return None

@@ -59,7 +59,7 @@ from mcpmux.server.resource_subscriptions import ResourceSubscriptions
 from mcpmux.server.standalone_stream import StandaloneStreamWatch
 from mcpmux.server.stdio_batch import StdioBatchEdge, claimed_stdio
 from mcpmux.server.stdio_fast import TASK_OWNER_STDIO, StdioFastFront
-from mcpmux.server.task_front import TaskFastPath, TaskFront
+from mcpmux.server.task_front import TaskFront
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -229,7 +229,7 @@ class Frontend:
 
     def _fast_path(self) -> FastPath:
         """A fast path for this front's mux; 2026 results get this front's `serverInfo` stamp."""
-        return TaskFastPath(self.mux, self.server.server_info_stamp)
+        return FastPath(self.mux, self.server.server_info_stamp)
 
     def _client_id(self, ctx: Any) -> str:
         """Which client sent a request: the scope of its private cache entries (`scope = "client"`).

@@ -16,7 +16,7 @@ without a token, every tokenless request of that profile alike, for whom the tas
 bits) is the only key; on stdio, the one client. Another owner's id is "not found".
 
 Tools a 2026 upstream may answer with a task are called through the SDK path for a client that
-declared the extension (`TaskFastPath` leaves them to it): the fast path relays results, not tasks.
+declared the extension (`FastPath.route` leaves them to it): the fast path relays results, not tasks.
 """
 
 from __future__ import annotations
@@ -45,7 +45,6 @@ from mcpmux.errors import (
 )
 from mcpmux.mux.client_requests import ClientAsker, ClientRequest, ClientResult
 from mcpmux.mux.dispatcher import UpstreamDispatcher
-from mcpmux.mux.fast_path import FastCall, FastPath
 from mcpmux.mux.multiplexer import Mux
 from mcpmux.server.http_edge import PROFILE_SCOPE
 from mcpmux.server.http_fast import task_owner
@@ -82,33 +81,6 @@ def task_target(mux: Mux, name: str, profile: str | None) -> _Target | None:
         return None
     plan = dispatcher.plan(route.name)
     return _Target(upstream, dispatcher, plan) if plan.as_task or wire.offered(upstream.client) else None
-
-
-class TaskFastPath(FastPath):
-    """The fast path, less the calls that may be answered with a task: a 2026 request declaring the
-    extension, to a tool that may run as one (the fast path would relay a task handle as a result)."""
-
-    __slots__ = ()
-
-    def route(
-        self,
-        message: Any,
-        legacy_version: str | None,
-        declares_sampling: bool = False,
-        headers: Any = None,
-        owner: str | None = None,
-    ) -> FastCall | None:
-        params = message.get("params") if isinstance(message, dict) else None
-        meta = params.get("_meta") if isinstance(params, dict) else None
-        if (
-            isinstance(meta, dict)
-            and meta.get(types.PROTOCOL_VERSION_META_KEY) in MODERN_PROTOCOL_VERSIONS
-            and wire.declared(meta.get(types.CLIENT_CAPABILITIES_META_KEY))
-            and isinstance(name := params.get("name"), str)  # type: ignore[union-attr]
-            and task_target(self.mux, name, None) is not None
-        ):
-            return None
-        return super().route(message, legacy_version, declares_sampling, headers, owner)
 
 
 def _modern(ctx: Any) -> bool:

@@ -405,6 +405,9 @@ def on_own_thread(fn: Callable[..., T], *args: Any) -> T:
 
 
 def correctness_gate(loaded: LoadedModel, model: Any, reqs: list[Req]) -> None:
+    """fp32: mcpmux's greedy tokens must equal HF `generate`'s, or the run stops. Other dtypes round
+    differently in every kernel, so there the agreement is only reported."""
+
     async def ours() -> list[list[int]]:
         config = EngineConfig(model=loaded.name, num_blocks=256, prefill_chunk_size=32)
         async with await Engine.start(config, loaded) as engine:
@@ -425,11 +428,16 @@ def correctness_gate(loaded: LoadedModel, model: Any, reqs: list[Req]) -> None:
             return model.generate(prompt, max_new_tokens=12, do_sample=False)[0, len(prompt_ids) :].tolist()
 
     got = anyio.run(ours)
+    same = 0
     for r, tokens in zip(reqs, got, strict=True):
         ref = on_own_thread(theirs, r.prompt)
-        if ref != tokens:
+        if ref != tokens and loaded.dtype == torch.float32:
             raise SystemExit(f"correctness gate failed: mcpmux {tokens} != HF {ref}; no figures reported")
-    print(f"correctness gate: {len(reqs)} concurrent greedy requests equal HF generate token for token")
+        same += ref == tokens
+    if loaded.dtype == torch.float32:
+        print(f"correctness gate: {len(reqs)} concurrent greedy requests equal HF generate token for token")
+    else:
+        print(f"{loaded.dtype}: {same}/{len(reqs)} concurrent greedy requests equal HF generate's (not required)")
 
 
 def main() -> None:
@@ -513,6 +521,11 @@ def main() -> None:
     finally:
         if peer is not None:
             peer.close()
+    if args.dtype != "float32" and "mcpmux" in tokens:
+        # What a reduced precision changes: the same requests through mcpmux at float32, untimed.
+        full = on_own_thread(lambda: load_model(args.model, dtype="float32", device=args.device))
+        first = loads[next(iter(loads))]
+        tokens["mcpmux float32"] = [t.tokens or [] for t in anyio.run(run_mcpmux, full, first, args)[0]]
     compare_tokens(tokens, args.dtype)
     report(rows, args, rate)
     round_summary(rows, systems)

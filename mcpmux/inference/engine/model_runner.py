@@ -10,8 +10,6 @@ import torch
 from mcpmux.inference.engine.cuda_graphs import DecodeGraphs
 from mcpmux.inference.engine.sampler import SampleRequest, TokenLogprob, sample
 from mcpmux.inference.engine.scheduler import ScheduledSeq
-from mcpmux.inference.kernels import cpu_fused
-from mcpmux.inference.models.builtin import PREFIX, builtin_names
 from mcpmux.inference.models.forward_batch import ForwardBatch
 from mcpmux.inference.models.loader import LoadedModel
 
@@ -63,13 +61,6 @@ class ModelRunner:
             num_blocks * kv_block_bytes(loaded, block_size) / 2**20,
             loaded.device,
         )
-        builtin = PREFIX + loaded.name in builtin_names()
-        if (
-            loaded.device.type == "cpu"
-            and loaded.dtype in (torch.float32, torch.bfloat16)
-            and cpu_fused.wanted(builtin=builtin)
-        ):
-            cpu_fused.enable()  # built in the background: steps run the torch kernels until it is ready
         self.graphs: DecodeGraphs | None = None
         if cuda_graphs and DecodeGraphs.usable(loaded):
             try:

@@ -19,6 +19,7 @@ from mcpmux.inference.kernels.dispatch import backend, set_backend
 __all__ = [
     "argmax",
     "backend",
+    "fused_ops",
     "paged_attention",
     "rms_norm",
     "rotary_embedding",
@@ -30,7 +31,7 @@ __all__ = [
 _FUSED_DTYPES = (torch.float32, torch.bfloat16)
 
 
-def _fused(tensor: Tensor) -> ModuleType | None:
+def fused_ops(tensor: Tensor) -> ModuleType | None:
     """The fused CPU kernels where they run `tensor` (float32 or bfloat16, on CPU, torch backend, built), else None."""
     if tensor.dtype not in _FUSED_DTYPES or tensor.device.type != "cpu" or backend(tensor) != "torch":
         return None
@@ -48,7 +49,7 @@ def write_kv(key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_
 
         triton_write_kv(key, value, k_cache, v_cache, slot_mapping)
         return
-    fused = _fused(key)
+    fused = fused_ops(key)
     same_dtype = key.dtype == value.dtype == k_cache.dtype == v_cache.dtype
     if fused is not None and same_dtype and _rows_contiguous(key, value):
         fused.write_kv_(key, value, k_cache, v_cache, slot_mapping)
@@ -99,7 +100,7 @@ def paged_attention(
             max_seq_len,
             out,
         )
-    fused = _fused(q)
+    fused = fused_ops(q)
     if fused is None or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype or q.stride(2) != 1:
         return reference.paged_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out)
     # Decode rows (one query token) read the cache in place; prefill/extend rows take the reference's SDPA.
@@ -122,7 +123,7 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = No
         from mcpmux.inference.kernels.triton_norm import rms_norm as triton_rms_norm
 
         return triton_rms_norm(x, weight, eps, residual)
-    fused = _fused(x)
+    fused = fused_ops(x)
     if (
         fused is not None
         and x.dim() == 2
@@ -145,7 +146,7 @@ def rotary_embedding(positions: Tensor, q: Tensor, k: Tensor, cos_sin_cache: Ten
         from mcpmux.inference.kernels.triton_rotary import rotary_embedding as triton_rotary
 
         return triton_rotary(positions, q, k, cos_sin_cache)
-    fused = _fused(q)
+    fused = fused_ops(q)
     if fused is not None and k.dtype == q.dtype and q.stride(2) == 1 and k.stride(2) == 1:
         fused.rotary_(positions, q, k, cos_sin_cache)
         return q, k
@@ -154,7 +155,7 @@ def rotary_embedding(positions: Tensor, q: Tensor, k: Tensor, cos_sin_cache: Ten
 
 def silu_and_mul(gate_up: Tensor) -> Tensor:
     """``silu(gate) * up`` for ``gate_up`` [T, 2 * I] = [gate | up]: the SwiGLU MLP's activation, [T, I]."""
-    fused = _fused(gate_up)
+    fused = fused_ops(gate_up)
     if fused is not None and gate_up.dim() == 2 and gate_up.stride(1) == 1:
         return fused.silu_and_mul(gate_up)
     return reference.silu_and_mul(gate_up)
@@ -162,7 +163,7 @@ def silu_and_mul(gate_up: Tensor) -> Tensor:
 
 def argmax(logits: Tensor) -> Tensor:
     """``torch.argmax(logits, dim=-1)`` for float32 ``logits`` [N, vocab]: each row's first largest value's index."""
-    fused = _fused(logits)
+    fused = fused_ops(logits)
     if fused is not None and logits.dtype == torch.float32 and logits.dim() == 2 and logits.stride(1) == 1:
         return fused.argmax_rows(logits)
     return torch.argmax(logits, dim=-1)

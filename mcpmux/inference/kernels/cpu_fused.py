@@ -27,7 +27,7 @@ from types import ModuleType
 import torch
 
 from mcpmux.inference.errors import InvalidSettingError
-from mcpmux.inference.kernels.cpu_fused_source import FUNCTIONS, SOURCE
+from mcpmux.inference.kernels.cpu_fused_source import SOURCE
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +43,11 @@ _active = False
 def ops() -> ModuleType | None:
     """The compiled kernels once they are built, else None (not enabled, still building, failed, disabled)."""
     return _module if _active else None
+
+
+def enabled() -> bool:
+    """Whether :func:`enable` was called (and not undone): the kernels run here once built."""
+    return _active
 
 
 def disable() -> None:
@@ -113,11 +118,10 @@ def _build() -> None:
         # and by the source and flags, so that processes running different versions of mcpmux never
         # build into, or load from, each other's folder.
         capability = torch.backends.cpu.get_cpu_capability().lower()
-        digest = hashlib.sha256(repr((SOURCE, FUNCTIONS, _CFLAGS)).encode()).hexdigest()[:12]
+        digest = hashlib.sha256(repr((SOURCE, _CFLAGS)).encode()).hexdigest()[:12]
         module = load_inline(
             f"mcpmux_cpu_fused_{capability}_{digest}",
             cpp_sources=SOURCE,
-            functions=FUNCTIONS,
             extra_cflags=_CFLAGS,
         )
     except Exception as err:  # no compiler, no ninja, no headers: the torch reference serves

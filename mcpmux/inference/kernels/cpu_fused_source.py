@@ -306,6 +306,45 @@ AttendItem<T> vector_attention(int64_t dim, int64_t group) {
   }
 }
 
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=fast")
+
+// float32 y[m, n:n+4] = x[m] . w[n:n+4] (+ bias) for MR rows of x, K a multiple of 16: every output a
+// dot product in 16 lanes, folded at the end. The four weight rows are read once for all MR rows; the
+// first tile of a block also prefetches the next block's rows, so memory streams while it multiplies.
+template <int MR>
+void dot_tile(const float* __restrict__ x, int64_t ldx, const float* __restrict__ w, int64_t K, float* __restrict__ y,
+              int64_t ldy, const float* bias, const float* next) {
+  vf acc[MR][4] = {};
+  for (int64_t k = 0; k < K; k += kLanes) {
+    if (next != nullptr) {
+      for (int n = 0; n < 4; ++n) __builtin_prefetch(next + n * K + k, 0, 2);
+    }
+    vf wv[4];
+    for (int n = 0; n < 4; ++n) wv[n] = load(w + n * K + k);
+    for (int m = 0; m < MR; ++m) {
+      const vf xv = load(x + m * ldx + k);
+      for (int n = 0; n < 4; ++n) acc[m][n] += xv * wv[n];
+    }
+  }
+  for (int m = 0; m < MR; ++m) {
+    vf4 out = sum4(acc[m][0], acc[m][1], acc[m][2], acc[m][3]);
+    if (bias != nullptr) {
+      vf4 b;
+      std::memcpy(&b, bias, sizeof(b));
+      out += b;
+    }
+    std::memcpy(y + m * ldy, &out, sizeof(out));
+  }
+}
+
+#pragma GCC pop_options
+
+constexpr int kTileRows = 6;
+using DotTile = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t, const float*, const float*);
+const DotTile kDotTiles[kTileRows] = {&dot_tile<1>, &dot_tile<2>, &dot_tile<3>,
+                                       &dot_tile<4>, &dot_tile<5>, &dot_tile<6>};
+
 // Attention of the query row of every single-token sequence over its paged context; see decode_attention_.
 template <typename T>
 void decode_rows(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
@@ -486,6 +525,114 @@ torch::Tensor silu_and_mul(torch::Tensor gate_up) {
   return at::silu(halves[0]).mul_(halves[1]);
 }
 
+// F.linear(x, weight, bias) in float32 for the few rows of a decode step, on the plain [N, K] weight:
+// K a multiple of 16 and N of 4 (the caller checks, see `dot_linear_fits`).
+torch::Tensor dot_linear(torch::Tensor x, torch::Tensor weight, c10::optional<torch::Tensor> bias) {
+  TORCH_CHECK(x.scalar_type() == torch::kFloat32 && weight.scalar_type() == torch::kFloat32, "float32 only");
+  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && weight.dim() == 2 && weight.is_contiguous(),
+              "x must be 2-D with contiguous rows, the weight contiguous [N, K]");
+  const int64_t M = x.size(0), K = x.size(1), N = weight.size(0);
+  TORCH_CHECK(weight.size(1) == K && K % kLanes == 0 && N % 4 == 0, "needs K % 16 == 0 and N % 4 == 0");
+  const float* b = nullptr;
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->scalar_type() == torch::kFloat32 && bias->is_contiguous() && bias->numel() == N, "bias: [N]");
+    b = bias->data_ptr<float>();
+  }
+  auto y = torch::empty({M, N}, x.options());
+  const float* xp = x.data_ptr<float>();
+  const float* wp = weight.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  const int64_t ldx = x.stride(0);
+  at::parallel_for(0, N / 4, 8, [&](int64_t begin, int64_t end) {
+    for (int64_t block = begin; block < end; ++block) {
+      const float* w = wp + block * 4 * K;
+      const float* next = block + 1 < end ? w + 4 * K : nullptr;
+      for (int64_t m = 0; m < M; m += kTileRows) {
+        const int64_t rows = std::min<int64_t>(kTileRows, M - m);
+        kDotTiles[rows - 1](xp + m * ldx, ldx, w, K, yp + m * N + block * 4, N, b == nullptr ? nullptr : b + block * 4,
+                            m == 0 ? next : nullptr);
+      }
+    }
+  });
+  return y;
+}
+
+bool dot_linear_fits(const torch::Tensor& x, const torch::Tensor& weight, int64_t max_rows) {
+  return !weight.is_mkldnn() && x.scalar_type() == torch::kFloat32 && weight.scalar_type() == torch::kFloat32 &&
+         x.dim() == 2 && x.size(0) <= max_rows && weight.dim() == 2 && weight.size(1) % kLanes == 0 &&
+         weight.size(0) % 4 == 0;
+}
+
+// A product as the model's `linear` runs it where these kernels are built (models/linear.py): oneDNN for a
+// oneDNN weight, the dot kernel for up to max_rows float32 rows, else ATen's linear.
+torch::Tensor linear(torch::Tensor x, torch::Tensor weight, c10::optional<torch::Tensor> bias, int64_t max_rows) {
+  if (weight.is_mkldnn()) {
+    static const auto onednn =
+        c10::Dispatcher::singleton()
+            .findSchemaOrThrow("mkldnn::_linear_pointwise", "")
+            .typed<torch::Tensor(const torch::Tensor&, const torch::Tensor&, const c10::optional<torch::Tensor>&,
+                                 c10::string_view, c10::List<c10::optional<c10::Scalar>>,
+                                 c10::optional<c10::string_view>)>();
+    return onednn.call(x.contiguous(), weight, bias, "none", c10::List<c10::optional<c10::Scalar>>(), c10::nullopt);
+  }
+  if (dot_linear_fits(x, weight, max_rows)) return dot_linear(x.stride(1) == 1 ? x : x.contiguous(), weight, bias);
+  return at::linear(x, weight, bias);
+}
+
+// The decoder layers of a Llama-family model (pre-RMSNorm, rotary attention with grouped KV heads, SwiGLU
+// MLP), run for a decode step (one query token per sequence) in one call, with the kernels above in the
+// order and form LlamaCausalLM's layers call them, so the result is theirs bit for bit.
+class Decoder {
+ public:
+  // weights: per layer [input_norm, qkv, qkv_bias, o, o_bias, post_norm, gate_up, gate_up_bias, down,
+  // down_bias], the biases None where the model has none.
+  Decoder(std::vector<std::vector<c10::optional<torch::Tensor>>> weights, int64_t heads, int64_t kv_heads,
+          int64_t head_dim, double eps, double scale, int64_t max_rows)
+      : weights_(std::move(weights)), heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim), eps_(eps),
+        scale_(scale), max_rows_(max_rows) {
+    for (const auto& layer : weights_) {
+      TORCH_CHECK(layer.size() == 10, "ten weights per layer");
+      for (int i : {0, 1, 3, 5, 6, 8}) TORCH_CHECK(layer[i].has_value(), "weight ", i, " of a layer is missing");
+    }
+  }
+
+  // Returns {block output of the last layer, residual stream}; their sum is the final norm's input.
+  std::vector<torch::Tensor> decode(torch::Tensor hidden, std::vector<torch::Tensor> k_caches,
+                                    std::vector<torch::Tensor> v_caches, torch::Tensor positions,
+                                    torch::Tensor slot_mapping, torch::Tensor block_tables, torch::Tensor seq_lens,
+                                    torch::Tensor query_start_loc, torch::Tensor cos_sin) const {
+    TORCH_CHECK(k_caches.size() == weights_.size() && v_caches.size() == weights_.size(), "one cache per layer");
+    const int64_t q_size = heads_ * head_dim_, kv_size = kv_heads_ * head_dim_;
+    c10::optional<torch::Tensor> residual;
+    for (size_t i = 0; i < weights_.size(); ++i) {
+      const auto& w = weights_[i];
+      auto normed = rms_norm(hidden, residual, *w[0], eps_);
+      residual = normed[1];
+      const auto qkv = linear(normed[0], *w[1], w[2], max_rows_);
+      const int64_t tokens = qkv.size(0);
+      auto q = qkv.narrow(1, 0, q_size).view({tokens, heads_, head_dim_});
+      auto k = qkv.narrow(1, q_size, kv_size).view({tokens, kv_heads_, head_dim_});
+      auto v = qkv.narrow(1, q_size + kv_size, kv_size).view({tokens, kv_heads_, head_dim_});
+      rotary_(positions, q, k, cos_sin);
+      write_kv_(k, v, k_caches[i], v_caches[i], slot_mapping);
+      auto attended = torch::empty_like(q);
+      decode_attention_(q, k_caches[i], v_caches[i], block_tables, seq_lens, query_start_loc, scale_, attended);
+      const auto o = linear(attended.view({tokens, q_size}), *w[3], w[4], max_rows_);
+      normed = rms_norm(o, residual, *w[5], eps_);
+      residual = normed[1];
+      hidden = linear(silu_and_mul(linear(normed[0], *w[6], w[7], max_rows_)), *w[8], w[9], max_rows_);
+    }
+    TORCH_CHECK(residual.has_value(), "a decoder needs at least one layer");
+    return {hidden, *residual};
+  }
+
+ private:
+  std::vector<std::vector<c10::optional<torch::Tensor>>> weights_;
+  int64_t heads_, kv_heads_, head_dim_;
+  double eps_, scale_;
+  int64_t max_rows_;
+};
+
 // The index of each row's largest value (the first of equals; a NaN counts as largest), as torch.argmax.
 torch::Tensor argmax_rows(torch::Tensor logits) {
   TORCH_CHECK(logits.scalar_type() == torch::kFloat32 && logits.dim() == 2 && logits.stride(1) == 1,
@@ -538,6 +685,20 @@ torch::Tensor argmax_rows(torch::Tensor logits) {
   });
   return out;
 }
-"""
 
-FUNCTIONS = ["rms_norm", "rotary_", "write_kv_", "decode_attention_", "silu_and_mul", "argmax_rows"]
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  namespace py = pybind11;
+  using Release = py::call_guard<py::gil_scoped_release>;  // other threads run Python meanwhile
+  m.def("rms_norm", &rms_norm, Release());
+  m.def("rotary_", &rotary_, Release());
+  m.def("write_kv_", &write_kv_, Release());
+  m.def("decode_attention_", &decode_attention_, Release());
+  m.def("silu_and_mul", &silu_and_mul, Release());
+  m.def("argmax_rows", &argmax_rows, Release());
+  m.def("linear", &linear, Release());
+  py::class_<Decoder>(m, "Decoder")
+      .def(py::init<std::vector<std::vector<c10::optional<torch::Tensor>>>, int64_t, int64_t, int64_t, double,
+                    double, int64_t>())
+      .def("decode", &Decoder::decode, Release());
+}
+"""

@@ -10,7 +10,8 @@ released as each layer is built, so only one copy ever stays in memory.
 
 from __future__ import annotations
 
-from typing import Any
+from types import ModuleType
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -19,7 +20,7 @@ from transformers.activations import ACT2FN
 
 from mcpmux.inference import kernels
 from mcpmux.inference.models.forward_batch import ForwardBatch
-from mcpmux.inference.models.linear import linear, prepare, vocab_linear
+from mcpmux.inference.models.linear import FUSED_ROWS, linear, prepare, vocab_linear
 from mcpmux.inference.models.rope import build_cos_sin_cache, head_dim_of
 
 
@@ -100,6 +101,13 @@ class DecoderLayer(nn.Module):
             activated = self.act(gate) * up
         return linear(activated, self.down_weight, self.down_bias), residual
 
+    def fused_weights(self) -> list[Tensor | None]:
+        """This layer's weights in the order the fused kernels' `Decoder` takes them."""
+        return [
+            self.input_norm, self.qkv_weight, self.qkv_bias, self.o_weight, self.o_bias,
+            self.post_norm, self.gate_up_weight, self.gate_up_bias, self.down_weight, self.down_bias,
+        ]  # fmt: skip
+
     def _attention(
         self, x: Tensor, batch: ForwardBatch, kv_cache: tuple[Tensor, Tensor], cos_sin_cache: Tensor
     ) -> Tensor:
@@ -158,6 +166,10 @@ class LlamaCausalLM(nn.Module):
         self.lm_head = self.embed if tied else _matmul(_required(head, "lm_head"))
         self._head = prepare(self.lm_head.detach())
         self.register_buffer("cos_sin_cache", build_cos_sin_cache(config, max_position, embed.device), persistent=False)
+        # Decode steps on CPU run every layer in one call of the fused kernels once they are built
+        # (`_fused_decoder`); False runs them layer by layer, as every other step (the profiler times parts).
+        self.one_call_decode = True
+        self._decoder: tuple[ModuleType, Any] | None = None
 
     @property
     def dtype(self) -> torch.dtype:
@@ -178,12 +190,38 @@ class LlamaCausalLM(nn.Module):
                 "computed as the model was trained); shorten the prompt or lower max_tokens"
             )
         hidden = F.embedding(batch.input_ids, self.embed)
+        decoder = self._fused_decoder(hidden) if batch.max_query_len == 1 else None
         residual: Tensor | None = None
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            hidden, residual = layer(hidden, residual, batch, kv_cache, self.cos_sin_cache)
+        if decoder is not None:
+            k_caches, v_caches = zip(*kv_caches, strict=True)
+            hidden, residual = decoder.decode(
+                hidden, list(k_caches), list(v_caches), batch.positions, batch.slot_mapping, batch.block_tables,
+                batch.seq_lens, batch.query_start_loc, self.cos_sin_cache,
+            )  # fmt: skip
+        else:
+            for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+                hidden, residual = layer(hidden, residual, batch, kv_cache, self.cos_sin_cache)
         assert residual is not None
         # RMSNorm works row by row, so normalising only the rows we need is exact and saves work.
         rows = batch.logits_indices
         normed = kernels.rms_norm(hidden[rows], self.norm, self.eps, residual[rows])
         assert isinstance(normed, tuple)
         return vocab_linear(normed[0], self._head).float()
+
+    def _fused_decoder(self, hidden: Tensor) -> Any:
+        """The fused kernels' one-call decoder where they run `hidden` (built, CPU, float32 or bfloat16), else None.
+
+        It calls the same kernels and products as the layers, in the same order, so its result is theirs.
+        """
+        ops = kernels.fused_ops(hidden) if self.one_call_decode else None
+        layers = cast("list[DecoderLayer]", list(self.layers))
+        if ops is None or not all(layer.silu for layer in layers):
+            return None
+        if self._decoder is None or self._decoder[0] is not ops:
+            first = layers[0]
+            weights = [layer.fused_weights() for layer in layers]
+            decoder = ops.Decoder(
+                weights, first.num_heads, first.num_kv_heads, first.head_dim, first.eps, first.scale, FUSED_ROWS
+            )
+            self._decoder = (ops, decoder)
+        return self._decoder[1]

@@ -4,9 +4,12 @@ transformers reads the config, tokenizer, chat template and weights (dequantizin
 are then handed to our own forward (:mod:`mcpmux.inference.models`) and the HF module is dropped, so
 one copy stays in memory.
 
-dtype ``auto`` means float32 on CPU, whatever the checkpoint was saved in: CPU half-precision matmuls
-are slower or lossy, and float32 is what makes greedy output equal HF's. On CUDA it means the
-checkpoint's own half dtype (``torch_dtype`` in config.json) when it has one, else bfloat16.
+dtype ``auto`` on CPU means float32, whatever the checkpoint was saved in (float32 is what makes
+greedy output equal HF's), except for the builtin models, which run in whichever of float32 and
+bfloat16 this CPU multiplies faster (`linear.fastest_cpu_dtype`, measured at load: bfloat16 where
+AMX or AVX512-BF16 makes it a third faster or more; their bfloat16 output against float32 is in
+docs/perf.md). On CUDA it means the checkpoint's own half dtype (``torch_dtype`` in config.json) when
+it has one, else bfloat16.
 """
 
 from __future__ import annotations
@@ -25,7 +28,9 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 from transformers.utils import logging as hf_logging
 
 from mcpmux.inference.errors import ModelLoadError
+from mcpmux.inference.kernels import cpu_fused
 from mcpmux.inference.models import CausalLM, builtin
+from mcpmux.inference.models.linear import fastest_cpu_dtype
 from mcpmux.inference.models.registry import architecture_of, build_causal_lm
 
 log = logging.getLogger(__name__)
@@ -83,14 +88,14 @@ def resolve_device(device: str) -> torch.device:
     raise ModelLoadError(f"unknown device {device!r}; choose one of {', '.join(DEVICES)} (or cuda:N)")
 
 
-def resolve_dtype(dtype: str, config: Any, device: torch.device) -> torch.dtype:
-    """The weights' dtype for ``dtype`` (``auto`` is explained in the module docstring)."""
+def resolve_dtype(dtype: str, config: Any, device: torch.device, *, builtin: bool = False) -> torch.dtype:
+    """The weights' dtype for ``dtype`` (``auto`` is explained in the module docstring; `builtin`: a builtin model)."""
     if dtype in DTYPES:
         return DTYPES[dtype]
     if dtype != "auto":
         raise ModelLoadError(f"unknown dtype {dtype!r}; choose one of auto, {', '.join(DTYPES)}")
     if device.type != "cuda":
-        return torch.float32
+        return fastest_cpu_dtype() if builtin else torch.float32
     saved = getattr(config, "dtype", None)
     if isinstance(saved, str):
         saved = DTYPES.get(saved)
@@ -163,7 +168,12 @@ def load_model(spec: str, dtype: str = "auto", device: str = "auto") -> LoadedMo
     with quiet_hf_progress():
         config = AutoConfig.from_pretrained(source.folder, gguf_file=source.gguf_file)
         architecture_of(config, where)
-        torch_dtype = resolve_dtype(dtype, config, torch_device)
+        is_builtin = spec.startswith(builtin.PREFIX)
+        fused_dtype = dtype in ("auto", "float32", "bfloat16")
+        if torch_device.type == "cpu" and fused_dtype and cpu_fused.wanted(builtin=is_builtin):
+            # Built (or found built) in the background from here on; the weights are laid out for them.
+            cpu_fused.enable()
+        torch_dtype = resolve_dtype(dtype, config, torch_device, builtin=is_builtin)
         try:
             tokenizer = AutoTokenizer.from_pretrained(source.folder, gguf_file=source.gguf_file)
         except (OSError, ValueError) as exc:

@@ -1,6 +1,6 @@
 """The fused CPU kernels, built for real with gcc (about a minute on a fresh machine, then cached), against
-the torch reference on fresh random inputs in float32 and bfloat16, and the engine's fp32 greedy output
-with them against HF."""
+the torch reference on fresh random inputs in float32 and bfloat16, the one-call decoder against the
+layers it replaces, and the engine's fp32 greedy output with them against HF."""
 
 from __future__ import annotations
 
@@ -12,9 +12,14 @@ from types import ModuleType
 
 import pytest
 import torch
+from torch.nn import functional as F
 
 from mcpmux.inference import kernels
+from mcpmux.inference.engine.config import SamplingParams
+from mcpmux.inference.engine.llm_engine import LLMEngine
 from mcpmux.inference.kernels import cpu_fused, reference
+from mcpmux.inference.models.linear import linear
+from mcpmux.inference.models.llama import LlamaCausalLM
 from mcpmux.inference.models.loader import load_model
 from tests.inference.engine_harness import PROMPTS, drive, engine_config, greedy_params, hf_reference
 
@@ -189,3 +194,40 @@ def test_the_kernels_share_torchs_openmp_runtime(fused: ModuleType) -> None:
         pytest.skip("needs /proc (Linux)")
     runtimes = {line.split()[-1] for line in maps.read_text().splitlines() if "libgomp" in line or "libiomp" in line}
     assert len(runtimes) <= 1, runtimes
+
+
+@pytest.mark.parametrize("rows", [0, 1, 5, 6, 7, 13, 64])
+def test_float32_products_match_f_linear_with_and_without_bias(fused: ModuleType, rows: int) -> None:
+    gen = torch.Generator().manual_seed(rows)
+    for n, k in ((96, 64), (8, 1536), (52, 72)):  # the last one no multiple of 16: ATen multiplies it
+        weight, bias = torch.randn(n, k, generator=gen), torch.randn(n, generator=gen)
+        x = torch.randn(rows, k, generator=gen)
+        for b in (None, bias):
+            got = linear(x, weight, b)
+            assert got.is_contiguous()
+            # Sums of k products of unit normals, in another order: rounding grows with their size.
+            torch.testing.assert_close(got, F.linear(x, weight, b), rtol=1e-5, atol=2e-6 * k**0.5)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_one_call_decode_gives_the_layers_logits_bit_for_bit(
+    fused: ModuleType, tiny_model_dirs: dict[str, Path], arch: str, dtype: str
+) -> None:
+    # Decode steps run every layer in one C++ call; layer by layer, the same kernels give the same floats.
+    path = tiny_model_dirs[arch]
+    loaded = load_model(str(path), dtype=dtype, device="cpu")
+    model = loaded.model
+    assert isinstance(model, LlamaCausalLM)
+    outputs = []
+    for one_call in (True, False):
+        model.one_call_decode = one_call
+        engine = LLMEngine(engine_config(path, dtype=dtype, num_blocks=64, max_num_seqs=4), loaded)
+        for i, prompt in enumerate(PROMPTS[:4]):
+            engine.add_request(f"r{i}", prompt, SamplingParams(max_tokens=6, temperature=0.0, logprobs=3))
+        seen: list[tuple[str, list[int], list[object]]] = []
+        while engine.has_unfinished():
+            seen += [(out.request_id, out.token_ids, out.logprobs) for out in engine.step()]
+        outputs.append(seen)
+    model.one_call_decode = True
+    assert outputs[0] == outputs[1]

@@ -14,6 +14,7 @@ from transformers import AutoTokenizer, GPT2Config
 from mcpmux.inference.errors import ModelLoadError, UnsupportedModelError
 from mcpmux.inference.models import builtin
 from mcpmux.inference.models.builtin import BuiltinModel, builtin_names, gguf_path
+from mcpmux.inference.models.linear import fastest_cpu_dtype
 from mcpmux.inference.models.llama import LlamaCausalLM
 from mcpmux.inference.models.loader import load_model, resolve_dtype
 from mcpmux.inference.models.registry import SUPPORTED_ARCHITECTURES
@@ -137,6 +138,17 @@ def test_auto_dtype_rule() -> None:
     assert resolve_dtype("auto", GPT2Config(dtype="float16"), cuda) == torch.float16
     assert resolve_dtype("auto", full, cuda) == torch.bfloat16
     assert resolve_dtype("float16", full, cpu) == torch.float16
+
+
+def test_a_builtin_models_auto_dtype_on_cpu_is_the_measured_fastest() -> None:
+    # A user's own model keeps float32 on CPU (greedy output equal to HF's); a builtin one runs in
+    # whichever dtype this CPU multiplies faster, decided once per process.
+    config, cpu = GPT2Config(dtype="float32"), torch.device("cpu")
+    chosen = resolve_dtype("auto", config, cpu, builtin=True)
+    assert chosen in (torch.float32, torch.bfloat16)
+    assert chosen == fastest_cpu_dtype() == resolve_dtype("auto", config, cpu, builtin=True)
+    assert resolve_dtype("auto", config, cpu) == torch.float32
+    assert resolve_dtype("float32", config, cpu, builtin=True) == torch.float32
 
 
 def test_interrupted_conversion_leaves_no_half_folder(tmp_path: Path) -> None:

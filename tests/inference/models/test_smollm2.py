@@ -8,6 +8,7 @@ from transformers import AutoModelForCausalLM
 
 from mcpmux.inference.engine.config import EngineConfig, SamplingParams
 from mcpmux.inference.engine.llm_engine import LLMEngine
+from mcpmux.inference.kernels import cpu_fused
 from mcpmux.inference.models.builtin import ensure_converted
 from mcpmux.inference.models.loader import load_model
 
@@ -23,6 +24,7 @@ PLAIN = "The three primary colors are"
 @pytest.mark.timeout(900)  # seconds on a loaded 2-core machine; about 20 s on an idle one
 def test_smollm2_engine_equals_hf_generate() -> None:
     loaded = load_model("builtin:smollm2-135m", dtype="float32", device="cpu")
+    cpu_fused.wait()  # what a server runs once they are built (they build in the background)
     hf = AutoModelForCausalLM.from_pretrained(ensure_converted("smollm2-135m"), dtype=torch.float32).eval()
     prompts = [loaded.encode_chat(c) for c in CHATS] + [loaded.encode_prompt(PLAIN)]
     max_tokens = [10, 6, 5, 8]

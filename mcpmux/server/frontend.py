@@ -430,9 +430,12 @@ class Frontend:
         session = self._seen(ctx)
         if self._stdio_front is not None:  # upstreams' requests during its fast-path calls go out on this session
             self._stdio_front.connection = session._connection
-        if ctx.request is not None:
-            return  # over HTTP, its roots are announced once its standalone stream is open (`_stream_opened`)
-        if _declares_roots(session._connection):
+        connection = session._connection
+        # Over HTTP its roots can be asked for only on its standalone stream: they are announced once both
+        # it is initialized and that stream is open, whichever comes last (here, or in `_stream_opened`).
+        if ctx.request is not None and connection.session_id not in self._streams_open:
+            return
+        if _declares_roots(connection):
             await self.mux.roots_changed()
 
     def _stream_closed(self, session_id: str) -> None:
@@ -443,7 +446,8 @@ class Frontend:
     async def _stream_opened(self, session_id: str) -> None:
         """A 2025 HTTP client opened its standalone stream: upstreams may now ask it for its roots."""
         self._streams_open[session_id] = self._streams_open.get(session_id, 0) + 1
-        if any(c.session_id == session_id and _declares_roots(c) for c in list(self._connections)):
+        connection = self._sessions.get(session_id)  # None until it is initialized (`_initialized` announces)
+        if connection is not None and _declares_roots(connection):
             await self.mux.roots_changed()
 
     async def _subscribe(self, ctx: Any, params: types.SubscribeRequestParams) -> types.EmptyResult:

@@ -345,11 +345,16 @@ using DotTile = void (*)(const float*, int64_t, const float*, int64_t, float*, i
 const DotTile kDotTiles[kTileRows] = {&dot_tile<1>, &dot_tile<2>, &dot_tile<3>,
                                        &dot_tile<4>, &dot_tile<5>, &dot_tile<6>};
 
-// Attention of the query row of every single-token sequence over its paged context; see decode_attention_.
+// A query row of q and the context it attends: the first len keys of sequence seq.
+struct QueryRow {
+  int64_t row, seq, len;
+};
+
+// Attention of each query row over its paged context, one (row, KV head) at a time; see paged_attention_.
 template <typename T>
-void decode_rows(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-                 const torch::Tensor& block_tables, const std::vector<int64_t>& seqs, const int32_t* lens,
-                 const int32_t* starts, float scale, torch::Tensor& out) {
+void attend_rows(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+                 const torch::Tensor& block_tables, const std::vector<QueryRow>& rows, float scale,
+                 torch::Tensor& out) {
   const int64_t heads = q.size(1), dim = q.size(2);
   const int64_t block = k_cache.size(1), kv_heads = k_cache.size(2), group = heads / kv_heads;
   const int64_t max_blocks = block_tables.size(1), row = kv_heads * dim;
@@ -359,14 +364,15 @@ void decode_rows(const torch::Tensor& q, const torch::Tensor& k_cache, const tor
   const T* qp = q.data_ptr<T>();
   T* op = out.data_ptr<T>();
   const int64_t qs0 = q.stride(0), qs1 = q.stride(1), os0 = out.stride(0), os1 = out.stride(1);
-  const int64_t items = static_cast<int64_t>(seqs.size()) * kv_heads;
+  const int64_t items = static_cast<int64_t>(rows.size()) * kv_heads;
   const bool heads_packed = q.stride(1) == dim && out.stride(1) == dim;
   const AttendItem<T> vector_item = heads_packed ? vector_attention<T>(dim, group) : nullptr;
   at::parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores, qf(group * dim), acc(group * dim), kv_row(dim);
     for (int64_t item = begin; item < end; ++item) {
-      const int64_t s = seqs[item / kv_heads], kvh = item % kv_heads, len = lens[s], qrow = starts[s];
-      const int32_t* table = tables + s * max_blocks;
+      const QueryRow& query = rows[item / kv_heads];
+      const int64_t kvh = item % kv_heads, len = query.len, qrow = query.row;
+      const int32_t* table = tables + query.seq * max_blocks;
       for (int64_t g = 0; g < group; ++g) to_float(qp + qrow * qs0 + (kvh * group + g) * qs1, qf.data() + g * dim, dim);
       const int64_t ld = padded(len);
       scores.resize(group * ld);
@@ -482,13 +488,16 @@ void write_kv_(torch::Tensor key, torch::Tensor value, torch::Tensor k_cache, to
   }
 }
 
-// Attention of every single-token sequence of a step (a decode row) over its paged context, read in
-// place through its block table: scores, softmax, weighted sum of values, written to its row of out.
-// Rows of sequences with several query tokens are left alone (the caller attends them). q, out:
-// [T, H, D]; caches: [blocks, block_size, Hkv, D]; block_tables: [S, max_blocks] int32; seq_lens: [S]
-// int32; query_start_loc: [S + 1] int32.
-void decode_attention_(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor block_tables,
-                       torch::Tensor seq_lens, torch::Tensor query_start_loc, double scale, torch::Tensor out) {
+// Causal attention of a step's query rows over their paged contexts, read in place through the block
+// tables: scores, softmax, weighted sum of values, written to each row of out. It attends every row of a
+// single-token sequence (a decode row) and every row of a sequence with several query tokens whose
+// q_len * seq_len is at most max_pairs (a short prefill or extend: row i of q_len sits at position
+// seq_len - q_len + i and sees the keys up to it); the rows of longer ones are left alone (the caller
+// attends them). q, out: [T, H, D]; caches: [blocks, block_size, Hkv, D]; block_tables: [S, max_blocks]
+// int32; seq_lens: [S] int32, context lengths including this step's tokens; query_start_loc: [S + 1] int32.
+void paged_attention_(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor block_tables,
+                      torch::Tensor seq_lens, torch::Tensor query_start_loc, double scale, int64_t max_pairs,
+                      torch::Tensor out) {
   check_dtype(q, "q");
   TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1, "q must be [T, H, D] with contiguous heads");
   TORCH_CHECK(out.sizes() == q.sizes() && out.stride(2) == 1, "out must be shaped like q");
@@ -504,16 +513,18 @@ void decode_attention_(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_c
   const int32_t* lens = seq_lens.data_ptr<int32_t>();
   const int32_t* starts = query_start_loc.data_ptr<int32_t>();
   TORCH_CHECK(starts[num_seqs] <= q.size(0), "query_start_loc points past q");
-  std::vector<int64_t> seqs;
+  std::vector<QueryRow> rows;
   for (int64_t s = 0; s < num_seqs; ++s) {
-    if (starts[s + 1] - starts[s] != 1) continue;
-    TORCH_CHECK(lens[s] >= 1 && lens[s] <= capacity, "sequence ", s, " has a context its block table cannot hold");
-    seqs.push_back(s);
+    const int64_t q_len = starts[s + 1] - starts[s], len = lens[s];
+    if (q_len > 1 && q_len * len > max_pairs) continue;
+    TORCH_CHECK(q_len >= 1 && len >= q_len && len <= capacity, "sequence ", s,
+                " has a context its block table cannot hold");
+    for (int64_t i = 0; i < q_len; ++i) rows.push_back({starts[s] + i, s, len - q_len + i + 1});
   }
   if (q.scalar_type() == torch::kFloat32) {
-    decode_rows<float>(q, k_cache, v_cache, block_tables, seqs, lens, starts, static_cast<float>(scale), out);
+    attend_rows<float>(q, k_cache, v_cache, block_tables, rows, static_cast<float>(scale), out);
   } else {
-    decode_rows<BFloat16>(q, k_cache, v_cache, block_tables, seqs, lens, starts, static_cast<float>(scale), out);
+    attend_rows<BFloat16>(q, k_cache, v_cache, block_tables, rows, static_cast<float>(scale), out);
   }
 }
 
@@ -580,16 +591,17 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor weight, c10::optional<torch:
 }
 
 // The decoder layers of a Llama-family model (pre-RMSNorm, rotary attention with grouped KV heads, SwiGLU
-// MLP), run for a decode step (one query token per sequence) in one call, with the kernels above in the
-// order and form LlamaCausalLM's layers call them, so the result is theirs bit for bit.
+// MLP) in one call, with the kernels above in the order and form LlamaCausalLM's layers call them, so the
+// result is theirs bit for bit. For steps whose every sequence paged_attention_ attends (decode rows, and
+// prefills with q_len * seq_len <= max_pairs): the caller checks.
 class Decoder {
  public:
   // weights: per layer [input_norm, qkv, qkv_bias, o, o_bias, post_norm, gate_up, gate_up_bias, down,
   // down_bias], the biases None where the model has none.
   Decoder(std::vector<std::vector<c10::optional<torch::Tensor>>> weights, int64_t heads, int64_t kv_heads,
-          int64_t head_dim, double eps, double scale, int64_t max_rows)
+          int64_t head_dim, double eps, double scale, int64_t max_rows, int64_t max_pairs)
       : weights_(std::move(weights)), heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim), eps_(eps),
-        scale_(scale), max_rows_(max_rows) {
+        scale_(scale), max_rows_(max_rows), max_pairs_(max_pairs) {
     for (const auto& layer : weights_) {
       TORCH_CHECK(layer.size() == 10, "ten weights per layer");
       for (int i : {0, 1, 3, 5, 6, 8}) TORCH_CHECK(layer[i].has_value(), "weight ", i, " of a layer is missing");
@@ -597,7 +609,7 @@ class Decoder {
   }
 
   // Returns {block output of the last layer, residual stream}; their sum is the final norm's input.
-  std::vector<torch::Tensor> decode(torch::Tensor hidden, std::vector<torch::Tensor> k_caches,
+  std::vector<torch::Tensor> run(torch::Tensor hidden, std::vector<torch::Tensor> k_caches,
                                     std::vector<torch::Tensor> v_caches, torch::Tensor positions,
                                     torch::Tensor slot_mapping, torch::Tensor block_tables, torch::Tensor seq_lens,
                                     torch::Tensor query_start_loc, torch::Tensor cos_sin) const {
@@ -616,7 +628,8 @@ class Decoder {
       rotary_(positions, q, k, cos_sin);
       write_kv_(k, v, k_caches[i], v_caches[i], slot_mapping);
       auto attended = torch::empty_like(q);
-      decode_attention_(q, k_caches[i], v_caches[i], block_tables, seq_lens, query_start_loc, scale_, attended);
+      paged_attention_(q, k_caches[i], v_caches[i], block_tables, seq_lens, query_start_loc, scale_, max_pairs_,
+                       attended);
       const auto o = linear(attended.view({tokens, q_size}), *w[3], w[4], max_rows_);
       normed = rms_norm(o, residual, *w[5], eps_);
       residual = normed[1];
@@ -630,7 +643,7 @@ class Decoder {
   std::vector<std::vector<c10::optional<torch::Tensor>>> weights_;
   int64_t heads_, kv_heads_, head_dim_;
   double eps_, scale_;
-  int64_t max_rows_;
+  int64_t max_rows_, max_pairs_;
 };
 
 // The index of each row's largest value (the first of equals; a NaN counts as largest), as torch.argmax.
@@ -692,13 +705,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm, Release());
   m.def("rotary_", &rotary_, Release());
   m.def("write_kv_", &write_kv_, Release());
-  m.def("decode_attention_", &decode_attention_, Release());
+  m.def("paged_attention_", &paged_attention_, Release());
   m.def("silu_and_mul", &silu_and_mul, Release());
   m.def("argmax_rows", &argmax_rows, Release());
   m.def("linear", &linear, Release());
   py::class_<Decoder>(m, "Decoder")
       .def(py::init<std::vector<std::vector<c10::optional<torch::Tensor>>>, int64_t, int64_t, int64_t, double,
-                    double, int64_t>())
-      .def("decode", &Decoder::decode, Release());
+                    double, int64_t, int64_t>())
+      .def("run", &Decoder::run, Release());
 }
 """

@@ -91,13 +91,15 @@ class _AttentionPlan:
     extends: list[_Extend]
 
 
-def _plan_extends(block_tables: Tensor, seq_lens: Tensor, query_start_loc: Tensor) -> list[_Extend]:
+def _plan_extends(
+    block_tables: Tensor, seq_lens: Tensor, query_start_loc: Tensor, longer_than: int = 1
+) -> list[_Extend]:
     starts = query_start_loc.tolist()
     device = block_tables.device
     extends = []
     for i, seq_len in enumerate(seq_lens.tolist()):
         q_len = starts[i + 1] - starts[i]
-        if q_len > 1:
+        if q_len > 1 and q_len * seq_len > longer_than:
             mask = None
             if q_len < seq_len:
                 # Query j sits at position seq_len - q_len + j and sees keys 0..that position.
@@ -140,17 +142,18 @@ def paged_attention(
     scale: float,
     out: Tensor | None = None,
     *,
-    decode: bool = True,
+    longer_than: int | None = None,
 ) -> Tensor:
     """Causal attention of each sequence's last query tokens over its paged context (see package docs).
 
     Decode rows (one query token) are attended together in one batched pass, since a step often
-    holds dozens of them; prefill/extend rows go one sequence at a time. With ``decode=False`` the
-    decode rows of ``out`` are left as they are (the fused CPU kernel attends them in place).
+    holds dozens of them; prefill/extend rows go one sequence at a time. With ``longer_than`` only
+    the prefill/extend rows of sequences whose q_len * seq_len exceeds it are attended, the other
+    rows of ``out`` left as they are (the fused CPU kernel attends them in place).
     """
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    if decode:
+    if longer_than is None:
         block_size = k_cache.shape[1]
         plan = _planned(
             "attention",
@@ -163,8 +166,8 @@ def paged_attention(
     else:
         extends = _planned(
             "extends",
-            (block_tables, seq_lens, query_start_loc),
-            lambda: _plan_extends(block_tables, seq_lens, query_start_loc),
+            (block_tables, seq_lens, query_start_loc, longer_than),
+            lambda: _plan_extends(block_tables, seq_lens, query_start_loc, longer_than),
         )
     for ext in extends:
         out[ext.start : ext.end] = _attend_sequence(q[ext.start : ext.end], k_cache, v_cache, ext, scale)

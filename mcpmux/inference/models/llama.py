@@ -166,9 +166,10 @@ class LlamaCausalLM(nn.Module):
         self.lm_head = self.embed if tied else _matmul(_required(head, "lm_head"))
         self._head = prepare(self.lm_head.detach())
         self.register_buffer("cos_sin_cache", build_cos_sin_cache(config, max_position, embed.device), persistent=False)
-        # Decode steps on CPU run every layer in one call of the fused kernels once they are built
-        # (`_fused_decoder`); False runs them layer by layer, as every other step (the profiler times parts).
-        self.one_call_decode = True
+        # On CPU, steps whose attention the fused kernels take whole (decode rows, short prefills) run
+        # every layer in one call of them once they are built (`_fused_decoder`); False runs them layer
+        # by layer, as longer prefills run (the profiler times the parts that way).
+        self.one_call = True
         self._decoder: tuple[ModuleType, Any] | None = None
 
     @property
@@ -190,11 +191,13 @@ class LlamaCausalLM(nn.Module):
                 "computed as the model was trained); shorten the prompt or lower max_tokens"
             )
         hidden = F.embedding(batch.input_ids, self.embed)
-        decoder = self._fused_decoder(hidden) if batch.max_query_len == 1 else None
+        # Every sequence's attention in the fused kernel (decode rows, short prefills): one call for all layers.
+        direct = batch.max_query_len == 1 or batch.max_query_len * batch.max_seq_len <= kernels.DIRECT_PAIRS
+        decoder = self._fused_decoder(hidden) if direct else None
         residual: Tensor | None = None
         if decoder is not None:
             k_caches, v_caches = zip(*kv_caches, strict=True)
-            hidden, residual = decoder.decode(
+            hidden, residual = decoder.run(
                 hidden, list(k_caches), list(v_caches), batch.positions, batch.slot_mapping, batch.block_tables,
                 batch.seq_lens, batch.query_start_loc, self.cos_sin_cache,
             )  # fmt: skip
@@ -213,7 +216,7 @@ class LlamaCausalLM(nn.Module):
 
         It calls the same kernels and products as the layers, in the same order, so its result is theirs.
         """
-        ops = kernels.fused_ops(hidden) if self.one_call_decode else None
+        ops = kernels.fused_ops(hidden) if self.one_call else None
         layers = cast("list[DecoderLayer]", list(self.layers))
         if ops is None or not all(layer.silu for layer in layers):
             return None
@@ -221,7 +224,8 @@ class LlamaCausalLM(nn.Module):
             first = layers[0]
             weights = [layer.fused_weights() for layer in layers]
             decoder = ops.Decoder(
-                weights, first.num_heads, first.num_kv_heads, first.head_dim, first.eps, first.scale, FUSED_ROWS
-            )
+                weights, first.num_heads, first.num_kv_heads, first.head_dim, first.eps, first.scale, FUSED_ROWS,
+                kernels.DIRECT_PAIRS,
+            )  # fmt: skip
             self._decoder = (ops, decoder)
         return self._decoder[1]

@@ -155,11 +155,13 @@ def test_decode_attention_reads_the_paged_cache_like_the_reference(
 def test_a_step_of_decode_and_prefill_rows_attends_each_like_the_reference(
     fused: ModuleType, dtype: torch.dtype
 ) -> None:
-    # Decode rows around a prefill from scratch and an extend after cached tokens: one ragged step.
+    # Decode rows around a prefill from scratch and extends after cached tokens, short ones (the kernel
+    # attends them) and a long one (SDPA does): one ragged step.
     heads, kv_heads, head_dim, block = 9, 3, 64, 16
-    q_lens, seq_lens = [1, 7, 1, 5, 1], [20, 7, 1, 37, 64]
-    k_cache, v_cache = torch.randn(2, 32, block, kv_heads, head_dim).to(dtype).unbind(0)
-    tables = _scattered_tables(seq_lens, block, 32)
+    q_lens, seq_lens = [1, 7, 1, 5, 1, 290], [20, 7, 1, 37, 64, 300]
+    assert 290 * 300 > kernels.DIRECT_PAIRS >= 5 * 37
+    k_cache, v_cache = torch.randn(2, 64, block, kv_heads, head_dim).to(dtype).unbind(0)
+    tables = _scattered_tables(seq_lens, block, 64)
     starts = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
     q = torch.randn(sum(q_lens), heads, head_dim).to(dtype)
     lens = torch.tensor(seq_lens, dtype=torch.int32)
@@ -211,17 +213,18 @@ def test_float32_products_match_f_linear_with_and_without_bias(fused: ModuleType
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_one_call_decode_gives_the_layers_logits_bit_for_bit(
+def test_one_call_layers_give_the_layers_logits_bit_for_bit(
     fused: ModuleType, tiny_model_dirs: dict[str, Path], arch: str, dtype: str
 ) -> None:
-    # Decode steps run every layer in one C++ call; layer by layer, the same kernels give the same floats.
+    # Decode steps and short prefills run every layer in one C++ call; layer by layer, the same kernels
+    # give the same floats.
     path = tiny_model_dirs[arch]
     loaded = load_model(str(path), dtype=dtype, device="cpu")
     model = loaded.model
     assert isinstance(model, LlamaCausalLM)
     outputs = []
     for one_call in (True, False):
-        model.one_call_decode = one_call
+        model.one_call = one_call
         engine = LLMEngine(engine_config(path, dtype=dtype, num_blocks=64, max_num_seqs=4), loaded)
         for i, prompt in enumerate(PROMPTS[:4]):
             engine.add_request(f"r{i}", prompt, SamplingParams(max_tokens=6, temperature=0.0, logprobs=3))
@@ -229,5 +232,5 @@ def test_one_call_decode_gives_the_layers_logits_bit_for_bit(
         while engine.has_unfinished():
             seen += [(out.request_id, out.token_ids, out.logprobs) for out in engine.step()]
         outputs.append(seen)
-    model.one_call_decode = True
+    model.one_call = True
     assert outputs[0] == outputs[1]

@@ -293,6 +293,12 @@ class Frontend:
                 raise _as_mcp_error(err) from None
             callers = self._callers.setdefault(upstream, callers)
 
+        # `_relay_log` sends the upstream's logs on this request: a 2025 session hears them at its level,
+        # a 2026 request only if it asked for a level.
+        hears_logs = ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS or bool(
+            ((ctx.params or {}).get("_meta") or {}).get(types.LOG_LEVEL_META_KEY)
+        )
+
         async def call(progress_to: Callable[[], ServerSession | None]) -> types.CallToolResult:
             async def relay_progress(progress: float, total: float | None, message: str | None) -> None:
                 target = progress_to()  # a parked call's progress rides whichever request waits on it
@@ -308,7 +314,7 @@ class Frontend:
                     client=self._client_id(ctx),
                     client_name=_client_name(session),
                     profile=profile,
-                    hears_logs=True,  # `_relay_log` sends them on this request
+                    hears_logs=hears_logs,
                 )
                 notes = self.relay.take_notes(session, ctx.request_id)  # e.g. why an elicitation was declined
                 if notes:

@@ -502,9 +502,9 @@ async def test_two_hundred_concurrent_calls_from_several_clients_each_get_their_
 @pytest.mark.anyio
 async def test_calls_that_need_the_mux_are_served_by_its_one_executor(tmp_path: Path) -> None:
     """Calls the fast front cannot take (a per-client cache, a list form, a local tool's inner call)
-    reach the same executor. Where the SDK's front serves the client, the SDK's client sends the
-    upstream request (an int id: it hands the call's logs on before its result), as it does a list
-    form's merged call; a local tool's inner call goes raw over the lane (`mux.N`)."""
+    reach the same executor, whose upstream request goes raw over the lane (`mux.N`), except a list
+    form's merged call, which the SDK's client sends (an int id), and a call whose client hears its
+    logs through the SDK's front (the SDK's client hands the call's logs on before its result)."""
     servers = {
         "probe": probe(
             batch=[{"tool": "one", "batch_tool": "many", "argument": "item", "list_argument": "items"}],
@@ -514,9 +514,11 @@ async def test_calls_that_need_the_mux_are_served_by_its_one_executor(tmp_path: 
     config = write_config(tmp_path / "mux.json", servers)
     async with mux_over_stdio(config) as client:
         assert str(seen_id(await client.call_tool("probe__whoami", {}))).startswith("mux.")
-        cached = seen_id(await client.call_tool("probe__cached", {}))  # cached per client
-        assert isinstance(cached, int)
+        cached = seen_id(await client.call_tool("probe__cached", {}))  # cached per client: the SDK's front
+        assert str(cached).startswith("mux.")  # a 2026 request asking for no logs
         assert seen_id(await client.call_tool("probe__cached", {})) == cached  # served from the cache
+    async with mux_over_stdio(config, mode="legacy") as client:  # a 2025 session hears the upstream's logs
+        assert isinstance(seen_id(await client.call_tool("probe__cached", {})), int)
         batched = await client.call_tool("probe__one", {"item": "x"})
         assert isinstance(json.loads(text_of(batched))["id"], int)  # merged into a `many` call
         steps = [{"tool": "probe__whoami", "arguments": {}}]

@@ -8,8 +8,11 @@ sampling, detokenization and bookkeeping, then the busiest torch operators of a 
 are then taken over `--steps` decode-only steps of all of them (each step one token per sequence).
 Inside the forward each kernel call is timed too (the layer matmuls, the output head, attention, the
 KV write, RMSNorm, rotary, SwiGLU); what is left of the forward is Python and dispatch: the
-embedding, reshapes and splits, and calling it all, layer by layer. The operator table
-counts the torch operators one step dispatches.
+embedding, reshapes and splits, and calling it all, layer by layer. On CPU, where the fused kernels
+run every layer of a decode step in one C++ call, those parts come from the same steps run again
+layer by layer (the same kernels, each timed; the two step times differ by the Python between them).
+The operator table counts the torch operators one step dispatches, and lists the fused kernels
+(`mcpmux::...`) among them.
 
 `--clock cpu` runs torch on one thread and times with that thread's CPU clock instead of the wall
 clock: the work itself, unchanged by what else the host runs (a shared host stretches wall times
@@ -104,12 +107,6 @@ def main() -> None:
     model_runner.sample = timed(parts, "sample", model_runner.sample, device)
     detokenize = IncrementalDetokenizer.add
     IncrementalDetokenizer.add = timed(parts, "detokenize", detokenize, device)  # type: ignore[method-assign]
-    inner: dict[str, float] = defaultdict(float)
-    llama.linear = timed(inner, "layer matmuls", llama.linear, device)
-    llama.vocab_linear = timed(inner, "output head", llama.vocab_linear, device)
-    for name, label in (("paged_attention", "attention"), ("write_kv", "KV write"), ("rms_norm", "RMSNorm"),
-                        ("rotary_embedding", "rotary"), ("silu_and_mul", "SwiGLU")):  # fmt: skip
-        setattr(kernel_api, name, timed(inner, label, getattr(kernel_api, name), device))
     start = CLOCK[0]()
     for _ in range(args.steps):
         engine.step()
@@ -123,8 +120,28 @@ def main() -> None:
     for name, seconds in sorted(parts.items(), key=lambda kv: -kv[1]):
         print(f"  {name:<14} {seconds / args.steps * 1e3:8.2f} ms  {seconds / total * 100:5.1f}%")
     print(f"  {'the rest':<14} {(total - named) / args.steps * 1e3:8.2f} ms  {(total - named) / total * 100:5.1f}%")
+
+    # The parts of the forward, timed kernel call by kernel call: on CPU, where the fused kernels run
+    # every layer of a decode step in one call, the same steps again layer by layer (the same kernels).
+    one_call = getattr(model, "one_call", False)
+    if one_call:
+        model.one_call = False
+    forward = parts["forward"]
+    inner: dict[str, float] = defaultdict(float)
+    llama.linear = timed(inner, "layer matmuls", llama.linear, device)
+    llama.vocab_linear = timed(inner, "output head", llama.vocab_linear, device)
+    for name, label in (("paged_attention", "attention"), ("write_kv", "KV write"), ("rms_norm", "RMSNorm"),
+                        ("rotary_embedding", "rotary"), ("silu_and_mul", "SwiGLU")):  # fmt: skip
+        setattr(kernel_api, name, timed(inner, label, getattr(kernel_api, name), device))
+    start = CLOCK[0]()
+    for _ in range(args.steps):
+        engine.step()
+    total = CLOCK[0]() - start
+    if one_call:
+        print(f"layer by layer (one call per kernel): step {total / args.steps * 1e3:.2f} ms")
+        model.one_call = True
     print("inside the forward:")
-    inner["Python, dispatch"] = parts["forward"] - sum(inner.values())
+    inner["Python, dispatch"] = parts["forward"] - forward - sum(inner.values())
     for name, seconds in sorted(inner.items(), key=lambda kv: -kv[1]):
         print(f"  {name:<16} {seconds / args.steps * 1e3:8.2f} ms  {seconds / total * 100:5.1f}% of the step")
 
@@ -134,8 +151,8 @@ def main() -> None:
             engine.step()
     sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
     print(prof.key_averages().table(sort_by=sort, row_limit=18))
-    ops = sum(e.count for e in prof.key_averages() if e.key.startswith(("aten::", "mkldnn::")))
-    print(f"torch operators per step: {ops / 3:.0f} ({ops / 3 / engine.loaded.num_layers:.0f} per layer)")
+    ops = sum(e.count for e in prof.key_averages() if e.key.startswith(("aten::", "mkldnn::", "mcpmux::")))
+    print(f"operators per step: {ops / 3:.0f} ({ops / 3 / engine.loaded.num_layers:.0f} per layer)")
     if device.type == "cuda":
         kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
         print(f"device kernels per step: {len(kernels) / 3:.0f}")

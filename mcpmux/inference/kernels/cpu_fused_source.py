@@ -17,6 +17,7 @@ header's pragmas, not linked with it: the OpenMP symbols resolve to the runtime 
 SOURCE = r"""
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
+#include <ATen/record_function.h>
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -310,15 +311,18 @@ AttendItem<T> vector_attention(int64_t dim, int64_t group) {
 #pragma GCC optimize("fp-contract=fast")
 
 // float32 y[m, n:n+4] = x[m] . w[n:n+4] (+ bias) for MR rows of x, K a multiple of 16: every output a
-// dot product in 16 lanes, folded at the end. The four weight rows are read once for all MR rows; the
-// first tile of a block also prefetches the next block's rows, so memory streams while it multiplies.
+// dot product in 16 lanes, folded at the end. The four weight rows are read once for all MR rows (then
+// from L1), while the tile prefetches `lines` cache lines from `prefetch` into L2, spread over its loop:
+// each tile of a block takes its share of the next block, so memory streams while the block multiplies.
 template <int MR>
 void dot_tile(const float* __restrict__ x, int64_t ldx, const float* __restrict__ w, int64_t K, float* __restrict__ y,
-              int64_t ldy, const float* bias, const float* next) {
+              int64_t ldy, const float* bias, const char* prefetch, int64_t lines) {
   vf acc[MR][4] = {};
-  for (int64_t k = 0; k < K; k += kLanes) {
-    if (next != nullptr) {
-      for (int n = 0; n < 4; ++n) __builtin_prefetch(next + n * K + k, 0, 2);
+  const int64_t steps = K / kLanes;
+  int64_t issued = 0;
+  for (int64_t k = 0, step = 1; k < K; k += kLanes, ++step) {
+    for (const int64_t due = step * lines / steps; issued < due; ++issued) {
+      __builtin_prefetch(prefetch + issued * 64, 0, 2);
     }
     vf wv[4];
     for (int n = 0; n < 4; ++n) wv[n] = load(w + n * K + k);
@@ -341,7 +345,8 @@ void dot_tile(const float* __restrict__ x, int64_t ldx, const float* __restrict_
 #pragma GCC pop_options
 
 constexpr int kTileRows = 6;
-using DotTile = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t, const float*, const float*);
+using DotTile = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t, const float*, const char*,
+                         int64_t);
 const DotTile kDotTiles[kTileRows] = {&dot_tile<1>, &dot_tile<2>, &dot_tile<3>,
                                        &dot_tile<4>, &dot_tile<5>, &dot_tile<6>};
 
@@ -420,6 +425,7 @@ void attend_rows(const torch::Tensor& q, const torch::Tensor& k_cache, const tor
 // weight * (h * rsqrt(mean(h^2) + eps)) with h = x (+ residual); returns {normed, h}.
 std::vector<torch::Tensor> rms_norm(torch::Tensor x, c10::optional<torch::Tensor> residual, torch::Tensor weight,
                                     double eps) {
+  RECORD_FUNCTION("mcpmux::rms_norm", {});  // shown by torch.profiler
   check_rows(x, "x");
   check_same(x, weight, "x and weight");
   const int64_t rows = x.size(0), n = x.size(1);
@@ -440,6 +446,7 @@ std::vector<torch::Tensor> rms_norm(torch::Tensor x, c10::optional<torch::Tensor
 
 // NeoX rotary embedding of the first rotary_dim features of every head of q and k, in place.
 void rotary_(torch::Tensor positions, torch::Tensor q, torch::Tensor k, torch::Tensor cos_sin) {
+  RECORD_FUNCTION("mcpmux::rotary", {});
   TORCH_CHECK(positions.scalar_type() == torch::kInt64 && positions.is_contiguous(), "positions must be int64");
   TORCH_CHECK(cos_sin.scalar_type() == torch::kFloat32 && cos_sin.is_contiguous(), "cos_sin must be float32");
   const int64_t tokens = q.size(0), rotary = cos_sin.size(1);
@@ -462,6 +469,7 @@ void rotary_(torch::Tensor positions, torch::Tensor q, torch::Tensor k, torch::T
 // (block * block_size + offset; negative: skip), in place.
 void write_kv_(torch::Tensor key, torch::Tensor value, torch::Tensor k_cache, torch::Tensor v_cache,
                torch::Tensor slot_mapping) {
+  RECORD_FUNCTION("mcpmux::write_kv", {});
   TORCH_CHECK(slot_mapping.scalar_type() == torch::kInt64 && slot_mapping.is_contiguous(), "slots must be int64");
   const int64_t row = k_cache.size(2) * k_cache.size(3), slots = k_cache.size(0) * k_cache.size(1);
   for (const torch::Tensor* t : {&key, &value}) {
@@ -498,6 +506,7 @@ void write_kv_(torch::Tensor key, torch::Tensor value, torch::Tensor k_cache, to
 void paged_attention_(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor block_tables,
                       torch::Tensor seq_lens, torch::Tensor query_start_loc, double scale, int64_t max_pairs,
                       torch::Tensor out) {
+  RECORD_FUNCTION("mcpmux::paged_attention", {});
   check_dtype(q, "q");
   TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1, "q must be [T, H, D] with contiguous heads");
   TORCH_CHECK(out.sizes() == q.sizes() && out.stride(2) == 1, "out must be shaped like q");
@@ -531,6 +540,7 @@ void paged_attention_(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_ca
 // silu(gate) * up for gate_up = [gate | up] along the last dimension: ATen's own vectorized SiLU,
 // called from here rather than through Python's dispatch.
 torch::Tensor silu_and_mul(torch::Tensor gate_up) {
+  RECORD_FUNCTION("mcpmux::silu_and_mul", {});
   check_rows(gate_up, "gate_up");
   auto halves = gate_up.chunk(2, -1);
   return at::silu(halves[0]).mul_(halves[1]);
@@ -539,6 +549,7 @@ torch::Tensor silu_and_mul(torch::Tensor gate_up) {
 // F.linear(x, weight, bias) in float32 for the few rows of a decode step, on the plain [N, K] weight:
 // K a multiple of 16 and N of 4 (the caller checks, see `dot_linear_fits`).
 torch::Tensor dot_linear(torch::Tensor x, torch::Tensor weight, c10::optional<torch::Tensor> bias) {
+  RECORD_FUNCTION("mcpmux::dot_linear", {});
   TORCH_CHECK(x.scalar_type() == torch::kFloat32 && weight.scalar_type() == torch::kFloat32, "float32 only");
   TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && weight.dim() == 2 && weight.is_contiguous(),
               "x must be 2-D with contiguous rows, the weight contiguous [N, K]");
@@ -553,15 +564,18 @@ torch::Tensor dot_linear(torch::Tensor x, torch::Tensor weight, c10::optional<to
   const float* xp = x.data_ptr<float>();
   const float* wp = weight.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  const int64_t ldx = x.stride(0);
+  const int64_t ldx = x.stride(0), block_lines = 4 * K * 4 / 64, tiles = (M + kTileRows - 1) / kTileRows;
   at::parallel_for(0, N / 4, 8, [&](int64_t begin, int64_t end) {
     for (int64_t block = begin; block < end; ++block) {
       const float* w = wp + block * 4 * K;
-      const float* next = block + 1 < end ? w + 4 * K : nullptr;
-      for (int64_t m = 0; m < M; m += kTileRows) {
+      const char* next = reinterpret_cast<const char*>(w + 4 * K);
+      for (int64_t m = 0, tile = 0; m < M; m += kTileRows, ++tile) {
         const int64_t rows = std::min<int64_t>(kTileRows, M - m);
+        // This tile's share of the next block of this thread's range (none after its last block).
+        const int64_t first = tile * block_lines / tiles;
+        const int64_t lines = block + 1 < end ? (tile + 1) * block_lines / tiles - first : 0;
         kDotTiles[rows - 1](xp + m * ldx, ldx, w, K, yp + m * N + block * 4, N, b == nullptr ? nullptr : b + block * 4,
-                            m == 0 ? next : nullptr);
+                            next + first * 64, lines);
       }
     }
   });
@@ -648,6 +662,7 @@ class Decoder {
 
 // The index of each row's largest value (the first of equals; a NaN counts as largest), as torch.argmax.
 torch::Tensor argmax_rows(torch::Tensor logits) {
+  RECORD_FUNCTION("mcpmux::argmax", {});
   TORCH_CHECK(logits.scalar_type() == torch::kFloat32 && logits.dim() == 2 && logits.stride(1) == 1,
               "logits must be float32 [N, V] with contiguous rows");
   const int64_t rows = logits.size(0), n = logits.size(1);

@@ -42,7 +42,7 @@ from sse_starlette.sse import AppStatus
 from starlette.types import ASGIApp
 
 from mcpmux import __version__
-from mcpmux.core.config import Config, ServerConfig
+from mcpmux.core.config import Config
 from mcpmux.core.metrics import metrics_route
 from mcpmux.errors import MuxError, UnknownToolError, UpstreamError
 from mcpmux.mux.fast_path import FastPath
@@ -115,11 +115,6 @@ def _as_mcp_error(err: MuxError) -> MCPError:
     if isinstance(err, UnknownToolError):
         return MCPError(types.INVALID_PARAMS, str(err))
     return MCPError(types.INTERNAL_ERROR, str(err))
-
-
-def _asks_client(server: ServerConfig) -> bool:
-    """Whether an upstream may ask the calling client for sampling or elicitation (the plan's `asks_client`)."""
-    return server.sampling.asks_client or server.elicitation.policy == "client"
 
 
 def _profile_of(ctx: Any) -> str | None:
@@ -286,12 +281,15 @@ class Frontend:
         # Calls in flight per upstream: where its logs and sampling requests belong. Local tools have none.
         callers: weakref.WeakKeyDictionary[ServerSession, types.RequestId] = weakref.WeakKeyDictionary()
         upstream: str | None = None
+        asks_client = False
         if params.name not in self.mux.local_tools and params.request_state is None:
             try:
-                upstream = self.mux.resolve_tool(params.name, profile).upstream
+                route = self.mux.resolve_tool(params.name, profile)
             except MuxError as err:
                 raise _as_mcp_error(err) from None
+            upstream = route.upstream
             callers = self._callers.setdefault(upstream, callers)
+            asks_client = self.mux.dispatchers[upstream].plan(route.name).asks_client
 
         # `_relay_log` sends the upstream's logs on this request: a 2025 session hears them at its level,
         # a 2026 request only if it asked for a level.
@@ -331,9 +329,8 @@ class Frontend:
         try:
             if params.request_state is not None:  # a 2026-07-28 client's retry of a call parked for sampling
                 return await self.rounds.resume(params, session)
-            held = self.mux.upstreams.get(upstream) if upstream is not None else None
             # A 2026-07-28 client has no back channel: sampling it may answer goes out in input-required rounds.
-            if held is not None and self.rounds.available and parks(session, _asks_client(held.config)):
+            if self.rounds.available and parks(session, asks_client):
                 return await self.rounds.start(params.name, params.arguments or {}, session, parked)
             return await call(lambda: session)
         except MuxError as err:

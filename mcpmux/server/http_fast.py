@@ -96,9 +96,7 @@ class FastPathMiddleware:
         response = await self._answer_unless_gone(call, session, receive)
         if response is None:
             return  # the client went away: the call was cancelled, nobody is left to answer
-        # A 2026 error's status comes from the SDK's table; a 2025 session's errors ride a 200, as on its SSE.
-        modern = call.version in MODERN_PROTOCOL_VERSIONS
-        status = ERROR_CODE_HTTP_STATUS.get(response["error"]["code"], 200) if modern and "error" in response else 200
+        status = http_status(response, call.version in MODERN_PROTOCOL_VERSIONS)
         payload = dumps(response)
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
         await send({"type": "http.response.start", "status": status, "headers": headers})
@@ -210,6 +208,12 @@ class FastPathMiddleware:
             await send(event)
 
         return learn
+
+
+def http_status(response: dict[str, Any], modern: bool) -> int:
+    """The HTTP status of a fast-path response: a 2026 error's comes from the SDK's table; a 2025
+    session's errors ride a 200, as on its SSE."""
+    return ERROR_CODE_HTTP_STATUS.get(response["error"]["code"], 200) if modern and "error" in response else 200
 
 
 async def _read_body(receive: Receive) -> tuple[bytes, bool]:

@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from mcp.server.connection import Connection
-from mcp.shared.inbound import ERROR_CODE_HTTP_STATUS
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.types import Scope
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
@@ -37,7 +36,7 @@ from mcpmux.mux.call_sink import ServedCall, serve
 from mcpmux.mux.fast_path import FastCall, FastPath
 from mcpmux.server.client_stand_in import ClientStandIn, StandIns
 from mcpmux.server.http_edge import HttpEdge
-from mcpmux.server.http_fast import CANCELLED_ERROR, FastPathMiddleware, session_of
+from mcpmux.server.http_fast import CANCELLED_ERROR, FastPathMiddleware, http_status, session_of
 from mcpmux.server.http_keepalive import IdleConnections
 from mcpmux.upstream.lane import ProgressFn
 from mcpmux.wire.batch_array import id_key
@@ -243,8 +242,7 @@ class FastHttpProtocol(HttpToolsProtocol):
         cancelled call, as the SDK's server writes it: clients read a late answer on a stream safely)."""
         if cycle.response_complete or cycle.disconnected or self.transport.is_closing():
             return False
-        # A 2026 error's status comes from the SDK's table; a 2025 session's errors ride a 200, as on its SSE.
-        status = ERROR_CODE_HTTP_STATUS.get(response["error"]["code"], 200) if modern and "error" in response else 200
+        status = http_status(response, modern)
         if cycle.keep_alive and cycle.scope is self.scope and self.front.idle.retire(self._address):
             cycle.keep_alive = False  # nothing after this request on the connection: retire it (`HttpFastFront.idle`)
         payload = dumps(response)

@@ -3,11 +3,11 @@
 Each kernel does in one pass over its rows what the torch reference does in several operators, for
 float32 or bfloat16 tensors whose rows are contiguous. The arithmetic is the reference's, operation
 for operation, in float32, with the same roundings to bfloat16 where the reference rounds, and with
-floating-point contraction off (no fused multiply-adds the reference does not do): rotary, the KV
-write and SiLU * up match it bit for bit (SiLU is ATen's own, called from C++); RMSNorm sums its
-squares, and decode attention its scores and values, in another order than the reference (SDPA's
-blocked softmax, with an exponential that differs from libm's by an ulp or two), so both match it to
-rounding. Greedy argmax is exact (the first index of the largest value, a NaN counting as largest).
+floating-point contraction off (no fused multiply-adds the reference does not do): rotary and the KV
+write match it bit for bit; SiLU * up takes its exponential from a polynomial (within an ulp or two
+of ATen's), RMSNorm sums its squares, attention its scores and values, and the float32 products
+their dot products in another order than the reference, so those match it to rounding. Greedy
+argmax is exact (the first index of the largest value, a NaN counting as largest).
 
 Work is split over torch's own OpenMP threads with `at::parallel_for` (compiled with -fopenmp for the
 header's pragmas, not linked with it: the OpenMP symbols resolve to the runtime torch loaded, and
@@ -81,6 +81,32 @@ inline float sum(vf v) {
 }
 
 inline void store(float* p, vf v) { std::memcpy(p, &v, sizeof(v)); }
+
+// Each lane's bfloat16 bits: rounded to nearest, ties to even, a NaN to 0x7FC0 (as c10::BFloat16 rounds).
+inline vu bfloat16_bits(vf v) {
+  vu bits;
+  std::memcpy(&bits, &v, sizeof(bits));
+  const vu rounded = (bits + (((bits >> 16) & 1) + 0x7FFF)) >> 16;
+  const vi nan = v != v;
+  return nan ? vu{} + 0x7FC0 : rounded;
+}
+
+inline void store(BFloat16* p, vf v) {
+  const vh half = __builtin_convertvector(bfloat16_bits(v), vh);
+  std::memcpy(p, &half, sizeof(half));
+}
+
+template <typename T>
+inline vf rounded(vf v) {  // float: itself; bfloat16: rounded to it and back
+  if constexpr (std::is_same_v<T, float>) {
+    return v;
+  } else {
+    const vu bits = bfloat16_bits(v) << 16;
+    vf out;
+    std::memcpy(&out, &bits, sizeof(out));
+    return out;
+  }
+}
 
 // The four sums of a, b, c and d, each folded in halves as `sum` folds one.
 inline vf4 sum4(vf a, vf b, vf c, vf d) {
@@ -350,6 +376,36 @@ using DotTile = void (*)(const float*, int64_t, const float*, int64_t, float*, i
 const DotTile kDotTiles[kTileRows] = {&dot_tile<1>, &dot_tile<2>, &dot_tile<3>,
                                        &dot_tile<4>, &dot_tile<5>, &dot_tile<6>};
 
+// silu(gate) * up, row by row, sixteen lanes at a time: silu rounded to T first, as F.silu's output is.
+template <typename T>
+void silu_mul_rows(const torch::Tensor& gate_up, torch::Tensor& out) {
+  const int64_t rows = gate_up.size(0), n = out.size(1), ld = gate_up.stride(0);
+  const T* in = gate_up.data_ptr<T>();
+  T* o = out.data_ptr<T>();
+  at::parallel_for(0, rows, grain_rows(2 * n), [&](int64_t begin, int64_t end) {
+    alignas(64) T gate_tail[kLanes], up_tail[kLanes], out_tail[kLanes];
+    auto lanes = [](const T* gate, const T* up, T* dst) {
+      const vf x = load(gate);
+      store(dst, rounded<T>(x / (1.0f + exp_approx(-x))) * load(up));
+    };
+    for (int64_t r = begin; r < end; ++r) {
+      const T* gate = in + r * ld;
+      const T* up = gate + n;
+      T* dst = o + r * n;
+      int64_t i = 0;
+      for (; i + kLanes <= n; i += kLanes) lanes(gate + i, up + i, dst + i);
+      if (i < n) {  // the last lanes through a padded copy
+        std::fill(gate_tail, gate_tail + kLanes, T(0.0f));
+        std::fill(up_tail, up_tail + kLanes, T(0.0f));
+        std::copy(gate + i, gate + n, gate_tail);
+        std::copy(up + i, up + n, up_tail);
+        lanes(gate_tail, up_tail, out_tail);
+        std::copy(out_tail, out_tail + (n - i), dst + i);
+      }
+    }
+  });
+}
+
 // A query row of q and the context it attends: the first len keys of sequence seq.
 struct QueryRow {
   int64_t row, seq, len;
@@ -489,11 +545,15 @@ void write_kv_(torch::Tensor key, torch::Tensor value, torch::Tensor k_cache, to
   const char* vp = static_cast<const char*>(value.data_ptr());
   const int64_t ks = key.stride(0) * key.element_size(), vs = value.stride(0) * value.element_size();
   for (int64_t i = 0; i < key.size(0); ++i) {
-    if (slot[i] < 0) continue;
     TORCH_CHECK(slot[i] < slots, "slot ", slot[i], " is outside the cache");
-    std::memcpy(kc + slot[i] * bytes, kp + i * ks, bytes);
-    std::memcpy(vc + slot[i] * bytes, vp + i * vs, bytes);
   }
+  at::parallel_for(0, key.size(0), grain_rows(2 * row), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      if (slot[i] < 0) continue;
+      std::memcpy(kc + slot[i] * bytes, kp + i * ks, bytes);
+      std::memcpy(vc + slot[i] * bytes, vp + i * vs, bytes);
+    }
+  });
 }
 
 // Causal attention of a step's query rows over their paged contexts, read in place through the block
@@ -537,13 +597,18 @@ void paged_attention_(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_ca
   }
 }
 
-// silu(gate) * up for gate_up = [gate | up] along the last dimension: ATen's own vectorized SiLU,
-// called from here rather than through Python's dispatch.
+// silu(gate) * up for gate_up = [gate | up] along the last dimension, in one pass.
 torch::Tensor silu_and_mul(torch::Tensor gate_up) {
   RECORD_FUNCTION("mcpmux::silu_and_mul", {});
   check_rows(gate_up, "gate_up");
-  auto halves = gate_up.chunk(2, -1);
-  return at::silu(halves[0]).mul_(halves[1]);
+  TORCH_CHECK(gate_up.size(1) % 2 == 0, "gate_up must hold [gate | up]");
+  auto out = torch::empty({gate_up.size(0), gate_up.size(1) / 2}, gate_up.options());
+  if (gate_up.scalar_type() == torch::kFloat32) {
+    silu_mul_rows<float>(gate_up, out);
+  } else {
+    silu_mul_rows<BFloat16>(gate_up, out);
+  }
+  return out;
 }
 
 // F.linear(x, weight, bias) in float32 for the few rows of a decode step, on the plain [N, K] weight:

@@ -86,9 +86,16 @@ def test_rotary_rotates_q_and_k_views_in_place_bit_for_bit(
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_silu_and_mul_matches_reference(fused: ModuleType, dtype: torch.dtype) -> None:
-    gate_up = (torch.randn(7, 2 * 1536) * 4).to(dtype)
-    assert torch.equal(kernels.silu_and_mul(gate_up), reference.silu_and_mul(gate_up))
+@pytest.mark.parametrize("width", [1536, 40])  # a multiple of 16 lanes, and not
+def test_silu_and_mul_matches_reference(fused: ModuleType, dtype: torch.dtype, width: int) -> None:
+    gate_up = (torch.randn(7, 2 * width) * 4).to(dtype)
+    gate_up[0, :4] = torch.tensor([-100.0, 100.0, 0.0, -0.0])  # far tails of the exponential, and zeros
+    got = kernels.silu_and_mul(gate_up)
+    assert got.dtype == dtype
+    assert got.shape == (7, width)
+    # Another exponential than ATen's: an ulp or two in float32, at most one bfloat16 rounding step.
+    tolerance = {"rtol": 1e-6, "atol": 1e-6} if dtype == torch.float32 else {"rtol": 8e-3, "atol": 1e-5}
+    torch.testing.assert_close(got, reference.silu_and_mul(gate_up), **tolerance)
 
 
 def test_other_dtypes_take_the_torch_kernels(fused: ModuleType) -> None:

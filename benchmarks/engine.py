@@ -422,15 +422,10 @@ def correctness_gate(loaded: LoadedModel, model: Any, reqs: list[Req]) -> None:
                     tg.start_soon(one, i)
             return outs
 
-    def theirs(prompt_ids: list[int]) -> list[int]:
-        with torch.inference_mode():
-            prompt = torch.tensor([prompt_ids], device=model.device)
-            return model.generate(prompt, max_new_tokens=12, do_sample=False)[0, len(prompt_ids) :].tolist()
-
     got = anyio.run(ours)
     same = 0
     for r, tokens in zip(reqs, got, strict=True):
-        ref = on_own_thread(theirs, r.prompt)
+        ref = on_own_thread(hf_greedy, model, r.prompt, 12, True)
         if ref != tokens and loaded.dtype == torch.float32:
             raise SystemExit(f"correctness gate failed: mcpmux {tokens} != HF {ref}; no figures reported")
         same += ref == tokens
@@ -438,6 +433,16 @@ def correctness_gate(loaded: LoadedModel, model: Any, reqs: list[Req]) -> None:
         print(f"correctness gate: {len(reqs)} concurrent greedy requests equal HF generate token for token")
     else:
         print(f"{loaded.dtype}: {same}/{len(reqs)} concurrent greedy requests equal HF generate's (not required)")
+
+
+def hf_greedy(model: Any, prompt_ids: list[int], max_new: int, stop_at_eos: bool) -> list[int]:
+    """HF `generate`'s greedy tokens for one prompt. The mask is explicit: given a pad token and no mask, HF
+    masks every prompt token equal to it (a chat template's end-of-turn token often is)."""
+    prompt = torch.tensor([prompt_ids], device=model.device)
+    config = GenerationConfig(max_new_tokens=max_new, do_sample=False) if stop_at_eos else no_eos_config(model, max_new)
+    with torch.inference_mode():
+        out = model.generate(prompt, attention_mask=torch.ones_like(prompt), generation_config=config)
+    return out[0, len(prompt_ids) :].tolist()
 
 
 def main() -> None:
@@ -453,6 +458,11 @@ def main() -> None:
     ap.add_argument("--rates", default="2,8,32", help="Poisson arrival rates, requests/s")
     ap.add_argument("--rounds", type=int, default=1, help="runs of each workload, the systems alternating")
     ap.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=True, help="mcpmux's")
+    ap.add_argument(
+        "--hf-tokens",
+        action="store_true",
+        help="HF generate's greedy tokens too (first workload, full length), compared with every system's",
+    )
     ap.add_argument("--hf-gate", action=argparse.BooleanOptionalAction, default=True,
                     help="check mcpmux's greedy tokens against HF generate first")  # fmt: skip
     ap.add_argument("--batch-size", type=int, default=16, help="HF static batch size")
@@ -482,7 +492,7 @@ def main() -> None:
     loaded = on_own_thread(lambda: load_model(args.model, dtype=args.dtype, device=args.device))
     dtype = getattr(torch, args.dtype)
     hf = None
-    if args.hf_gate or {"hf-static", "hf-cb"} & set(systems):
+    if args.hf_gate or args.hf_tokens or {"hf-static", "hf-cb"} & set(systems):
         hf = on_own_thread(
             lambda: (
                 AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="sdpa")
@@ -526,6 +536,9 @@ def main() -> None:
         full = on_own_thread(lambda: load_model(args.model, dtype="float32", device=args.device))
         first = loads[next(iter(loads))]
         tokens["mcpmux float32"] = [t.tokens or [] for t in anyio.run(run_mcpmux, full, first, args)[0]]
+    if args.hf_tokens:
+        first = loads[next(iter(loads))]
+        tokens["HF generate"] = [on_own_thread(hf_greedy, hf, r.prompt, r.max_tokens, False) for r in first]
     compare_tokens(tokens, args.dtype)
     report(rows, args, rate)
     round_summary(rows, systems)
@@ -591,15 +604,18 @@ def load_average() -> str:
 
 
 def compare_tokens(tokens: dict[str, list[list[int]]], dtype: str) -> None:
-    """mcpmux's greedy tokens against each other system's that reports them, request by request."""
-    ours = tokens.get("mcpmux")
-    for system, theirs in tokens.items():
-        if ours is None or system == "mcpmux":
+    """mcpmux's greedy tokens against each other system's that reports them, request by request, and
+    every system's against HF generate's when it ran (``--hf-tokens``)."""
+    pairs = [("mcpmux", system) for system in tokens if system != "mcpmux"]
+    pairs += [(system, "HF generate") for system in tokens if system not in ("mcpmux", "HF generate")]
+    for a_name, b_name in pairs:
+        ours, theirs = tokens.get(a_name), tokens.get(b_name)
+        if ours is None or theirs is None:
             continue
         same = sum(a == b for a, b in zip(ours, theirs, strict=True))
         first = next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=True)) if a != b), None)
         where = "" if first is None else f"; first difference in request {first}"
-        print(f"greedy {dtype} tokens, mcpmux vs {system}: {same}/{len(ours)} requests identical{where}")
+        print(f"greedy {dtype} tokens, {a_name} vs {b_name}: {same}/{len(ours)} requests identical{where}")
 
 
 def round_summary(rows: list[Row], systems: list[str]) -> None:

@@ -76,10 +76,13 @@ def test_rotary_matches_reference_in_place_on_qkv_views(dtype: torch.dtype) -> N
     q = qkv[:, : heads * dim].view(tokens, heads, dim)
     k = qkv[:, heads * dim : (heads + kv_heads) * dim].view(tokens, kv_heads, dim)
     v_before = qkv[:, (heads + kv_heads) * dim :].clone()
-    expected_q, expected_k = reference.rotary_embedding(positions, q.clone(), k.clone(), _cos_sin_cache(dim, 512))
-    out_q, out_k = kernels.rotary_embedding(positions, q, k, _cos_sin_cache(dim, 512))
+    cache = _cos_sin_cache(dim, 512)
+    expected_q, expected_k = reference.rotary_embedding(positions, q.clone(), k.clone(), cache)
+    out_q, out_k = kernels.rotary_embedding(positions, q, k, cache)
     tol = 1e-6 if dtype == torch.float32 else 1e-3
-    torch.testing.assert_close(out_q, expected_q, atol=tol, rtol=tol)
+    # Per token, so that a mismatch shows which positions (cos/sin rows) it came from.
+    per_token = (out_q.float() - expected_q.float()).abs().amax(dim=(1, 2)).tolist()
+    torch.testing.assert_close(out_q, expected_q, atol=tol, rtol=tol, msg=lambda m: f"{m}\nper token: {per_token}")
     torch.testing.assert_close(out_k, expected_k, atol=tol, rtol=tol)
     assert out_q.data_ptr() == q.data_ptr()  # rotated in place, inside the fused projection
     assert torch.equal(qkv[:, (heads + kv_heads) * dim :], v_before)  # v untouched

@@ -68,6 +68,10 @@ def _cos_sin_cache(rotary_dim: int, max_position: int) -> torch.Tensor:
     return torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(DEVICE)
 
 
+def _per_token(actual: torch.Tensor, expected: torch.Tensor) -> list[float]:
+    return (actual.float() - expected.float()).abs().amax(dim=(1, 2)).tolist()
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_rotary_matches_reference_in_place_on_qkv_views(dtype: torch.dtype) -> None:
     tokens, heads, kv_heads, dim = 6, 6, 2, 16
@@ -80,9 +84,10 @@ def test_rotary_matches_reference_in_place_on_qkv_views(dtype: torch.dtype) -> N
     expected_q, expected_k = reference.rotary_embedding(positions, q.clone(), k.clone(), cache)
     out_q, out_k = kernels.rotary_embedding(positions, q, k, cache)
     tol = 1e-6 if dtype == torch.float32 else 1e-3
-    # Per token, so that a mismatch shows which positions (cos/sin rows) it came from.
-    per_token = (out_q.float() - expected_q.float()).abs().amax(dim=(1, 2)).tolist()
-    torch.testing.assert_close(out_q, expected_q, atol=tol, rtol=tol, msg=lambda m: f"{m}\nper token: {per_token}")
+    # On a mismatch, the error per token: which positions (cos/sin rows) it came from.
+    torch.testing.assert_close(
+        out_q, expected_q, atol=tol, rtol=tol, msg=lambda m: f"{m}\nper token: {_per_token(out_q, expected_q)}"
+    )
     torch.testing.assert_close(out_k, expected_k, atol=tol, rtol=tol)
     assert out_q.data_ptr() == q.data_ptr()  # rotated in place, inside the fused projection
     assert torch.equal(qkv[:, (heads + kv_heads) * dim :], v_before)  # v untouched

@@ -133,11 +133,12 @@ class _CallArgs(_Strict):
     arguments: dict[str, Any] = Field(default_factory=dict)
 
 
-def embedding_identity(mux: Mux) -> str:
-    """What names the vectors in the disk cache: the backend, the model, and a remote server's URL."""
+def embedding_identity(mux: Mux, precision: str) -> str:
+    """What names the vectors in the disk cache: the backend, the model, a remote server's URL, and the
+    precision a local model computes them in (`InferenceService.embedding_precision`)."""
     inference = mux.config.inference
     where = inference.remote.base_url if inference.backend == "openai" and inference.remote is not None else ""
-    return f"{inference.backend}|{inference.embeddings.model}|{where}"
+    return f"{inference.backend}|{inference.embeddings.model}|{where}|{precision}"
 
 
 class ToolSearch:
@@ -145,7 +146,7 @@ class ToolSearch:
 
     def __init__(self, mux: Mux) -> None:
         self.mux = mux
-        self.index = ToolIndex(EmbeddingCache(default_cache_dir(), embedding_identity(mux)))
+        self.index = ToolIndex()  # its disk cache is opened once the embedding precision is known
         # The catalog's tool list as last indexed (held, so its identity cannot be reused) and the local tools' count.
         self._seen: tuple[list[types.Tool], int] | None = None
         self._wanted = anyio.Event()
@@ -235,6 +236,11 @@ class ToolSearch:
             self._said_bm25_only = True
             logger.warning("tool search ranks by BM25 alone: %s", why)
 
+    def _embedding_failed(self, err: Exception) -> None:
+        if self.mux.sampling.service is not None:  # not merely shutting down
+            failure = f"{type(err).__name__}: {err}"
+            self._bm25_only(f"the embedding model failed ({failure}); retried on the next catalog change")
+
     async def _keep_current(self) -> None:
         if self.mux.config.inference.backend == "off":
             self._bm25_only('[inference] backend is "off" (set it to "local" or "openai" to add embeddings)')
@@ -242,21 +248,34 @@ class ToolSearch:
             self._bm25_only('[inference.embeddings] model is "" (set it, e.g. "builtin:all-minilm-l6-v2")')
         while True:
             self._wanted = anyio.Event()
-            self.sync()
             # Outside search mode tools/list shows the whole catalog: embedding it would load the model for nothing.
             embed = self._embedder() if self.search_mode() else None
+            if embed is not None and self.index.cache is None and not await self._open_cache():
+                embed = None
+            self.sync()
             if embed is not None and self.index.missing:
                 try:
                     count = await self.index.embed_missing(embed)
                 except Exception as err:  # search keeps working on BM25; retried after the next change
-                    if self.mux.sampling.service is not None:  # not merely shutting down
-                        failure = f"{type(err).__name__}: {err}"
-                        self._bm25_only(f"the embedding model failed ({failure}); retried on the next catalog change")
+                    self._embedding_failed(err)
                 else:
                     logger.info("tool search: %d tools indexed, %d newly embedded", len(self.index.docs), count)
             if not self._wanted.is_set():
                 self.indexed.set()
             await self._wanted.wait()
+
+    async def _open_cache(self) -> bool:
+        """Give the index its disk cache, named by what computes the vectors. A local model is loaded for
+        its precision (the first query needs it anyway); False, logged, where it fails to load."""
+        assert self.mux.inference is not None
+        try:
+            precision = await self.mux.inference.embedding_precision()
+        except Exception as err:  # search keeps working on BM25; retried after the next change
+            self._embedding_failed(err)
+            return False
+        self.index.cache = EmbeddingCache(default_cache_dir(), embedding_identity(self.mux, precision))
+        self._seen = None  # the index's keys name the cache: `sync` computes them again
+        return True
 
     # -- searching -----------------------------------------------------------------------------------
 

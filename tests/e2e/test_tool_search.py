@@ -309,7 +309,16 @@ async def test_hybrid_ranking_with_the_real_minilm_and_a_warm_restart(
             await search.indexed.wait()
         assert search.index.dense_ready
         assert search.index.embedded_texts == 0  # all from the disk cache
+        precision = await mux.inference.embedding_precision() if mux.inference is not None else "?"
     assert list((home / "cache" / "tool-embeddings").rglob("*.f32"))
+    # The vectors' folder names what computed them: a machine whose encoder runs in another precision
+    # (bfloat16 on AMX or AVX512-BF16 CPUs, float32 elsewhere) sharing this cache embeds for itself.
+    assert (precision == "") if backend == "openai" else (precision in ("float32", "bfloat16"))
+    where = inference.get("remote", {}).get("base_url", "")
+    folders = (home / "cache" / "tool-embeddings").rglob("model.json")
+    assert f"{backend}|{config.inference.embeddings.model}|{where}|{precision}" in [
+        json.loads(meta.read_text())["model"] for meta in folders
+    ]
 
 
 def test_the_search_command_prints_ranked_tools(tmp_path: Path, home: Path) -> None:

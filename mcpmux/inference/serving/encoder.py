@@ -135,6 +135,9 @@ class EmbeddingModel:
             raise EmbeddingModelError(f"could not load embedding model {spec!r} from {folder}: {exc}") from exc
         self.dimension = int(self.model.config.hidden_size)
         self.packed = pack(self.model) if self.device.type == "cpu" else None
+        self.precision = str(self.packed.dtype if self.packed is not None else torch.float32).removeprefix("torch.")
+        """What the vectors are computed in ("float32", or "bfloat16" on CPUs that multiply it in hardware):
+        part of the embedding cache's identity, so machines sharing a cache never mix the two."""
         self.padding = PaddingCounter()
         self.forward_passes = 0
 

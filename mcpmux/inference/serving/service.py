@@ -269,6 +269,13 @@ class InferenceService:
         model = await self._embedder.model()
         return sum(len(ids) for ids in await anyio.to_thread.run_sync(model.tokenize, texts))
 
+    async def embedding_precision(self) -> str:
+        """What this service's vectors are computed in, loading the local model (off the event loop) the
+        first time: "float32" or "bfloat16" locally, "" where a remote server embeds."""
+        if self._embedder is None:
+            return ""
+        return (await self._embedder.model()).precision
+
     def token_text(self, model: str | None, token_id: int) -> str:
         """The text of one token of a local model (for logprobs); empty for remote or not yet loaded models."""
         engine = self._engines.get(self.resolve_model(model))

@@ -164,6 +164,7 @@ def test_packed_forward_gives_the_transformers_models_vectors(model: EmbeddingMo
 def test_the_encoder_multiplies_in_bfloat16_only_where_the_cpu_has_the_instructions(model: EmbeddingModel) -> None:
     assert model.packed is not None
     assert model.packed.dtype == matmul_dtype()
+    assert model.precision == ("bfloat16" if matmul_dtype() == torch.bfloat16 else "float32")  # names its cache
     cpuinfo = Path("/proc/cpuinfo")
     if not cpuinfo.is_file():
         pytest.skip("no /proc/cpuinfo to read the CPU's flags from")

@@ -1,6 +1,6 @@
 """Fused CPU kernels for the small operators of a step: RMSNorm with its residual add, rotary, the KV
 write, SiLU * up, decode attention read through the block tables (no gathered copy of the context),
-and the greedy argmax, in float32 or bfloat16.
+and the greedy argmax, in float32 or bfloat16; and the bfloat16 product on AMX tiles (`cpu_amx_source`).
 
 On CPU a decode step of a small model is a few large products and, around them, dozens of small
 operators per layer, each paying torch's dispatch and a pass over memory; at one sequence those are
@@ -27,6 +27,7 @@ from types import ModuleType
 import torch
 
 from mcpmux.inference.errors import InvalidSettingError
+from mcpmux.inference.kernels import cpu_amx_source
 from mcpmux.inference.kernels.cpu_fused_source import SOURCE
 
 logger = logging.getLogger(__name__)
@@ -93,6 +94,11 @@ def wait() -> ModuleType | None:
     return ops()
 
 
+def amx_tiles() -> bool:
+    """Whether this CPU has AMX-BF16 tiles and the OS lets this process use them (the kernels' AMX product)."""
+    return bool(torch.cpu._is_amx_tile_supported() and torch._C._cpu._init_amx())
+
+
 def _find_ninja() -> None:
     """Put the `ninja` package's binary on PATH (torch runs `ninja` from there) where none is on it yet:
     mcpmux's own environment need not be activated, as under `make run` or a client's launch."""
@@ -117,11 +123,12 @@ def _build() -> None:
         # Named by the CPU's instruction set (`-march=native` code must not be loaded on another CPU)
         # and by the source and flags, so that processes running different versions of mcpmux never
         # build into, or load from, each other's folder.
-        capability = torch.backends.cpu.get_cpu_capability().lower()
-        digest = hashlib.sha256(repr((SOURCE, _CFLAGS)).encode()).hexdigest()[:12]
+        capability = torch.backends.cpu.get_cpu_capability().lower() + ("_amx" if amx_tiles() else "")
+        sources = [cpu_amx_source.SOURCE, SOURCE]  # the AMX product first: SOURCE's `linear` calls it
+        digest = hashlib.sha256(repr((sources, _CFLAGS)).encode()).hexdigest()[:12]
         module = load_inline(
             f"mcpmux_cpu_fused_{capability}_{digest}",
-            cpp_sources=SOURCE,
+            cpp_sources=sources,
             extra_cflags=_CFLAGS,
         )
     except Exception as err:  # no compiler, no ninja, no headers: the torch reference serves

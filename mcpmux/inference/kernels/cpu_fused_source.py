@@ -653,9 +653,11 @@ bool dot_linear_fits(const torch::Tensor& x, const torch::Tensor& weight, int64_
          weight.size(0) % 4 == 0;
 }
 
-// A product as the model's `linear` runs it where these kernels are built (models/linear.py): oneDNN for a
-// oneDNN weight, the dot kernel for up to max_rows float32 rows, else ATen's linear.
+// A product as the model's `linear` runs it where these kernels are built (models/linear.py): AMX tiles for
+// an AMX weight (cpu_amx_source), oneDNN for a oneDNN weight, the dot kernel for up to max_rows float32
+// rows, else ATen's linear.
 torch::Tensor linear(torch::Tensor x, torch::Tensor weight, c10::optional<torch::Tensor> bias, int64_t max_rows) {
+  if (!weight.is_mkldnn() && weight.dim() == 6) return amx::linear(x, weight, bias);
   if (weight.is_mkldnn()) {
     static const auto onednn =
         c10::Dispatcher::singleton()

@@ -11,6 +11,13 @@ Three implementations can multiply on CPU, and which is faster depends on the CP
   leaves float32 weights plain, the dot product takes up to `FUSED_ROWS` rows, and larger (prefill)
   products go to ATen's `linear` (MKL); until the kernels are built, the BLAS path below serves.
 
+- **AMX tiles** (`kernels.cpu_amx_source`, bfloat16, on CPUs with AMX where the fused kernels are
+  enabled): `prepare` packs a bfloat16 weight whose sides are multiples of 32 into the tile layout
+  (`amx_pack`, a 6-D tensor only `linear` reads), and every product on it, decode or prefill, runs
+  on the tiles: 1.4-2.2x oneDNN's bfloat16 product at 1-32 rows, about equal at 128-512. Until the
+  kernels are built, `linear` multiplies the unpacked weight with ATen (slower, same result).
+  `MCPMUX_CPU_MATMUL=onednn` keeps oneDNN's layout instead.
+
 - **oneDNN** (`prepare` turns a weight into its tensor once, at load, packed into the blocked layout
   oneDNN's kernels read for `PACK_ROWS`-row products): on CPUs where MKL takes its AVX2 code path
   though the CPU has AVX-512 (AMD EPYC, for one), oneDNN uses AVX-512 and runs SmolLM2's layer
@@ -60,10 +67,13 @@ PACK_ROWS = 32
 # Up to this many float32 rows the fused kernels' dot product multiplies (prefill chunks go to ATen).
 FUSED_ROWS = 64
 
+# An AMX weight's tile side: its rows and columns must be multiples of it.
+AMX_BLOCK = 32
+
 MATMUL_ENV = "MCPMUX_CPU_MATMUL"
 """`onednn` or `blas` forces the layout `prepare` gives weights (oneDNN's, or plain for MKL and the fused
 kernels' dot product); unset or `auto`, float32 weights stay plain where the fused kernels are enabled,
-and otherwise `prepare` measures."""
+bfloat16 ones are packed for AMX where the CPU has it, and otherwise `prepare` measures."""
 
 
 def prepare(weight: Tensor) -> Tensor:
@@ -72,10 +82,12 @@ def prepare(weight: Tensor) -> Tensor:
     A oneDNN tensor has no storage `F.linear` can read: only `linear` and `vocab_linear` take it. A
     weight `prepare` made already is returned as it is.
     """
-    if weight.is_mkldnn or weight.device.type != "cpu":
+    if weight.is_mkldnn or is_amx(weight) or weight.device.type != "cpu":
         return weight
     if _matmul_setting() == "auto" and weight.dtype == torch.float32 and cpu_fused.enabled():
         return weight  # the fused kernels' dot product reads the plain weight
+    if _amx_fits(weight):
+        return amx_pack(weight.detach())
     if not _onednn_wins(weight.dtype):
         return weight
     return _packed(weight.detach())
@@ -85,11 +97,42 @@ def _packed(weight: Tensor) -> Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight, PACK_ROWS)
 
 
+def _amx_fits(weight: Tensor) -> bool:
+    """Whether `prepare` packs this weight for the AMX product."""
+    return (
+        weight.dtype == torch.bfloat16
+        and weight.dim() == 2
+        and weight.shape[0] % AMX_BLOCK == 0
+        and weight.shape[1] % AMX_BLOCK == 0
+        and _matmul_setting() == "auto"
+        and cpu_fused.enabled()
+        and cpu_fused.amx_tiles()
+    )
+
+
+def amx_pack(weight: Tensor) -> Tensor:
+    """[N, K] as the AMX product reads it: [N/32, K/32, 2, 16, 16, 2] (`kernels.cpu_amx_source`)."""
+    n, k = weight.shape
+    tiles = weight.reshape(n // AMX_BLOCK, 2, 16, k // AMX_BLOCK, 16, 2)  # (block, half, column, step, pair, e)
+    return tiles.permute(0, 3, 1, 4, 2, 5).contiguous()
+
+
+def amx_unpack(weight: Tensor) -> Tensor:
+    """The [N, K] weight `amx_pack` packed."""
+    return weight.permute(0, 2, 4, 1, 3, 5).reshape(weight.shape[0] * AMX_BLOCK, weight.shape[1] * AMX_BLOCK)
+
+
+def is_amx(weight: Tensor) -> bool:
+    return not weight.is_mkldnn and weight.dim() == 6
+
+
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``F.linear(x, weight, bias)`` for a 2-D `x`, row-major like it, with `weight` from `prepare`."""
     fused = cpu_fused.ops() if x.device.type == "cpu" else None
     if fused is not None:
         return fused.linear(x, weight, bias, FUSED_ROWS)
+    if is_amx(weight):  # the kernels are still being built
+        return F.linear(x, amx_unpack(weight), bias)
     if weight.is_mkldnn:
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight, bias, "none", [], "")
     if x.device.type != "cpu" or x.shape[0] > SKINNY_ROWS:
@@ -99,7 +142,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
 
 def vocab_linear(x: Tensor, weight: Tensor) -> Tensor:
     """``F.linear(x, weight)`` for a large output head, with `weight` from `prepare`."""
-    if weight.is_mkldnn or (x.shape[0] <= FUSED_ROWS and cpu_fused.ops() is not None):
+    if weight.is_mkldnn or is_amx(weight) or (x.shape[0] <= FUSED_ROWS and cpu_fused.ops() is not None):
         return linear(x, weight)
     if x.device.type != "cpu" or weight.shape[0] <= VOCAB_SLICE:
         return F.linear(x, weight)
@@ -211,7 +254,8 @@ _fastest_dtype: torch.dtype | None = None
 
 def _measure_dtypes() -> torch.dtype:
     dtypes = (torch.float32, torch.bfloat16)
-    weights = {dtype: [prepare(w) for w in _probe_weights(dtype)] for dtype in dtypes}
+    # An AMX weight is timed in oneDNN's layout: the kernels may still be building, and AMX only widens the gap.
+    weights = {dtype: [_packed(w) if _amx_fits(w) else prepare(w) for w in _probe_weights(dtype)] for dtype in dtypes}
     generator = torch.Generator().manual_seed(1)
     inputs = {dtype: [torch.randn(n, 576, generator=generator).to(dtype) for n in (1, PACK_ROWS)] for dtype in dtypes}
     seconds = dict.fromkeys(dtypes, float("inf"))

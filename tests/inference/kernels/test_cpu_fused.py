@@ -18,7 +18,7 @@ from mcpmux.inference import kernels
 from mcpmux.inference.engine.config import SamplingParams
 from mcpmux.inference.engine.llm_engine import LLMEngine
 from mcpmux.inference.kernels import cpu_fused, reference
-from mcpmux.inference.models.linear import linear
+from mcpmux.inference.models.linear import amx_unpack, is_amx, linear, prepare
 from mcpmux.inference.models.llama import LlamaCausalLM
 from mcpmux.inference.models.loader import load_model
 from tests.inference.engine_harness import PROMPTS, drive, engine_config, greedy_params, hf_reference
@@ -241,3 +241,30 @@ def test_one_call_layers_give_the_layers_logits_bit_for_bit(
         outputs.append(seen)
     model.one_call = True
     assert outputs[0] == outputs[1]
+
+
+def test_bfloat16_products_on_amx_tiles_match_f_linear(fused: ModuleType) -> None:
+    if not cpu_fused.amx_tiles():
+        pytest.skip("this CPU has no AMX tiles (or the OS does not hand them out): oneDNN multiplies bfloat16")
+    gen = torch.Generator().manual_seed(3)
+    weight = torch.randn(160, 96, generator=gen).to(torch.bfloat16)
+    bias = torch.randn(160, generator=gen).to(torch.bfloat16)
+    prepared = prepare(weight)
+    assert is_amx(prepared)
+    assert torch.equal(amx_unpack(prepared), weight)
+    assert not is_amx(prepare(weight[:100]))  # sides must be multiples of 32: oneDNN's layout then
+    for rows in (0, 1, 15, 16, 17, 33, 130):
+        wide = torch.randn(rows, 128, generator=gen).to(torch.bfloat16)
+        for x in (wide[:, 16:112], wide[:, 16:112].contiguous().t().contiguous().t()):  # strided rows, transposed
+            for b in (None, bias):
+                want = F.linear(x.float(), weight.float(), None if b is None else b.float()).to(torch.bfloat16)
+                got = linear(x, prepared, b)
+                assert got.is_contiguous()
+                torch.testing.assert_close(got, want, **_tolerance(torch.bfloat16))  # shape and dtype too
+    # Before the kernels are built, the unpacked weight multiplies: F.linear's result exactly.
+    x = torch.randn(5, 96, generator=gen).to(torch.bfloat16)
+    cpu_fused.disable()
+    try:
+        assert torch.equal(linear(x, prepared, bias), F.linear(x, weight, bias))
+    finally:
+        cpu_fused.enable()

@@ -27,7 +27,7 @@ from types import ModuleType
 import torch
 
 from mcpmux.inference.errors import InvalidSettingError
-from mcpmux.inference.kernels import cpu_amx_source
+from mcpmux.inference.kernels.cpu_amx_source import SOURCE as AMX_SOURCE
 from mcpmux.inference.kernels.cpu_fused_source import SOURCE
 
 logger = logging.getLogger(__name__)
@@ -124,7 +124,7 @@ def _build() -> None:
         # and by the source and flags, so that processes running different versions of mcpmux never
         # build into, or load from, each other's folder.
         capability = torch.backends.cpu.get_cpu_capability().lower() + ("_amx" if amx_tiles() else "")
-        sources = [cpu_amx_source.SOURCE, SOURCE]  # the AMX product first: SOURCE's `linear` calls it
+        sources = [AMX_SOURCE, SOURCE]  # the AMX product first: SOURCE's `linear` calls it
         digest = hashlib.sha256(repr((sources, _CFLAGS)).encode()).hexdigest()[:12]
         module = load_inline(
             f"mcpmux_cpu_fused_{capability}_{digest}",

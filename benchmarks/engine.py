@@ -67,7 +67,7 @@ from mcpmux.inference.engine.async_engine import Engine
 from mcpmux.inference.engine.config import EngineConfig, SamplingParams
 from mcpmux.inference.kernels import cpu_fused
 from mcpmux.inference.models.builtin import ensure_converted, gguf_path, lookup
-from mcpmux.inference.models.linear import linear
+from mcpmux.inference.models.linear import in_features, linear
 from mcpmux.inference.models.loader import LoadedModel, load_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -160,7 +160,7 @@ def matmul_gflops(loaded: LoadedModel, rows: int, repeats: int = 5) -> float:
     as mcpmux runs it (`linear`: oneDNN or BLAS, whichever this CPU runs faster)."""
     model: Any = loaded.model
     weight = next(p for n, p in model.named_parameters() if n.endswith("gate_up_weight"))
-    x = torch.randn(rows, weight.shape[1], dtype=weight.dtype, device=weight.device)
+    x = torch.randn(rows, in_features(weight), dtype=weight.dtype, device=weight.device)
     flop = 2 * rows * weight.numel()
     best = math.inf
     with torch.inference_mode():

@@ -126,6 +126,11 @@ def is_amx(weight: Tensor) -> bool:
     return not weight.is_mkldnn and weight.dim() == 6
 
 
+def in_features(weight: Tensor) -> int:
+    """The width of the rows `weight` (from `prepare`) multiplies."""
+    return weight.shape[1] * AMX_BLOCK if is_amx(weight) else weight.shape[1]
+
+
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``F.linear(x, weight, bias)`` for a 2-D `x`, row-major like it, with `weight` from `prepare`."""
     fused = cpu_fused.ops() if x.device.type == "cpu" else None

@@ -74,6 +74,15 @@ bool tiles_allowed() {
 }  // namespace
 #endif
 
+// Whether this build multiplies on AMX tiles (else `linear` below multiplies the unpacked weight).
+bool built() {
+#ifdef MCPMUX_AMX
+  return true;
+#else
+  return false;
+#endif
+}
+
 // x [M, K] bfloat16 times the packed weight w: [M, N] bfloat16, plus bias.
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& w, const c10::optional<torch::Tensor>& bias) {
   RECORD_FUNCTION("mcpmux::amx_linear", {});

@@ -138,5 +138,11 @@ def _build() -> None:
             ENV_VAR,
         )
         return
+    if amx_tiles() and not module.amx_built():
+        logger.warning(
+            "the compiler did not target this CPU's AMX tiles (gcc 11 or later does): bfloat16 products run "
+            "on unpacked weights, slowly; set %s=onednn to multiply on oneDNN instead",
+            "MCPMUX_CPU_MATMUL",
+        )
     _module = module
     logger.info("fused CPU kernels ready after %.1f s", time.monotonic() - start)

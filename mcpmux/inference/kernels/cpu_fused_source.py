@@ -791,6 +791,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_and_mul", &silu_and_mul, Release());
   m.def("argmax_rows", &argmax_rows, Release());
   m.def("linear", &linear, Release());
+  m.def("amx_built", &amx::built);
   py::class_<Decoder>(m, "Decoder")
       .def(py::init<std::vector<std::vector<c10::optional<torch::Tensor>>>, int64_t, int64_t, int64_t, double,
                     double, int64_t, int64_t>())

@@ -246,6 +246,7 @@ def test_one_call_layers_give_the_layers_logits_bit_for_bit(
 def test_bfloat16_products_on_amx_tiles_match_f_linear(fused: ModuleType) -> None:
     if not cpu_fused.amx_tiles():
         pytest.skip("this CPU has no AMX tiles (or the OS does not hand them out): oneDNN multiplies bfloat16")
+    assert fused.amx_built()  # -march=native targets the tiles on such a CPU
     gen = torch.Generator().manual_seed(3)
     weight = torch.randn(160, 96, generator=gen).to(torch.bfloat16)
     bias = torch.randn(160, generator=gen).to(torch.bfloat16)

@@ -2,9 +2,10 @@
 (`cpu_fused` puts it before `cpu_fused_source.SOURCE`, whose `linear` calls `amx::linear`).
 
 A decode step multiplies a few dozen rows by every weight, so it is bound by reading the weights
-from memory. oneDNN's bfloat16 product on AMX reads SmolLM2's weights at 8-13 GB/s on 2 cores of a
-Xeon with AMX; this one streams them at 12-15 GB/s from memory (1.4-2.2x oneDNN at 1-32 rows, about
-equal at 128-512) because its weight is laid out in exactly the order its tiles read it.
+from memory. On 2 cores of a Xeon with AMX, oneDNN's bfloat16 product reads SmolLM2's weights at
+7-19 GB/s at 1-32 rows; this one streams them at 17-34 GB/s (1.5-2.3x oneDNN; about equal from 64
+rows up, `benchmarks/cpu_products.py`) because its weight is laid out in exactly the order its tiles
+read it.
 
 **Layout** (`models.linear.amx_pack`): a [N, K] weight becomes a [N/32, K/32, 2, 16, 16, 2] tensor.
 For each block of 32 output columns, for each 32-wide step along K, two 1 KiB B tiles (16 columns

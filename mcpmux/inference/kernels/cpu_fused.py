@@ -22,6 +22,7 @@ import os
 import shutil
 import threading
 import time
+from functools import cache
 from types import ModuleType
 
 import torch
@@ -94,8 +95,10 @@ def wait() -> ModuleType | None:
     return ops()
 
 
+@cache
 def amx_tiles() -> bool:
-    """Whether this CPU has AMX-BF16 tiles and the OS lets this process use them (the kernels' AMX product)."""
+    """Whether this CPU has AMX-BF16 tiles and the OS lets this process use them (the kernels' AMX product);
+    asked once per process."""
     return bool(torch.cpu._is_amx_tile_supported() and torch._C._cpu._init_amx())
 
 

@@ -1,6 +1,6 @@
 """The model's matrix products, laid out for the CPU's math library at every batch size.
 
-Three implementations can multiply on CPU, and which is faster depends on the CPU and the rows:
+Four implementations can multiply on CPU, and which is faster depends on the CPU and the rows:
 
 - **The fused kernels' dot product** (`kernels.cpu_fused`, float32, wherever those kernels are
   enabled): each output a 16-lane dot product of a row of `x` with a row of the plain weight, four
@@ -14,9 +14,10 @@ Three implementations can multiply on CPU, and which is faster depends on the CP
 - **AMX tiles** (`kernels.cpu_amx_source`, bfloat16, on CPUs with AMX where the fused kernels are
   enabled): `prepare` packs a bfloat16 weight whose sides are multiples of 32 into the tile layout
   (`amx_pack`, a 6-D tensor only `linear` reads), and every product on it, decode or prefill, runs
-  on the tiles: 1.4-2.2x oneDNN's bfloat16 product at 1-32 rows, about equal at 128-512. Until the
-  kernels are built, `linear` multiplies the unpacked weight with ATen (slower, same result).
-  `MCPMUX_CPU_MATMUL=onednn` keeps oneDNN's layout instead.
+  on the tiles: 1.5-2.3x oneDNN's bfloat16 product at 1-32 rows, about equal from 64 up (the output
+  head 0.8x at 64-128 rows; benchmarks/cpu_products.py). Until the kernels are built, `linear`
+  multiplies the unpacked weight with ATen (slower, same result). `MCPMUX_CPU_MATMUL=onednn` keeps
+  oneDNN's layout instead.
 
 - **oneDNN** (`prepare` turns a weight into its tensor once, at load, packed into the blocked layout
   oneDNN's kernels read for `PACK_ROWS`-row products): on CPUs where MKL takes its AVX2 code path

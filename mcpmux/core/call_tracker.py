@@ -13,6 +13,7 @@ from types import TracebackType
 
 import anyio
 
+from mcpmux.core.inbound import InboundCall
 from mcpmux.errors import UpstreamUnavailableError
 
 logger = logging.getLogger(__name__)
@@ -36,11 +37,17 @@ class TrackedCall:
     with the reason, in place of the cancellation or of the error the cancellation caused.
     """
 
-    __slots__ = ("_admitted", "_reason", "_scope", "_tracker", "on_cancel", "upstream")
+    __slots__ = ("_admitted", "_reason", "_scope", "_tracker", "caller", "on_cancel", "session", "upstream")
 
-    def __init__(self, tracker: CallTracker, upstream: str | None) -> None:
+    def __init__(
+        self, tracker: CallTracker, upstream: str | None, caller: InboundCall | None = None, session: object = None
+    ) -> None:
         self._tracker = tracker
         self.upstream = upstream
+        self.caller = caller
+        """The inbound call it serves (None: the library's, or mcpmux's own)."""
+        self.session = session
+        """The upstream session it went to, once known (`Upstream`): where its upstream's requests are attributed."""
         self._scope: anyio.CancelScope | None = None
         """Made when the call is entered: a fast-path call, with no task, needs none."""
         self._reason: str | None = None
@@ -69,12 +76,13 @@ class TrackedCall:
         if self.on_cancel is not None:
             self.on_cancel()
 
-    def __enter__(self) -> None:
+    def __enter__(self) -> TrackedCall:
         self.admit()
         self._scope = anyio.CancelScope()
         if self._reason is not None:
             self._scope.cancel()  # cancelled before it was entered
         self._scope.__enter__()
+        return self
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -94,14 +102,22 @@ class CallTracker:
     """The client calls in flight, so that shutdown can wait for them and a reload can cancel some."""
 
     def __init__(self) -> None:
-        self._calls: set[TrackedCall] = set()
+        self._calls: dict[TrackedCall, None] = {}
+        """In the order they were admitted."""
         self._idle: anyio.Event | None = None
         """Set when the last call in flight ends; made only while `drain` waits for that."""
         self._refusing: dict[str | None, str] = {}  # upstream (None: every call) -> why new calls are refused
 
-    def track(self, upstream: str | None = None) -> TrackedCall:
-        """A context manager around one call (to `upstream`, or to a local tool when None)."""
-        return TrackedCall(self, upstream)
+    def track(
+        self, upstream: str | None = None, caller: InboundCall | None = None, session: object = None
+    ) -> TrackedCall:
+        """A context manager around one call (to `upstream`, or to a local tool when None) serving
+        `caller`, on the upstream session `session` (settable later, `TrackedCall.session`)."""
+        return TrackedCall(self, upstream, caller, session)
+
+    def callers(self, session: object) -> list[InboundCall | None]:
+        """The inbound calls in flight on one upstream session, oldest first (None: a call of nobody's)."""
+        return [call.caller for call in self._calls if call.session is session]
 
     def in_flight(self, upstream: str) -> int:
         """How many calls to `upstream` are in flight now (tool calls, resource reads, prompts, completions)."""
@@ -150,10 +166,10 @@ class CallTracker:
         reason = self.refusal(call.upstream)
         if reason is not None:
             raise CallCancelledError(reason)
-        self._calls.add(call)
+        self._calls[call] = None
 
     def _release(self, call: TrackedCall) -> None:
-        self._calls.discard(call)
+        self._calls.pop(call, None)
         if not self._calls and self._idle is not None:
             self._idle.set()
 

@@ -53,6 +53,8 @@ class ServerConfig(_Model):
     """Per-call timeout in seconds; None takes `[mux] call_timeout`."""
     protocol: Literal["auto", "legacy"] = "auto"
     """`auto` probes for 2026-07-28 and falls back; `legacy` forces the 2025 initialize handshake."""
+    sessions: Literal["auto", "shared", "per-client"] = "auto"
+    """Whether clients share one session with this server or each has its own (mcpmux.mux.client_sessions)."""
     limits: LimitSettings = Field(default_factory=LimitSettings)
     priorities: dict[str, int] = Field(default_factory=dict)
     cache: CacheSettings = Field(default_factory=CacheSettings)
@@ -142,6 +144,10 @@ class MuxSettings(_Model):
     """Seconds a 2026 client has to answer an input-required sampling round (docs/sampling_forward.md)."""
     roots: list[RootEntry] = Field(default_factory=list)
     """What `roots/list` from an upstream gets when no client's roots apply (`[servers.X] roots` wins)."""
+    max_client_sessions: int = Field(default=32, ge=1)
+    """Sessions of clients' own per server, beside the shared one (`[servers.X] sessions`)."""
+    client_session_idle: float = Field(default=300.0, gt=0)
+    """Seconds a session of a client's own may sit idle before it is stopped."""
 
     @field_validator("separator")
     @classmethod

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 import anyio
 import mcp_types as types
 
+from mcpmux.core.inbound import InboundCall, serving
 from mcpmux.mux.fast_path import FastCall, FastPath, Flight
 from mcpmux.upstream.lane import ProgressFn
 
@@ -87,6 +88,17 @@ class ServedCall:
             self.sink.ended()
 
 
+def noted(response: dict[str, Any], inbound: InboundCall) -> dict[str, Any]:
+    """`response` (a JSON-RPC response about to be written) with the notes for the model its call
+    gathered (why an elicitation was declined) added to its result, as the SDK path adds them."""
+    notes = inbound.take_notes() if inbound.notes else None
+    result = response.get("result")
+    if not notes or not isinstance(result, dict) or not isinstance(result.get("content"), list):
+        return response
+    blocks = [{"type": "text", "text": note} for note in notes]
+    return {**response, "result": {**result, "content": [*result["content"], *blocks]}}
+
+
 def serve(fast: FastPath, call: FastCall, sink: CallSink) -> ServedCall:
     """Take on `call`: launched right here when it can be, else in a task the sink starts."""
     served = ServedCall(call, sink)
@@ -130,7 +142,7 @@ async def _answer(fast: FastPath, served: ServedCall) -> None:
         served.scope.cancel()
     failed = False
     try:
-        with served.scope:
+        with served.scope, serving(call.inbound):
             await fast.answer(call, sink.progress, deliver=deliver, flight=served.flight)
     except Exception:  # the request still gets an answer, as an unexpected error does on the SDK path
         logger.exception("fast-path call %r failed", call.tool)

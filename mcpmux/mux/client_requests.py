@@ -31,17 +31,13 @@ import mcp_types as types
 from mcp.client.session import ClientRequestContext, ElicitationFnT, ListRootsFnT
 from mcp.shared.exceptions import MCPError
 
+from mcpmux.core.inbound import AmbiguousCallerError, ClientRequest, ClientResult
 from mcpmux.core.server_policy import ElicitationSettings, RootEntry
 
 logger = logging.getLogger(__name__)
 
 REASON_META = "io.github.mcpmux/reason"
 """`_meta` key of a declined elicitation result: why mcpmux declined it."""
-
-ClientRequest = types.CreateMessageRequest | types.ElicitRequest | types.ListRootsRequest
-ClientResult = (
-    types.CreateMessageResult | types.CreateMessageResultWithTools | types.ElicitResult | types.ListRootsResult
-)
 
 
 class ClientAsker(Protocol):
@@ -147,6 +143,8 @@ class ClientRequests:
         if self.asker is not None:
             try:
                 answer = await self.asker(upstream, types.ListRootsRequest(), limit)
+            except AmbiguousCallerError as err:  # no client's roots, nor the configured ones as if they were
+                return err.error
             except (MCPError, TimeoutError) as err:  # the configured roots stand in for a client that failed
                 logger.info("roots/list from upstream %r: the client could not answer (%s)", upstream, err)
                 answer = None

@@ -33,8 +33,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from typing import Any
 
+import anyio
 import mcp_types as types
+from anyio.abc import TaskGroup
 from mcp import Client
+from mcp.client.session import ClientRequestContext
 from mcp.shared.exceptions import MCPError
 from mcp_types import methods
 from mcp_types.jsonrpc import CONNECTION_CLOSED
@@ -54,6 +57,7 @@ from mcpmux.batching import (
 )
 from mcpmux.core.call_plan import CallPlan, plan_tool
 from mcpmux.core.config import MuxSettings
+from mcpmux.core.inbound import current_call
 from mcpmux.core.metrics import CallObserver, outcome_of
 from mcpmux.core.output_schema import result_error
 from mcpmux.core.server_policy import BatchForm
@@ -64,6 +68,12 @@ from mcpmux.upstream.tasks import call_as_task
 from mcpmux.wire.json_bytes import dumps, loads
 from mcpmux.wire.plain_result import is_plain
 
+MAX_INPUT_ROUNDS = 10
+"""Input-required rounds one call may take (the SDK's client gives up after as many)."""
+_STATE_ONLY_WAIT = 0.05
+_STATE_ONLY_WAIT_CAP = 0.25
+"""A round with only state is retried after a wait doubling from 50 ms to 250 ms, as the SDK's client does."""
+
 BatchItem = tuple[str, dict[str, Any], Any]  # (key of the other arguments, the other arguments, the varying value)
 RawResult = tuple[Any, str | None]
 """An upstream's raw `tools/call` result and its protocol revision (None: the revision of mcpmux's own models)."""
@@ -71,6 +81,8 @@ CachedResult = tuple[bytes, str | None]
 """A cached `RawResult`, its result as JSON text."""
 FlightKey = tuple[str | None, str, str]
 """(cache scope: the client, or None for all; tool; canonical JSON arguments)."""
+Shared = tuple[Any, str | None, str | None]
+"""A flight's answer: the `RawResult`, and the client it is personal to (None: anyone may share it)."""
 logger = logging.getLogger(__name__)
 
 
@@ -83,7 +95,9 @@ class UpstreamDispatcher:
         cache: ResultCache[CachedResult],
         mux: Callable[[], MuxSettings],
         observe: CallObserver | None = None,
+        gate: AdmissionGate | None = None,
     ) -> None:
+        """`gate`: the server's, when this executes a session of clients' own (`mcpmux.mux.client_sessions`)."""
         self.upstream = upstream
         self.cache = cache
         self.mux = mux
@@ -96,7 +110,7 @@ class UpstreamDispatcher:
         queue = QueuePolicy(
             max_queue=settings.max_queue, on_full=settings.on_full, aging_interval=settings.aging_interval
         )
-        self.gate = AdmissionGate(
+        self.gate = gate or AdmissionGate(
             GatePolicy(
                 max_concurrency=settings.max_concurrency,
                 rate=settings.rate or None,
@@ -105,7 +119,7 @@ class UpstreamDispatcher:
             ),
             name=f"upstream {upstream.name}",
         )
-        self.flights: SingleFlight[FlightKey, RawResult] = SingleFlight(name=f"coalescing for {upstream.name!r}")
+        self.flights: SingleFlight[FlightKey, Shared] = SingleFlight(name=f"coalescing for {upstream.name!r}")
         """Calls in flight that identical calls may join, on either path (a launched one by `flights.lead`)."""
         self.batchers: dict[str, DynamicBatcher[BatchItem, types.CallToolResult]] = {}
         for form in upstream.config.batch:
@@ -212,17 +226,24 @@ class UpstreamDispatcher:
             async with self.slot(priority):
                 return await self.send(plan, arguments, progress, logs=logs, task=task, in_order=in_order)
         key = canonical_json(arguments)
+        scope = self._scope(scope)
         cached = self.cached(plan, key, scope)
         if cached is not None:
             return cached
 
-        async def fetch() -> RawResult:
+        async def fetch() -> Shared:
             async with self.slot(priority):
                 raw, version = await self.send(plan, arguments, progress, logs=logs, in_order=in_order)
-            self.keep(plan, key, scope, raw, version)
-            return raw, version
+            personal = personal_to()
+            if personal is None:
+                self.keep(plan, key, scope, raw, version)
+            return raw, version, personal
 
-        raw, version = await self.flights.call((scope, plan.tool, key), fetch)
+        raw, version, personal = await self.flights.call((scope, plan.tool, key), fetch)
+        if personal is not None and personal != _client():
+            # The upstream asked another client something for that answer: it is that client's own.
+            async with self.slot(priority):
+                return await self.send(plan, arguments, progress, logs=logs, in_order=in_order)
         return copy.deepcopy(raw), version  # each caller's answer is its own to shape
 
     async def send(
@@ -259,12 +280,12 @@ class UpstreamDispatcher:
             lane = upstream.lane
             if lane is None:  # the connection is closing under us
                 raise MCPError(code=CONNECTION_CLOSED, message="Connection closed")
-            raw = await lane.call(client, tool, arguments, progress, logs=logs, task=task)
+            raw = await lane.call(client, tool, arguments, progress, logs=logs, task=task, caller=current_call())
             return raw, client.protocol_version
 
         raw, version = await upstream.request(what, send_raw)
         logger.debug("upstream call answered: %s%s", tool, " (isError)" if _is_error(raw) else "")
-        return await self.checked(plan, arguments, progress, raw, version, task)
+        return await self.checked(plan, arguments, progress, raw, version, task, logs)
 
     async def checked(
         self,
@@ -274,30 +295,79 @@ class UpstreamDispatcher:
         raw: Any,
         version: str | None,
         task: dict[str, Any] | None = None,
+        logs: bool = True,
     ) -> RawResult:
         """A raw result as read off the upstream's wire, made the call's answer: an input-required result
-        has its rounds driven by the SDK's client (sampling under the mux's policy) and the answer checked
-        against the tool's output schema (`UpstreamResultError`). A task the call asked for is its answer."""
+        has its rounds driven on this very call (`_rounds`) and the answer is checked against the tool's
+        output schema (`UpstreamResultError`). A task the call asked for is its answer."""
         if task is not None and created_task(raw):
             return raw, version  # the tool's result comes later, from `tasks/result`
         what = f"tool {plan.tool!r}"
         if methods.is_input_required(raw):
-            # The first leg only asked for input: the SDK's client asks again and drives the rounds.
-            logger.debug("%s on %r asked for input; the SDK's client takes it over", what, self.upstream.name)
-            slow: types.CallToolResult = await self.upstream.request(
-                what, lambda client: client.call_tool(plan.tool, arguments, progress_callback=progress)
+            logger.debug("%s on %r asked for input", what, self.upstream.name)
+            first = raw
+            raw = await self.upstream.request(
+                what, lambda client: self._rounds(client, plan, arguments, progress, first, logs)
             )
-            raw, version = slow.model_dump(by_alias=True, mode="json", exclude_none=True), None
         problem = plan.output.problem(raw) if plan.output is not None else None
         if problem is not None:
             raise result_error(self.upstream.name, what, problem)
         return raw, version
 
+    async def _rounds(
+        self,
+        client: Client,
+        plan: CallPlan,
+        arguments: dict[str, Any],
+        progress: ProgressFn | None,
+        raw: Any,
+        logs: bool,
+    ) -> Any:
+        """A 2026 upstream's input-required rounds (SEP-2322), driven on the call that got them: each
+        round's requests are answered as the upstream's other requests are (the calling client, in
+        the inbound call's context, or the policy's fallback), and the same call is sent again with
+        the answers and the upstream's `requestState`, never a fresh call through another client."""
+        caller = current_call()
+        state_only_wait = _STATE_ONLY_WAIT
+        for _ in range(MAX_INPUT_ROUNDS):
+            if not methods.is_input_required(raw):
+                return raw
+            try:
+                interim = types.InputRequiredResult.model_validate(raw, by_name=False)
+            except ValidationError as err:
+                raise UpstreamError(
+                    f"upstream {self.upstream.name!r} asked for input on tool {plan.tool!r} in a form that is not "
+                    f"an input-required result: {err}",
+                    types.INTERNAL_ERROR,
+                ) from None
+            extra: dict[str, Any] = {}
+            if interim.input_requests:
+                state_only_wait = _STATE_ONLY_WAIT
+                extra["inputResponses"] = await _answer_inputs(client, interim.input_requests)
+            else:
+                await anyio.sleep(state_only_wait)
+                state_only_wait = min(state_only_wait * 2, _STATE_ONLY_WAIT_CAP)
+            if interim.request_state is not None:
+                extra["requestState"] = interim.request_state
+            lane = self.upstream.lane
+            if lane is None:  # the connection is closing under us
+                raise MCPError(code=CONNECTION_CLOSED, message="Connection closed")
+            raw = await lane.call(client, plan.tool, arguments, progress, logs=logs, caller=caller, extra=extra)
+        raise UpstreamError(
+            f"upstream {self.upstream.name!r} kept asking for input on tool {plan.tool!r} for more than "
+            f"{MAX_INPUT_ROUNDS} rounds; mcpmux gave up on the call",
+            types.INTERNAL_ERROR,
+        )
+
+    def _scope(self, scope: str | None) -> str | None:
+        """Whose cache entries and flights a call may share: a session of clients' own keeps its own."""
+        return scope if scope is not None else self.upstream.key
+
     def cached(self, plan: CallPlan, key: str, scope: str | None = None) -> RawResult | None:
         """A fresh cached result of a call whose plan caches (`key`: its canonical JSON arguments), a copy."""
         if plan.cache is None:
             return None
-        cached = self.cache.get((self.upstream.name, plan.tool, key), scope=scope)
+        cached = self.cache.get((self.upstream.name, plan.tool, key), scope=self._scope(scope))
         return None if cached is None else (loads(cached[0]), cached[1])
 
     def keep(self, plan: CallPlan, key: str, scope: str | None, raw: Any, version: str | None) -> None:
@@ -315,7 +385,8 @@ class UpstreamDispatcher:
             except UpstreamError:
                 return  # not kept: each caller's answer says what is wrong with it
         name = self.upstream.name
-        self.cache.put((name, plan.tool, key), (dumps(raw), version), scope=scope, ttl=rule.ttl, tags=(name,))
+        entry = (dumps(raw), version)
+        self.cache.put((name, plan.tool, key), entry, scope=self._scope(scope), ttl=rule.ttl, tags=(name,))
 
     def result_model(self, tool: str, raw: Any, version: str | None) -> types.CallToolResult:
         """A raw result read as the SDK's model, as the SDK's client reads it; an `UpstreamError`
@@ -387,6 +458,46 @@ class UpstreamDispatcher:
             return results
 
         return call_batch
+
+
+async def _answer_inputs(client: Client, requests: types.InputRequests) -> dict[str, Any]:
+    """The answers to one round's input requests, asked concurrently through the session's callbacks
+    (as the SDK's client answers them); a refusal ends the call with the refusal's error."""
+    answers: dict[str, Any] = {}
+    refused: types.ErrorData | None = None
+
+    async def answer(key: str, request: types.InputRequest, tasks: TaskGroup) -> None:
+        nonlocal refused
+        meta = request.params.meta if request.params is not None else None
+        context = ClientRequestContext(session=client.session, request_id=key, meta=meta)
+        outcome = await client.session.dispatch_input_request(context, request)
+        if isinstance(outcome, types.ErrorData):
+            refused = outcome
+            tasks.cancel_scope.cancel()
+        else:
+            answers[key] = outcome.model_dump(by_alias=True, mode="json", exclude_none=True)
+
+    async with anyio.create_task_group() as tasks:
+        for key, request in requests.items():
+            tasks.start_soon(answer, key, request, tasks)
+    if refused is not None:
+        raise MCPError.from_error_data(refused)
+    return answers
+
+
+def personal_to() -> str | None:
+    """The client the answer the running call just got is personal to: its own, if the upstream asked
+    it something for it (an elicitation, its roots); None when anyone may share it."""
+    call = current_call()
+    if call is None or not call.asked:
+        return None
+    return call.caller.client or ""
+
+
+def _client() -> str | None:
+    """The identity of the running call's client ("" for a call of nobody's)."""
+    call = current_call()
+    return (call.caller.client or "") if call is not None else ""
 
 
 def _is_error(raw: Any) -> bool:

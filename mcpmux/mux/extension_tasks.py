@@ -31,8 +31,8 @@ from mcp import Client
 from mcp.shared.exceptions import MCPError
 
 from mcpmux.core.call_plan import CallPlan
+from mcpmux.core.inbound import ClientRequest
 from mcpmux.errors import UpstreamError
-from mcpmux.mux.client_requests import ClientRequest
 from mcpmux.mux.dispatcher import UpstreamDispatcher, created_task
 from mcpmux.mux.followed_task import FollowedTask, related_task
 from mcpmux.upstream import task_extension as wire

@@ -38,7 +38,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import mcp_types as types
@@ -52,6 +52,7 @@ from pydantic_core import from_json
 from mcpmux.batching import AdmissionGate, Held, Lead, RejectedError, canonical_json
 from mcpmux.core.call_plan import CallPlan
 from mcpmux.core.call_tracker import TrackedCall
+from mcpmux.core.inbound import Caller, InboundCall
 from mcpmux.core.metrics import outcome_of
 from mcpmux.errors import (
     MuxError,
@@ -61,7 +62,7 @@ from mcpmux.errors import (
     UpstreamUnavailableError,
     error_result,
 )
-from mcpmux.mux.dispatcher import RawResult, created_task
+from mcpmux.mux.dispatcher import RawResult, Shared, UpstreamDispatcher, created_task
 from mcpmux.mux.multiplexer import Mux
 from mcpmux.upstream.lane import LaneFlight, ProgressFn
 from mcpmux.upstream.supervisor import Upstream, UpstreamState
@@ -84,7 +85,11 @@ class FastCall:
     request_id: types.RequestId
     version: str
     """The protocol revision the client speaks (the response is shaped for it)."""
+    inbound: InboundCall
+    """Who asks (the front fills in how its client is asked and hears logs)."""
     upstream: Upstream
+    """The session the call goes to (the shared one, or its client's own)."""
+    dispatcher: UpstreamDispatcher
     plan: CallPlan
     arguments: dict[str, Any]
     progress_token: types.ProgressToken | None
@@ -133,7 +138,7 @@ class Flight:
     response: dict[str, Any] | None = None
     """The response, once it reached the client the moment the result was read; then `outcome` is its outcome."""
     outcome: str = "ok"
-    lead: Lead[RawResult] | None = None
+    lead: Lead[Shared] | None = None
     arguments_key: str = ""
     """Its arguments as canonical JSON, once it holds a `lead` (the key its answer is shared and cached under)."""
     """Its claim on its plan's in-flight sharing, when it may share its answer (`CallPlan.shares`):
@@ -192,6 +197,7 @@ class FastPath:
     def route(
         self,
         message: Any,
+        caller: Caller,
         legacy_version: str | None,
         declares_sampling: bool = False,
         headers: Mapping[str, str] | None = None,
@@ -199,6 +205,7 @@ class FastPath:
     ) -> FastCall | None:
         """The `FastCall` for a parsed JSON-RPC message, or None when the SDK path must serve it.
 
+        `caller`: who sent it (a 2026 request's capabilities are read off its envelope here).
         `legacy_version` is what a 2025 client negotiated on its session (None if unknown); a 2026
         request names its revision in `_meta`. `declares_sampling`: the 2025 client declared sampling.
         `headers` (lower-case names): an HTTP request's, which a 2026 request's envelope must agree with.
@@ -233,10 +240,21 @@ class FastPath:
         if task is not None and version in MODERN_PROTOCOL_VERSIONS:
             return None  # tasks are 2025-11-25's
         upstream = self._upstream_for(name)
-        if upstream is None or upstream.lane is None or upstream.state != UpstreamState.READY:
+        if upstream is None:
             return None
         plan = self._eligible[name].plan
         assert plan is not None  # an upstream was found for it
+        if isinstance(capabilities, dict) and "extensions" in capabilities:
+            caller = _declaring(caller, capabilities)
+        sessions = self.mux.sessions.get(upstream.name)
+        session = sessions.find(caller) if sessions is not None else None
+        if session is None:
+            return None  # its own session is to be started first: the SDK path does that
+        upstream, dispatcher = session
+        if upstream.lane is None or upstream.state != UpstreamState.READY:
+            return None
+        if sessions is not None and upstream is not sessions.shared[0]:
+            plan = dispatcher.plan(plan.tool)  # as the caller's own session lists the tool
         if plan.slow is not None and task is None:
             return None  # the upstream runs it only as a task: the SDK path creates and awaits one
         if declares_sampling and plan.asks_client:
@@ -246,7 +264,11 @@ class FastPath:
         request_id = message["id"]
         if not isinstance(request_id, str | int) or isinstance(request_id, bool):
             return None
-        return FastCall(request_id, version, upstream, plan, arguments, meta.get("progressToken"), task, owner)
+        inbound = InboundCall(caller, request_id, version)
+        progress_token = meta.get("progressToken")
+        return FastCall(
+            request_id, version, inbound, upstream, dispatcher, plan, arguments, progress_token, task, owner
+        )
 
     def _upstream_for(self, name: str) -> Upstream | None:
         """The upstream of a fast-path tool, decided once per listing of its upstream."""
@@ -296,7 +318,7 @@ class FastPath:
             return None
         if calls.refusal(upstream.name) is not None:
             return None
-        dispatcher = self.mux.dispatchers[upstream.name]
+        dispatcher = call.dispatcher
         lead = None
         if call.plan.shares:
             arguments = canonical_json(call.arguments)
@@ -307,7 +329,8 @@ class FastPath:
             if lead is None:
                 return None  # an identical call is under way: a task waits for its answer
         gate = dispatcher.gate
-        flight = Flight(calls.track(upstream.name), gate, time.perf_counter(), loop.time() + upstream.timeout, escalate)
+        tracked = calls.track(upstream.name, call.inbound, upstream)
+        flight = Flight(tracked, gate, time.perf_counter(), loop.time() + upstream.timeout, escalate)
         flight.lead = lead
         if lead is not None:
             flight.arguments_key = arguments
@@ -364,7 +387,14 @@ class FastPath:
 
         wants_progress = call.progress_token is not None
         flight.sent = lane.launch(
-            client, call.tool, call.arguments, answered, flight.wake, logs=_logs_for(call), progress=wants_progress
+            client,
+            call.tool,
+            call.arguments,
+            answered,
+            flight.wake,
+            logs=_logs_for(call),
+            progress=wants_progress,
+            caller=call.inbound,
         )
         return flight.sent is not None
 
@@ -430,10 +460,10 @@ class FastPath:
         try:
             try:
                 # Shutdown waits for (or cancels) it and a reload that stops its upstream cancels it.
-                with self.mux.track_call(call.upstream.name) if flight is None else flight.tracked:
+                calls = self.mux.calls
+                with calls.track(call.upstream.name, call.inbound, call.upstream) if flight is None else flight.tracked:
                     if flight is None:
-                        dispatcher = self.mux.dispatchers[call.upstream.name]
-                        fetch = dispatcher.run(
+                        fetch = call.dispatcher.run(
                             call.plan,
                             call.arguments,
                             progress,
@@ -484,13 +514,13 @@ class FastPath:
         """A launched call answered from the cache at once: an ended flight; None when there is no
         fresh entry, or the client could not take the answer now (its task serves it)."""
         started = time.perf_counter()
-        cached = self.mux.dispatchers[call.upstream.name].cached(call.plan, arguments)
+        cached = call.dispatcher.cached(call.plan, arguments)
         if cached is None:
             return None
         response, outcome = self._response(call, *cached)
         if not deliver_now(response):
             return None
-        tracked, gate = self.mux.calls.track(call.upstream.name), self.mux.dispatchers[call.upstream.name].gate
+        tracked, gate = self.mux.calls.track(call.upstream.name, call.inbound, call.upstream), call.dispatcher.gate
         flight = Flight(tracked, gate, started, 0.0, _nothing, escalated=True, response=response, outcome=outcome)
         self.mux.metrics.observe_call(call.upstream.name, call.tool, time.perf_counter() - started, outcome)
         return flight
@@ -501,8 +531,11 @@ class FastPath:
         lead = flight.lead
         if lead is None or lead.ended:
             return
-        self.mux.dispatchers[call.upstream.name].keep(call.plan, flight.arguments_key, None, raw, version)
-        lead.finish((copy.deepcopy(raw), version) if lead.waiting else (raw, version))
+        inbound = call.inbound
+        personal = (inbound.caller.client or "") if inbound.asked else None
+        if personal is None:
+            call.dispatcher.keep(call.plan, flight.arguments_key, None, raw, version)
+        lead.finish((copy.deepcopy(raw), version, personal) if lead.waiting else (raw, version, personal))
 
     async def _led(self, call: FastCall, progress: ProgressFn | None, flight: Flight) -> RawResult:
         """`_call`; a launched call that others may share gives them its result, or its error."""
@@ -549,7 +582,7 @@ class FastPath:
     async def _call(self, call: FastCall, progress: ProgressFn | None, flight: Flight) -> RawResult:
         """A launched call's raw result and its protocol revision, as `UpstreamDispatcher.send` gives it
         (the same checks; `UpstreamResultError` for a result that breaks the tool's output schema)."""
-        dispatcher = self.mux.dispatchers[call.upstream.name]
+        dispatcher = call.dispatcher
         logs = _logs_for(call)
         sent = flight.sent
         if sent is None:  # not sent yet: its task sends it
@@ -606,7 +639,7 @@ def _nothing() -> None:
     """What an ended call's escalation does."""
 
 
-def _give_up(lead: Lead[RawResult] | None) -> None:
+def _give_up(lead: Lead[Shared] | None) -> None:
     """A launched call ends without sharing an answer: whoever waits for it calls anew (once ended, nothing)."""
     if lead is not None:
         lead.abandon()
@@ -645,6 +678,16 @@ def sampling_declared(capabilities: object) -> bool:
     if not isinstance(capabilities, dict):
         return True
     return capabilities.get("sampling") is not None or capabilities.get("elicitation") is not None
+
+
+def _declaring(caller: Caller, capabilities: dict[str, Any]) -> Caller:
+    """`caller` with the capabilities a 2026 request declared in its envelope (read only where they name
+    extensions, which pick its session: the rest cannot change how the fast path serves it)."""
+    try:
+        declared = types.ClientCapabilities.model_validate(capabilities)
+    except ValidationError:
+        return caller  # the SDK path words the refusal of a malformed envelope, where it matters
+    return replace(caller, capabilities=declared)
 
 
 def _dump(error: types.ErrorData) -> dict[str, Any]:

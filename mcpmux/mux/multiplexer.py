@@ -10,10 +10,12 @@ simply absent from the catalog (see `status()`) until its supervisor connects it
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from contextlib import AsyncExitStack
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
@@ -26,6 +28,7 @@ from anyio.abc import TaskGroup
 from mcpmux.batching import CachePolicy, ResultCache
 from mcpmux.core.call_tracker import CallCancelledError, CallTracker, TrackedCall
 from mcpmux.core.config import Config, ProfileSettings, ServerConfig, load_config
+from mcpmux.core.inbound import Caller, current_call
 from mcpmux.core.logs import RequestContext, set_upstream
 from mcpmux.core.metrics import MuxMetrics, outcome_of
 from mcpmux.core.server_policy import priority_for
@@ -42,10 +45,11 @@ from mcpmux.errors import (
 from mcpmux.inference.serving.sampling_bridge import SamplingBridge
 from mcpmux.mux.catalog import Catalog, CatalogView, Route
 from mcpmux.mux.client_requests import ClientRequests
+from mcpmux.mux.client_sessions import ServerSessions, Session, reap_forever
 from mcpmux.mux.dispatcher import CachedResult, UpstreamDispatcher
 from mcpmux.mux.reload import ReloadReport, UpstreamLifetime, reload_mux
 from mcpmux.mux.task_relay import TaskRelay
-from mcpmux.tools.base import Caller, LocalTool
+from mcpmux.tools.base import LocalTool
 from mcpmux.upstream.lane import ProgressFn
 from mcpmux.upstream.supervisor import Upstream, UpstreamEvents, UpstreamState, UpstreamStatus
 
@@ -87,11 +91,14 @@ class Mux:
         )
         self.metrics = MuxMetrics(self)  # Prometheus /metrics; its collectors read the parts at scrape time
         self.dispatchers: dict[str, UpstreamDispatcher] = {}
+        self.sessions: dict[str, ServerSessions] = {}
+        """Per server, its shared session and clients' own (`[servers.X] sessions`)."""
+        self._caller_views: dict[tuple[str | None, str], tuple[tuple[object, ...], CatalogView]] = {}
         self.tasks = TaskRelay(self.upstreams)
         """The tasks clients created through mcpmux (2025-11-25), by mcpmux's ids."""
+        self.calls = CallTracker()  # client calls in flight: shutdown drains them, a reload cancels some
         for name, server in config.enabled_servers.items():
             self._add_upstream(name, server)
-        self.calls = CallTracker()  # client calls in flight: shutdown drains them, a reload cancels some
         self._lifetimes: dict[str, UpstreamLifetime] = {}  # each upstream stops alone (reload)
         self._reload_lock = anyio.Lock()
         self._reloading = False  # while set, listing changes wait for the reload's one announcement
@@ -141,6 +148,7 @@ class Mux:
             await self._start_inference()
             if self.tool_search is not None:
                 self.tool_search.start(self._tasks)  # indexes while the upstreams connect
+            self._tasks.start_soon(reap_forever, lambda: list(self.sessions.values()), lambda: self.config.mux)
             with anyio.move_on_after(self.config.mux.startup_timeout):
                 for upstream in self.upstreams.values():
                     await upstream.settled.wait()
@@ -186,13 +194,14 @@ class Mux:
         restart, unchanged ones are left alone with their calls in flight; list_changed is announced once."""
         return await reload_mux(self, config)
 
-    def track_call(self, upstream: str | None = None) -> TrackedCall:
-        """`with mux.track_call(upstream):` around one client call (`upstream` None: a local tool).
+    def track_call(self, upstream: str | None = None, session: Upstream | None = None) -> TrackedCall:
+        """`with mux.track_call(upstream) as tracked:` around one client call (`upstream` None: a local tool),
+        serving the inbound call being served (`current_call`), on `session` (or `tracked.session`, once known).
 
         Shutdown waits for tracked calls and cancels those past its grace; a reload cancels those on the
         upstreams it stops. Enter it before looking the upstream up: it raises `CallCancelledError` (an
         `UpstreamUnavailableError`) when the call is refused or cancelled, with the reason."""
-        return self.calls.track(upstream)
+        return self.calls.track(upstream, current_call(), session)
 
     async def drain(self, grace: float, skip: anyio.Event | None = None) -> int:
         """Refuse new calls, let those in flight finish within `grace` seconds (or until `skip` is set),
@@ -200,8 +209,50 @@ class Mux:
         return await self.calls.drain(grace, skip)
 
     def _add_upstream(self, name: str, server: ServerConfig) -> None:
+        events = self._events_for(name, server)
+        upstream = Upstream(name, server, self.config.mux, events)
+        self.upstreams[name] = upstream
+        dispatcher = UpstreamDispatcher(upstream, self.cache, lambda: self.config.mux, self.metrics.observe_call)
+        self.dispatchers[name] = dispatcher
+        self.sessions[name] = ServerSessions(
+            upstream, dispatcher, functools.partial(self._start_own_session, name), lambda: self.config.mux, self._busy
+        )
+
+    def _busy(self, upstream: Upstream) -> bool:
+        return bool(self.calls.callers(upstream))
+
+    async def _start_own_session(
+        self, name: str, key: str, owner: str | None, extensions: dict[str, dict[str, Any]]
+    ) -> tuple[Upstream, UpstreamDispatcher, UpstreamLifetime]:
+        """Start a session of clients' own with server `name` (`mcpmux.mux.client_sessions`), in the
+        Mux's task group; its first listing is no news to other clients, a later change is."""
+        assert self._tasks is not None, "Mux was not entered"
+        shared = self.dispatchers[name]
+        first = True
+
+        async def listing_changed(server: str) -> None:
+            nonlocal first
+            self._caller_views.clear()
+            self.cache.invalidate_tag(server)
+            if first:  # its clients wait for it before they list: no news to anyone
+                first = False
+                return
+            for listener in list(self._change_listeners):
+                await listener()
+
+        events = replace(self._events_for(name, shared.upstream.config), listing_changed=listing_changed)
+        upstream = Upstream(
+            name, shared.upstream.config, self.config.mux, events, key=key, owner=owner, extensions=extensions
+        )
+        dispatcher = UpstreamDispatcher(
+            upstream, self.cache, lambda: self.config.mux, self.metrics.observe_call, gate=shared.gate
+        )
+        lifetime = await UpstreamLifetime.start(self._tasks, upstream, dispatcher)
+        return upstream, dispatcher, lifetime
+
+    def _events_for(self, name: str, server: ServerConfig) -> UpstreamEvents:
         requests = self.client_requests
-        events = replace(
+        return replace(
             self._events,
             sampling=self.sampling.callback(name, server.sampling),
             sampling_tools=server.sampling.asks_client,
@@ -215,11 +266,6 @@ class Mux:
             resource_updated=self._on_resource_updated,
             task_status=self.tasks.status,
         )
-        upstream = Upstream(name, server, self.config.mux, events)
-        self.upstreams[name] = upstream
-        self.dispatchers[name] = UpstreamDispatcher(
-            upstream, self.cache, lambda: self.config.mux, self.metrics.observe_call
-        )
 
     async def _start_upstream(self, name: str, server: ServerConfig) -> None:
         assert self._tasks is not None, "Mux was not entered"
@@ -227,7 +273,8 @@ class Mux:
         self._lifetimes[name] = await UpstreamLifetime.start(self._tasks, self.upstreams[name], self.dispatchers[name])
 
     def _detach_upstream(self, name: str) -> UpstreamLifetime:
-        """Take an upstream out of the Mux; it runs until the returned lifetime's `stop()`."""
+        """Take an upstream out of the Mux; it runs until the returned lifetime's `stop()` (its clients'
+        own sessions: until `self.sessions[name].stop()`, which the caller awaits, before or after)."""
         del self.upstreams[name], self.dispatchers[name]
         return self._lifetimes.pop(name)
 
@@ -281,9 +328,11 @@ class Mux:
             await upstream.unsubscribe(uri)
 
     async def roots_changed(self) -> None:
-        """A client's roots changed (or a client with roots connected): every upstream is told."""
-        for upstream in list(self.upstreams.values()):
-            await upstream.roots_changed()
+        """A client's roots changed (or a client with roots connected): every upstream session is told
+        (one of another client's own asks its own client again: nothing of this client's reaches it)."""
+        for sessions in list(self.sessions.values()):
+            for upstream, _ in sessions.sessions():
+                await upstream.roots_changed()
 
     async def _on_log(self, upstream: str, params: types.LoggingMessageNotificationParams) -> None:
         logger.info("[%s] %s: %s", upstream, params.level, params.data)
@@ -305,25 +354,59 @@ class Mux:
                 if done is not None:
                     await done.wait()
 
-    def view(self, profile: str | None = None) -> CatalogView:
+    def view(self, profile: str | None = None, caller: Caller | None = None) -> CatalogView:
         """The part of the catalog `[profiles.NAME]` allows (None: all the Mux serves); `ConfigError` if
-        there is no such profile. Over HTTP a client's profile comes from its path or its bearer token."""
-        found = self._views.get(profile)
+        there is no such profile. Over HTTP a client's profile comes from its path or its bearer token.
+        A `caller` with sessions of its own sees what those sessions list (`[servers.X] sessions`)."""
         settings = _profile(self.config, profile)
+        own = self._own_sources(caller)
+        if own is not None:
+            assert caller is not None
+            assert caller.client is not None
+            return self._caller_view(profile, settings, caller.client, own)
+        found = self._views.get(profile)
         if found is None or found.profile is not settings:  # a reload may have changed the profile
             found = CatalogView(self.catalog, self.local_tools, self._own_tools, profile, settings)
             self._views[profile] = found
         return found
 
-    def list_tools(self, profile: str | None = None) -> list[types.Tool]:
-        """Every tool in `profile`'s view: mcpmux's own first, then the upstreams'."""
-        view = self.view(profile)
+    def _own_sources(self, caller: Caller | None) -> list[Upstream] | None:
+        """Each server's session the caller's listing comes from, where any is one of its own (else None)."""
+        if caller is None or not caller.lasting:
+            return None
+        sources: list[Upstream] = []
+        own = False
+        for sessions in self.sessions.values():
+            found = sessions.find(caller)
+            upstream = found[0] if found is not None and found[0].listing.tools else sessions.shared[0]
+            own = own or upstream is not sessions.shared[0]
+            sources.append(upstream)
+        return sources if own else None
+
+    def _caller_view(
+        self, profile: str | None, settings: ProfileSettings | None, client: str, sources: list[Upstream]
+    ) -> CatalogView:
+        """A catalog of the caller's own sessions' listings, kept while those listings are."""
+        listings = tuple(source.listing for source in sources)
+        kept = self._caller_views.get((profile, client))
+        if kept is not None and kept[0] == listings and kept[1].profile is settings:
+            return kept[1]
+        catalog = Catalog(separator=self.config.mux.separator, prefix_single=self.config.mux.prefix_single)
+        catalog.profile = self.catalog.profile
+        catalog.rebuild(sources, self.local_tools)
+        view = CatalogView(catalog, self.local_tools, self._own_tools, profile, settings)
+        self._caller_views[(profile, client)] = (listings, view)
+        return view
+
+    def list_tools(self, profile: str | None = None, caller: Caller | None = None) -> list[types.Tool]:
+        """Every tool in `profile`'s view (as `caller` sees it): mcpmux's own first, then the upstreams'."""
+        view = self.view(profile, caller)
         local = [local.tool for name, local in self.local_tools.items() if view.allows_local(name)]
         return local + view.tools()
 
-    def listed_tools(self, profile: str | None = None) -> list[types.Tool]:
+    def listed_tools(self, profile: str | None = None, caller: Caller | None = None) -> list[types.Tool]:
         """What tools/list shows clients: every tool, or in search mode mcpmux's own and the pinned ones."""
-        tools = self.list_tools(profile)
+        tools = self.list_tools(profile, caller)
         return self.tool_search.listing(tools) if self.tool_search is not None else tools
 
     def input_schema(self, name: str) -> dict[str, Any] | None:
@@ -341,8 +424,14 @@ class Mux:
         return self.view(profile).resource_templates()
 
     def status(self) -> list[UpstreamStatus]:
-        """Each upstream's connection state, protocol version, restarts and last error."""
-        return [upstream.status() for upstream in self.upstreams.values()]
+        """Each upstream's connection state, protocol version, restarts, last error and clients' own sessions."""
+        statuses = []
+        for name, upstream in self.upstreams.items():
+            status = upstream.status()
+            sessions = self.sessions.get(name)
+            status.client_sessions = sessions.own if sessions is not None else 0
+            statuses.append(status)
+        return statuses
 
     # -- routing ---------------------------------------------------------------------------------
 
@@ -352,9 +441,7 @@ class Mux:
         arguments: dict[str, Any] | None = None,
         *,
         progress: ProgressFn | None = None,
-        client: str | None = None,
-        client_name: str | None = None,
-        profile: str | None = None,
+        caller: Caller | None = None,
         hears_logs: bool = False,
     ) -> types.CallToolResult:
         """Call a tool by its public name, through the upstream's queue, cache, coalescing and batching.
@@ -362,11 +449,11 @@ class Mux:
         Upstream `isError` results and JSON-RPC errors (`UpstreamError`) come back unchanged. An
         unavailable or timed-out upstream, or a call refused by a limit, gives an `isError` result whose
         text says what happened, so a model sees it and can carry on; an unknown name raises
-        `UnknownToolError`. `client` identifies the caller for per-client cache scopes; `client_name` (its
-        clientInfo name) adds its `[mux] client_priorities` entry to the call's priority. `profile`: the
-        caller's profile; a name outside it is unknown (`view`). `hears_logs`: the caller relays the
-        upstream's log messages of this call to its client (`on_log`), which must have them before the
-        result.
+        `UnknownToolError`. `caller`: who calls (None: the library); its identity scopes per-client
+        cache entries and picks its upstream session (`[servers.X] sessions`), its clientInfo name adds
+        its `[mux] client_priorities` entry to the call's priority, and its profile is the view the
+        name is looked up in. `hears_logs`: the caller relays the upstream's log messages of this call
+        to its client (`on_log`), which must have them before the result.
 
         Every log line written while the call runs carries its request id (`mcpmux.core.logs`).
         """
@@ -375,7 +462,7 @@ class Mux:
             outcome = "error"
             logger.debug("client call started: %s", name)
             try:
-                result = await self._call_tool(name, arguments, progress, client, client_name, profile, hears_logs)
+                result = await self._call_tool(name, arguments, progress, caller or Caller(), hears_logs)
                 outcome = "isError" if result.is_error else "ok"
                 return result
             except BaseException as err:
@@ -390,33 +477,70 @@ class Mux:
         name: str,
         arguments: dict[str, Any] | None,
         progress: ProgressFn | None,
-        client: str | None,
-        client_name: str | None,
-        profile: str | None,
+        caller: Caller,
         hears_logs: bool = False,
     ) -> types.CallToolResult:
         local = self.local_tools.get(name)
-        if local is not None and self.view(profile).allows_local(name):
+        if local is not None and self.view(caller.profile).allows_local(name):
             try:
                 with self.track_call():
-                    return await local.handler(arguments or {}, progress, Caller(client, client_name, profile))
+                    return await local.handler(arguments or {}, progress, caller)
             except CallCancelledError as err:
                 return error_result(str(err))
-        route = self.resolve_tool(name, profile)
+        await self.prepare(caller)
+        route = self.resolve_tool(name, caller.profile, caller)
         set_upstream(route.upstream)  # for the log lines of this call
         try:
-            with self.track_call(route.upstream):
-                boost = priority_for(self.config.mux.client_priorities, client_name) if client_name else 0
-                dispatcher = self.dispatchers[route.upstream]
-                return await dispatcher.call_tool(route.name, arguments or {}, progress, client, boost, hears_logs)
+            with self.track_call(route.upstream) as tracked:
+                upstream, dispatcher = await self.session(route.upstream, caller)
+                async with self._turn(route.upstream, upstream, caller):
+                    tracked.session = upstream
+                    return await dispatcher.call_tool(
+                        route.name, arguments or {}, progress, caller.client, self._boost(caller), hears_logs
+                    )
         except (UpstreamUnavailableError, UpstreamTimeoutError, UpstreamResultError) as err:
             return error_result(str(err))
 
-    def resolve_tool(self, name: str, profile: str | None = None) -> Route:
-        """Where the upstream tool `name` goes (in `profile`'s view). Raises `UnknownToolError`, or
-        `UnlistedToolError` when the name's prefix is an upstream that is not connected (its tools are
-        listed once it is)."""
-        view = self.view(profile)
+    def _boost(self, caller: Caller) -> int:
+        """The caller's `[mux] client_priorities` entry, added to its calls' priority."""
+        return priority_for(self.config.mux.client_priorities, caller.name) if caller.name else 0
+
+    def _turn(self, server: str, upstream: Upstream, caller: Caller) -> AbstractAsyncContextManager[None]:
+        sessions = self.sessions.get(server)
+        return sessions.turn(upstream, caller) if sessions is not None else contextlib.nullcontext()
+
+    async def session(self, server: str, caller: Caller | None) -> Session:
+        """The session `caller`'s requests to `server` go to, started and waited for if it is a new one of
+        its own (`[servers.X] sessions`), and its executor."""
+        sessions = self.sessions.get(server)
+        if sessions is None:  # being replaced by a reload: its calls are refused as they are tracked
+            return self.upstreams[server], self.dispatchers[server]
+        return await sessions.session(caller)
+
+    async def prepare(self, caller: Caller | None) -> None:
+        """Start, and wait for, the sessions of its own the caller should have with any server, so that
+        what it lists and calls is what those servers show it (`[servers.X] sessions`)."""
+        if caller is None or not caller.lasting:
+            return
+        pending = [sessions for sessions in list(self.sessions.values()) if sessions.find(caller) is None]
+        if not pending:
+            return
+
+        async def start(sessions: ServerSessions) -> None:
+            try:
+                await sessions.session(caller)
+            except UpstreamUnavailableError as err:  # its calls say so; the listing shows the shared session's
+                logger.warning("%s", err)
+
+        async with anyio.create_task_group() as tasks:
+            for sessions in pending:
+                tasks.start_soon(start, sessions)
+
+    def resolve_tool(self, name: str, profile: str | None = None, caller: Caller | None = None) -> Route:
+        """Where the upstream tool `name` goes (in `profile`'s view, as `caller` sees it). Raises
+        `UnknownToolError`, or `UnlistedToolError` when the name's prefix is an upstream that is not
+        connected (its tools are listed once it is)."""
+        view = self.view(profile, caller)
         try:
             return view.resolve_tool(name)
         except UnknownToolError:
@@ -442,29 +566,34 @@ class Mux:
         """Read a resource from the upstream that lists it (in `profile`'s view); a 2026 `ttlMs` lets
         mcpmux serve it from cache. `cacheScope: private` entries are kept per `client`, `public` ones shared.
         """
-        owner = self.view(profile).resolve_resource(uri)
+        caller = _caller()
+        owner = self.view(profile, caller).resolve_resource(uri)
+        upstream, _ = await self.session(owner, caller)
         key = (owner, "resources/read", uri)
-        for scope in (None,) if client is None else (None, client):
+        shared = upstream.key  # a session of clients' own shares its public entries with nobody else
+        for scope in (shared,) if client is None else (shared, client):
             cached = self.resource_cache.get(key, scope=scope)
             if cached is not None:
                 return cached
-        with self.track_call(owner):
-            result: types.ReadResourceResult = await self.upstreams[owner].request(
+        with self.track_call(owner, upstream):
+            result: types.ReadResourceResult = await upstream.request(
                 f"resource {uri!r}", lambda session: session.read_resource(uri, cache_mode="bypass")
             )
         public = result.cache_scope == "public"
         if result.ttl_ms > 0 and (public or client is not None):
             self.resource_cache.put(
-                key, result, scope=None if public else client, ttl=result.ttl_ms / 1000, tags=(owner,)
+                key, result, scope=shared if public else client, ttl=result.ttl_ms / 1000, tags=(owner,)
             )
         return result
 
     async def get_prompt(
         self, name: str, arguments: dict[str, str] | None = None, profile: str | None = None
     ) -> types.GetPromptResult:
-        route = self.view(profile).resolve_prompt(name)
-        with self.track_call(route.upstream):
-            result: types.GetPromptResult = await self.upstreams[route.upstream].request(
+        caller = _caller()
+        route = self.view(profile, caller).resolve_prompt(name)
+        upstream, _ = await self.session(route.upstream, caller)
+        with self.track_call(route.upstream, upstream):
+            result: types.GetPromptResult = await upstream.request(
                 f"prompt {route.name!r}", lambda client: client.get_prompt(route.name, arguments)
             )
         return result
@@ -478,14 +607,16 @@ class Mux:
     ) -> types.CompleteResult:
         """Argument completion, routed by the prompt's public name or the template's owner (in `profile`'s view)."""
         upstream_ref: types.PromptReference | types.ResourceTemplateReference = ref
-        view = self.view(profile)
+        caller = _caller()
+        view = self.view(profile, caller)
         if isinstance(ref, types.PromptReference):
             route = view.resolve_prompt(ref.name)
             owner, upstream_ref = route.upstream, ref.model_copy(update={"name": route.name})
         else:
             owner = self._template_owner(ref.uri, view)
-        with self.track_call(owner):
-            result: types.CompleteResult = await self.upstreams[owner].request(
+        upstream, _ = await self.session(owner, caller)
+        with self.track_call(owner, upstream):
+            result: types.CompleteResult = await upstream.request(
                 "completion", lambda client: client.complete(upstream_ref, argument, context_arguments)
             )
         return result
@@ -497,6 +628,12 @@ class Mux:
             ):
                 return name
         raise MuxError(f"no upstream offers the resource template {uri_template!r}")
+
+
+def _caller() -> Caller | None:
+    """Who the request being served is for (set by the front that received it)."""
+    call = current_call()
+    return call.caller if call is not None else None
 
 
 def _profile(config: Config, name: str | None) -> ProfileSettings | None:

@@ -169,6 +169,8 @@ async def _restart_servers(mux: Mux, new: Config, diff: ServerDiff) -> None:
     mux._reloading = True
     try:
         stopping: list[UpstreamLifetime] = []
+        # Clients' own sessions stop with their server; a changed server's are replaced with it.
+        own = [mux.sessions.pop(name) for name in diff.removed] + [mux.sessions[name] for name in diff.changed]
         for name in diff.removed:
             mux.calls.refuse(name, f"upstream {name!r} was removed by a config reload; the call was cancelled")
             stopping.append(mux._detach_upstream(name))
@@ -183,6 +185,8 @@ async def _restart_servers(mux: Mux, new: Config, diff: ServerDiff) -> None:
         async with anyio.create_task_group() as tasks:
             for lifetime in stopping:
                 tasks.start_soon(lifetime.stop)
+            for sessions in own:
+                tasks.start_soon(sessions.stop)
         for name in (*diff.changed, *diff.added):
             await mux._start_upstream(name, new.servers[name])
             mux.calls.admit(name)  # calls wait for the new connection, up to the upstream's timeout

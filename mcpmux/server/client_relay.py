@@ -1,29 +1,22 @@
-"""The server->client request relay: an upstream's sampling, elicitation or roots request to one client.
+"""The server→client relay: an upstream's sampling, elicitation or roots request, its log messages and
+notes for the model, each to the one client whose call caused it.
 
-Upstream sessions are shared by every client, and nothing in the protocol says which client call
-caused a request, so the `Frontend` records the calls in flight on each upstream (`callers`), and
-the relay takes the request for one of the calls of the client whose call is the most recent; it
-asks that client if it declared what the request needs (else the policy's fallback applies: another
-client is never asked, so no client sees a question that may be about another's call; and nobody
-is asked while a call the relay cannot see is in flight on that upstream, such as an HTTP fast-path
-call of a client that declared neither sampling nor elicitation):
+Which call, exactly, where the wire says so (`mcpmux.core.inbound`):
 
-- `sampling/createMessage`: `sampling` (and `sampling.tools` when the request carries tools);
-- `elicitation/create`: `elicitation`, with `url` for a url-mode request (an empty `elicitation`
-  object means form mode only, as the spec says);
-- `roots/list`: `roots`; outside any call, the one connected 2025 client that declared roots, if
-  there is exactly one.
+- an HTTP upstream's request or log on a call's own response stream, and a 2026 upstream's
+  input-required rounds, are handled in that call's context: `current_call()` is the call;
+- elsewhere (a 2025 stdio upstream; a 2025 HTTP upstream's standalone stream) the wire carries no
+  link, and the request is attributed by the upstream session it came on (`asked_on()`): a session
+  of one client's own (`[servers.X] sessions`) is that client's; on a shared session, the calls in
+  flight there decide: all of one client's, that client; none, nobody (roots: the one client
+  connected, if there is exactly one); several clients', nobody — the request is refused to the
+  upstream with an error that says why, and logged. Either way the server's sessions are told
+  (`unlinked`): under `sessions = "auto"` its clients get sessions of their own
+  (`mcpmux.mux.client_sessions`). It is never sent to another client.
 
-A 2026-07-28 client is asked in its parked call's next input-required round
-(`mcpmux.server.input_rounds`); a 2025 session by a pushed request, which rides the caller's own
-request (`related_request_id`: its POST's SSE stream on HTTP). Either waits at most `limit`
-seconds (sampling rounds: the rounds' own idle timeout); on timeout, or when the upstream withdraws
-its request, a pushed request is cancelled (`notifications/cancelled`). A client without a back
-channel and no parked call is passed over. A fast-path call's client is among the callers as its
-`ClientStandIn` (`mcpmux.server.client_stand_in`): it is asked on its 2025 session (stdio's one
-session, an HTTP session's standalone stream), and notes for the model reach the fast-path result.
-The answer, the client's error (raised as `MCPError`) or None (nobody could be asked) goes back to the policy in
-`mcpmux.mux.client_requests` or the sampling bridge.
+The client is asked if it declared what the request needs (`can_answer`), through its call's `ask`
+(a pushed request on the call's own stream in 2025, its parked call's next input-required round in
+2026-07-28); else the policy's fallback applies (`mcpmux.mux.client_requests`, the sampling bridge).
 """
 
 from __future__ import annotations
@@ -31,157 +24,156 @@ from __future__ import annotations
 import logging
 import weakref
 from collections.abc import Callable
-from typing import Any
 
-import anyio
 import mcp_types as types
 from mcp.server.connection import Connection
-from mcp.server.session import ServerSession
-from mcp.shared.message import ServerMessageMetadata
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from mcpmux.mux.client_requests import ClientRequest
-from mcpmux.server.client_stand_in import ClientStandIn
-from mcpmux.server.input_rounds import InputRounds
+from mcpmux.core.call_tracker import CallTracker
+from mcpmux.core.inbound import (
+    AmbiguousCallerError,
+    Caller,
+    ClientRequest,
+    ClientResult,
+    InboundCall,
+    can_answer,
+    current_call,
+)
+from mcpmux.server.client_channels import ask_on
+from mcpmux.upstream.supervisor import Upstream, asked_on
 
 logger = logging.getLogger(__name__)
 
-Callers = dict[str, weakref.WeakKeyDictionary[Any, types.RequestId]]
 MAX_OPEN_ELICITATIONS = 1024
 """Url elicitations remembered for their `notifications/elicitation/complete` (oldest forgotten first)."""
 
+Reach = Callable[[str], InboundCall | None]
+"""How a client is asked outside any call of its own (its 2025 session's standalone channel), by its identity."""
 
-def can_answer(capabilities: types.ClientCapabilities | None, request: ClientRequest) -> bool:
-    """Whether a client that declared `capabilities` can answer `request`."""
-    if capabilities is None:
-        return False
+
+def _kind(request: ClientRequest) -> str:
     if isinstance(request, types.CreateMessageRequest):
-        sampling = capabilities.sampling
-        return sampling is not None and (not request.params.tools or sampling.tools is not None)
-    if isinstance(request, types.ElicitRequest):
-        elicitation = capabilities.elicitation
-        if elicitation is None:
-            return False
-        if isinstance(request.params, types.ElicitRequestURLParams):
-            return elicitation.url is not None
-        return elicitation.form is not None or elicitation.url is None
-    return capabilities.roots is not None
-
-
-def _result_type(request: ClientRequest) -> type[Any]:
-    if isinstance(request, types.CreateMessageRequest):
-        return types.CreateMessageResultWithTools if request.params.tools else types.CreateMessageResult
-    if isinstance(request, types.ElicitRequest):
-        return types.ElicitResult
-    return types.ListRootsResult
-
-
-def _askable(caller: Any) -> bool:
-    """Whether a caller registered in `callers` can be asked: it is, or holds, a client's session."""
-    return getattr(caller, "_connection", None) is not None
+        return "sampling request"
+    return "elicitation" if isinstance(request, types.ElicitRequest) else "roots/list request"
 
 
 class ClientRelay:
-    """Finds the client an upstream's request belongs to and asks it (see the module's docstring)."""
+    """Finds the call an upstream's request belongs to and asks its client (see the module's docstring)."""
 
     def __init__(
         self,
-        callers: Callers,
-        rounds: InputRounds,
+        tracker: CallTracker,
         connections: weakref.WeakSet[Connection],
-        in_flight: Callable[[str], int] | None = None,
+        reach: Reach,
+        unlinked: Callable[[Upstream, bool], None],
     ) -> None:
-        self._callers = callers
-        self._in_flight = in_flight
-        """Every call in flight on an upstream, seen or not by the relay (`CallTracker.in_flight`)."""
-        self._rounds = rounds
+        """`reach`: a client asked outside any call of its own; `unlinked`: told of each request that came
+        on a shared session with no link to its call (and whether it was ambiguous)."""
+        self._tracker = tracker
         self._connections = connections
-        # Per client session, per call in flight (request id): notes for the model, added to its result.
-        self._notes: weakref.WeakKeyDictionary[ServerSession, dict[types.RequestId, list[str]]] = (
-            weakref.WeakKeyDictionary()
+        self._reach = reach
+        self._unlinked = unlinked
+        # Url elicitations forwarded, by (upstream, elicitationId): the call whose client was asked.
+        self._open_urls: dict[tuple[str, str], InboundCall] = {}
+
+    def call_of(self, upstream: str, what: str, asks: bool = True) -> InboundCall | None:
+        """The inbound call an upstream's message being handled belongs to; None when it belongs to no call.
+
+        Raises `AmbiguousCallerError` where the calls in flight on the shared session it came on are
+        several clients' (see the module's docstring). `asks`: the message asks something of the
+        client (a log message does not: it never makes `"auto"` give clients sessions of their own).
+        """
+        linked = current_call()
+        if linked is not None:
+            return linked
+        session = asked_on()
+        if session is None:
+            return None
+        calls = self._tracker.callers(session)
+        if session.owner is not None:
+            own = [call for call in calls if call is not None and call.caller.client == session.owner]
+            return own[-1] if own else self._reach(session.owner)
+        clients = {call.caller.client if call is not None else None for call in calls}
+        one = len(clients) == 1 and None not in clients
+        if asks:
+            self._unlinked(session, not one and bool(clients))
+        if not clients:
+            return None
+        if one:
+            return calls[-1]
+        message = (
+            f"mcpmux cannot tell which of its clients upstream {upstream!r}'s {what} is for: it came with no "
+            f"link to one call while calls of {len(clients)} clients were in flight on the connection they share, "
+            f'so nobody was asked; set [servers.{upstream}] sessions = "per-client" (or "auto") to give each '
+            "client a connection of its own"
         )
-        # Url elicitations forwarded, by (upstream, elicitationId): the connection that was asked.
-        self._open_urls: dict[tuple[str, str], weakref.ref[Connection]] = {}
+        logger.log(logging.WARNING if asks else logging.DEBUG, "%s", message)
+        raise AmbiguousCallerError(types.INVALID_REQUEST, message)
 
-    async def ask(self, upstream: str, request: ClientRequest, limit: float | None) -> Any:
-        """The answer of the client `request` belongs to; None when no client can be asked."""
-        in_flight = list(self._callers.get(upstream, {}).items())
-        # A client's SDK session, or a fast-path stand-in holding the client's session (`stdio_fast`).
-        calls = [(session, request_id) for session, request_id in in_flight if _askable(session)]
-        seen = sum(getattr(session, "calls", 1) for session, _ in in_flight)  # a stand-in counts its calls
-        if calls and self._in_flight is not None and self._in_flight(upstream) > seen:
-            # Also in flight: a call the relay does not see (an HTTP fast-path call, whose client can answer
-            # nothing; a resource read): the request may be that one's, so no client is asked.
+    async def ask(self, upstream: str, request: ClientRequest, limit: float | None) -> ClientResult | None:
+        """The answer of the client `request` belongs to; None when no client can be asked.
+
+        Raises `AmbiguousCallerError` (see `call_of`), the client's `MCPError` and `TimeoutError`.
+        """
+        call = self.call_of(upstream, _kind(request))
+        if call is None and isinstance(request, types.ListRootsRequest):
+            call = self._only_client()
+        if call is None or not call.can_answer(request):
             return None
-        # The request belongs to the client of the most recent call: never ask another client about it.
-        client = calls[-1][0]._connection if calls else None
-        for session, request_id in reversed(calls):
-            if session._connection is not client or not can_answer(session.client_capabilities, request):
-                continue
-            parked = self._rounds.call_of(session)
-            if parked is not None:  # a 2026-07-28 client: in its parked call's next input-required round
-                if isinstance(request, types.CreateMessageRequest):
-                    return await parked.ask(request)  # the round's own idle timeout applies
-                with anyio.fail_after(limit if limit is not None else float("inf")):
-                    return await parked.ask(request)
-            if not session.can_send_request:
-                continue
-            metadata = ServerMessageMetadata(related_request_id=request_id)
-            with anyio.fail_after(limit if limit is not None else float("inf")):
-                answer = await session.send_request(request, _result_type(request), metadata=metadata)
-            self._remember_url(upstream, request, session)
-            return answer
-        if isinstance(request, types.ListRootsRequest) and not calls:
-            return await self._ask_only_rooted_client(limit)
-        return None
+        assert call.ask is not None  # `can_answer` says so
+        call.asked = True
+        answer: ClientResult = await call.ask(request, limit)
+        self._remember_url(upstream, request, call)
+        return answer
 
-    async def _ask_only_rooted_client(self, limit: float | None) -> types.ListRootsResult | None:
-        """Outside any call: the roots of the one connected 2025 client that declared roots, if exactly one."""
-        rooted = [
-            connection
-            for connection in list(self._connections)
-            if connection.protocol_version not in MODERN_PROTOCOL_VERSIONS
-            and connection.has_standalone_channel
-            and can_answer(connection.client_capabilities, types.ListRootsRequest())
-        ]
-        if len(rooted) != 1:
+    def _only_client(self) -> InboundCall | None:
+        """Outside any call: the one connected client (2025, with a back channel), if it is the only one."""
+        connections = [connection for connection in list(self._connections) if connection.has_standalone_channel]
+        if len(connections) != 1 or connections[0].protocol_version in MODERN_PROTOCOL_VERSIONS:
             return None
-        with anyio.fail_after(limit if limit is not None else float("inf")):
-            return await rooted[0].send_request(types.ListRootsRequest())
+        connection = connections[0]
+        capabilities = connection.client_capabilities
+        if not can_answer(capabilities, types.ListRootsRequest()):
+            return None
+        return InboundCall(Caller(capabilities=capabilities), ask=ask_on(connection), notify=connection.notify)
 
-    def _remember_url(self, upstream: str, request: ClientRequest, session: Any) -> None:
+    def _remember_url(self, upstream: str, request: ClientRequest, call: InboundCall) -> None:
         if not isinstance(request, types.ElicitRequest) or not isinstance(request.params, types.ElicitRequestURLParams):
             return
-        connection = getattr(session, "_connection", None)
-        if connection is None or request.params.elicitation_id is None:
+        if call.notify is None or request.params.elicitation_id is None:
             return
         if len(self._open_urls) >= MAX_OPEN_ELICITATIONS:
             self._open_urls.pop(next(iter(self._open_urls)))
-        self._open_urls[(upstream, request.params.elicitation_id)] = weakref.ref(connection)
+        self._open_urls[(upstream, request.params.elicitation_id)] = call
 
     async def elicitation_complete(self, upstream: str, params: types.ElicitCompleteNotificationParams) -> None:
         """Pass `notifications/elicitation/complete` on to the client that was asked that elicitation."""
-        held = self._open_urls.pop((upstream, params.elicitation_id), None)
-        connection = held() if held is not None else None
-        if connection is None:
+        call = self._open_urls.pop((upstream, params.elicitation_id), None)
+        if call is None or call.notify is None:
             logger.debug("upstream %r completed elicitation %r, which no client was asked", upstream, params)
             return
         notification = types.ElicitCompleteNotification(params=params)
         data = notification.model_dump(by_alias=True, mode="json", exclude_none=True)
-        await connection.notify(data["method"], data.get("params"))
+        await call.notify(data["method"], data.get("params"))
 
     def note(self, upstream: str, text: str) -> None:
-        """Add `text` to the result of the most recent call in flight on `upstream` (if any): an SDK-path
-        call's, or a fast-path call's through its client's stand-in."""
-        for session, request_id in reversed(list(self._callers.get(upstream, {}).items())):
-            if isinstance(session, ServerSession):
-                self._notes.setdefault(session, {}).setdefault(request_id, []).append(text)
-                return
-            if isinstance(session, ClientStandIn):
-                session.note(request_id, text)
-                return
+        """Add `text` to the result of the call the message being handled belongs to (if any)."""
+        try:
+            call = self.call_of(upstream, "request", asks=False)
+        except AmbiguousCallerError:
+            return  # the refusal went to the upstream; no client's result gets the note
+        if call is not None:
+            call.notes.append(text)
 
-    def take_notes(self, session: ServerSession, request_id: types.RequestId) -> list[str]:
-        """The notes for one call, forgotten as they are taken."""
-        calls = self._notes.get(session)
-        return calls.pop(request_id, []) if calls is not None else []
+    async def log(self, upstream: str, params: types.LoggingMessageNotificationParams) -> bool:
+        """Deliver an upstream's log message to the client of the call it belongs to; False when it
+        belongs to no call (the caller decides who hears a log about the upstream itself)."""
+        try:
+            call = self.call_of(upstream, "log message", asks=False)
+        except AmbiguousCallerError:
+            return True  # several clients' calls: it is nobody's to hear (mcpmux's own log has it)
+        if call is None:
+            return False
+        if call.log is not None:
+            await call.log(params)
+        return True

@@ -17,8 +17,8 @@ import mcp_types as types
 from mcp.server.connection import Connection
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
+from mcpmux.core.inbound import Caller
 from mcpmux.mux.multiplexer import Mux
-from mcpmux.tools.base import Caller
 
 logger = logging.getLogger(__name__)
 
@@ -46,11 +46,12 @@ class FoundTools:
         except Exception as err:  # a client that went away: nothing to tell
             logger.debug("could not tell a client its listing grew: %s", err)
 
-    def listing(self, connection: Connection, profile: str | None) -> list[types.Tool]:
-        """What tools/list shows this session: the listing of its profile, then the tools it found."""
-        listed = self.mux.listed_tools(profile)
+    def listing(self, connection: Connection, caller: Caller) -> list[types.Tool]:
+        """What tools/list shows this session: the listing of its profile (as it sees it), then the tools it found."""
+        listed = self.mux.listed_tools(caller.profile, caller)
         found = self._found.get(connection)
         if not found:
             return listed
         shown = {tool.name for tool in listed}
-        return listed + [tool for tool in self.mux.list_tools(profile) if tool.name in found and tool.name not in shown]
+        everything = self.mux.list_tools(caller.profile, caller)
+        return listed + [tool for tool in everything if tool.name in found and tool.name not in shown]

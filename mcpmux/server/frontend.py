@@ -43,10 +43,12 @@ from starlette.types import ASGIApp
 
 from mcpmux import __version__
 from mcpmux.core.config import Config
+from mcpmux.core.inbound import ANONYMOUS, Caller, InboundCall, serving
 from mcpmux.core.metrics import metrics_route
 from mcpmux.errors import MuxError, UnknownToolError, UpstreamError
 from mcpmux.mux.fast_path import FastPath
 from mcpmux.mux.multiplexer import Mux
+from mcpmux.server.client_channels import ask_on, by_rounds, on_session
 from mcpmux.server.client_relay import ClientRelay
 from mcpmux.server.edge_policy import EdgePolicy
 from mcpmux.server.found_tools import FoundTools
@@ -60,6 +62,7 @@ from mcpmux.server.standalone_stream import StandaloneStreamWatch
 from mcpmux.server.stdio_batch import StdioBatchEdge, claimed_stdio
 from mcpmux.server.stdio_fast import TASK_OWNER_STDIO, StdioFastFront
 from mcpmux.server.task_front import TaskFront
+from mcpmux.upstream.supervisor import Upstream
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -153,8 +156,6 @@ class Frontend:
         """`serve_stdio`'s fast path, told the client's session once it is initialized."""
         self._token_key = secrets.token_bytes(32)
         """Keys the hash that names an HTTP client by its bearer token (the token itself is never kept)."""
-        # Per upstream, the requests in flight on it (and their ids): where that upstream's logs belong.
-        self._callers: dict[str, weakref.WeakKeyDictionary[ServerSession, types.RequestId]] = {}
         # 2026-07-28 callers' upstream calls parked while the client answers sampling (input-required rounds).
         self.rounds = InputRounds(idle_timeout=mux.config.mux.sampling_round_timeout)
         # Tasks of both eras: `tasks/*`, and tools/call answered with a task for 2026 clients that ask.
@@ -180,7 +181,7 @@ class Frontend:
         mux.on_log(self._relay_log)
         mux.sampling.client_sampler = self._sample_via_client
         # Upstream sampling, elicitation and roots requests go to the client whose call caused them.
-        self.relay = ClientRelay(self._callers, self.rounds, self._connections, mux.calls.in_flight)
+        self.relay = ClientRelay(mux.calls, self._connections, self._reach, self._unlinked)
         requests = mux.client_requests
         requests.asker, requests.noter = self.task_front.asker(self.relay.ask), self.relay.note
         requests.complete_listener = self.relay.elicitation_complete
@@ -222,27 +223,100 @@ class Frontend:
         """A 2025 HTTP session's connection while its standalone stream is open (requests can reach it)."""
         return self._sessions.get(session_id) if session_id in self._streams_open else None
 
+    def _hearing(self, connection: Connection | None) -> Callable[[types.LoggingLevel], bool]:
+        """At which levels a client (by its 2025 connection) hears logs: what it set with `logging/setLevel`."""
+        return functools.partial(self._hears, connection)
+
+    def _connection_caller(self, connection: Connection, client: str, profile: str | None) -> Caller:
+        params = connection.client_params
+        name = params.client_info.name if params is not None else None
+        return Caller(client, name, profile, connection.client_capabilities)
+
+    def _stdio_caller(self, connection: Connection | None) -> Caller:
+        """The one stdio client, as a fast-path call's caller (its session's capabilities, once initialized)."""
+        client = self._stdio_client
+        if connection is None:
+            return Caller(client)
+        return self._connection_caller(connection, client or "", None)
+
+    def _scope_caller(self, scope: Any) -> Caller:
+        """Who sent an HTTP request, as the SDK path's `_client_id` names it (`_identity`)."""
+        profile = scope.get(PROFILE_SCOPE)
+        headers = dict(scope["headers"])
+        token = headers.get(b"authorization")
+        session_id = headers.get(b"mcp-session-id")
+        connection = self._sessions.get(session_id.decode("latin-1")) if session_id is not None else None
+        client = self._identity(connection, token, session_id is None, stdio=False)
+        if connection is None:
+            return Caller(client, profile=profile)
+        return self._connection_caller(connection, client, profile)
+
     def _fast_path(self) -> FastPath:
         """A fast path for this front's mux; 2026 results get this front's `serverInfo` stamp."""
         return FastPath(self.mux, self.server.server_info_stamp)
 
     def _client_id(self, ctx: Any) -> str:
-        """Which client sent a request: the scope of its private cache entries (`scope = "client"`).
-
-        A 2025 client is its session. A 2026-07-28 request has none (the SDK gives each its own
-        connection): on stdio the process serves one client; over HTTP the bearer token the edge
-        accepted names the client (by a keyed hash); an anonymous HTTP request is a client of its
-        own, so nothing cached for it is served to another request.
-        """
+        """Which client sent a request (`Caller.client`): the scope of its private cache entries and the
+        key of its upstream sessions of its own (`_identity`)."""
         session: ServerSession = ctx.session
-        if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
-            request = ctx.request
-            if request is None and self._stdio_client is not None:
-                return self._stdio_client
-            token = request.headers.get("authorization") if request is not None else None
-            if token:
-                return "token:" + hmac.new(self._token_key, token.encode(), hashlib.sha256).hexdigest()
-        return self._client_ids.setdefault(session._connection, uuid.uuid4().hex)
+        request = ctx.request
+        token = request.headers.get("authorization") if request is not None else None
+        modern = ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
+        return self._identity(session._connection, token.encode() if token else None, modern, request is None)
+
+    def _identity(self, connection: Connection | None, token: bytes | None, modern: bool, stdio: bool) -> str:
+        """A client's identity. On stdio the process serves one client. Over HTTP the bearer token the
+        edge accepted names the client (by a keyed hash: the token itself is never kept), whatever its
+        era and however many sessions it opens; without one, a 2025 client is its session, and a 2026
+        request a client of its own, with no identity that lasts (`ANONYMOUS`): nothing cached for it is
+        served to another request."""
+        if stdio and self._stdio_client is not None:
+            return self._stdio_client
+        if token:
+            identity = "token:" + hmac.new(self._token_key, token, hashlib.sha256).hexdigest()
+        elif modern or connection is None:
+            return f"{ANONYMOUS}{uuid.uuid4().hex}"
+        else:
+            identity = uuid.uuid4().hex
+        if modern or connection is None:
+            return identity
+        return self._client_ids.setdefault(connection, identity)  # a 2025 session: found again by its id
+
+    def _caller(self, ctx: Any) -> Caller:
+        """Who sent a request: its identity, clientInfo name, profile and declared capabilities."""
+        session: ServerSession = ctx.session
+        return Caller(self._client_id(ctx), _client_name(session), _profile_of(ctx), session.client_capabilities)
+
+    def _inbound(self, ctx: Any, hears_logs: bool) -> InboundCall:
+        """The request as an inbound call: a 2025 session is asked, and hears the upstream's logs, on the
+        request's own stream; a 2026 request only hears logs it asked for (`hears_logs`), and is asked
+        only in input-required rounds (`_call_tool`)."""
+        session: ServerSession = ctx.session
+        call = InboundCall(self._caller(ctx), ctx.request_id, ctx.protocol_version)
+        connection = session._connection
+        ask, log = on_session(session, ctx.request_id, lambda level: self._hears(connection, level))
+        if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+            call.ask, call.notify = ask, connection.notify
+        if hears_logs:
+            call.log = log
+        return call
+
+    def _reach(self, client: str) -> InboundCall | None:
+        """A 2025 client asked outside any call of its own (its standalone channel), by its identity."""
+        if client == self._stdio_client and self._stdio_front is not None:
+            connection = self._stdio_front.connection
+        else:
+            connection = next((conn for conn, known in list(self._client_ids.items()) if known == client), None)
+        if connection is None or not connection.has_standalone_channel:
+            return None
+        caller = Caller(client, capabilities=connection.client_capabilities)
+        return InboundCall(caller, ask=ask_on(connection), notify=connection.notify)
+
+    def _unlinked(self, upstream: Upstream, ambiguous: bool) -> None:
+        """An upstream asked something with no link to its call: `sessions = "auto"` may isolate its clients."""
+        sessions = self.mux.sessions.get(upstream.name)
+        if sessions is not None:
+            sessions.asked(ambiguous)
 
     async def _list_page(
         self, ctx: Any, params: types.PaginatedRequestParams | None, items: Callable[[], list[T]]
@@ -253,7 +327,9 @@ class Frontend:
         return _page(items(), params.cursor if params is not None else None, self.page_size)
 
     async def _list_tools(self, ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
-        listing = functools.partial(self.found_tools.listing, ctx.session._connection, _profile_of(ctx))
+        caller = self._caller(ctx)
+        await self.mux.prepare(caller)  # what the servers show this client, on its own sessions
+        listing = functools.partial(self.found_tools.listing, ctx.session._connection, caller)
         tools, next_cursor = await self._list_page(ctx, params, listing)
         return types.ListToolsResult(tools=tools, next_cursor=next_cursor)
 
@@ -277,25 +353,20 @@ class Frontend:
         self, ctx: Any, params: types.CallToolRequestParams
     ) -> types.CallToolResult | types.InputRequiredResult:
         session = self._seen(ctx)
-        profile = _profile_of(ctx)
-        # Calls in flight per upstream: where its logs and sampling requests belong. Local tools have none.
-        callers: weakref.WeakKeyDictionary[ServerSession, types.RequestId] = weakref.WeakKeyDictionary()
-        upstream: str | None = None
-        asks_client = False
-        if params.name not in self.mux.local_tools and params.request_state is None:
-            try:
-                route = self.mux.resolve_tool(params.name, profile)
-            except MuxError as err:
-                raise _as_mcp_error(err) from None
-            upstream = route.upstream
-            callers = self._callers.setdefault(upstream, callers)
-            asks_client = self.mux.dispatchers[upstream].plan(route.name).asks_client
-
-        # `_relay_log` sends the upstream's logs on this request: a 2025 session hears them at its level,
-        # a 2026 request only if it asked for a level.
+        # A 2025 session hears the upstream's logs at its level; a 2026 request only if it asked for a level.
         hears_logs = ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS or bool(
             ((ctx.params or {}).get("_meta") or {}).get(types.LOG_LEVEL_META_KEY)
         )
+        inbound = self._inbound(ctx, hears_logs)
+        caller = inbound.caller
+        asks_client = False
+        if params.name not in self.mux.local_tools and params.request_state is None:
+            try:
+                await self.mux.prepare(caller)
+                route = self.mux.resolve_tool(params.name, caller.profile, caller)
+            except MuxError as err:
+                raise _as_mcp_error(err) from None
+            asks_client = self.mux.dispatchers[route.upstream].plan(route.name).asks_client
 
         async def call(progress_to: Callable[[], ServerSession | None]) -> types.CallToolResult:
             async def relay_progress(progress: float, total: float | None, message: str | None) -> None:
@@ -303,27 +374,18 @@ class Frontend:
                 if target is not None:
                     await target.report_progress(progress, total, message)
 
-            callers[session] = ctx.request_id
-            try:
+            with serving(inbound):
                 result = await self.mux.call_tool(
-                    params.name,
-                    params.arguments,
-                    progress=relay_progress,
-                    client=self._client_id(ctx),
-                    client_name=_client_name(session),
-                    profile=profile,
-                    hears_logs=hears_logs,
+                    params.name, params.arguments, progress=relay_progress, caller=caller, hears_logs=hears_logs
                 )
-                notes = self.relay.take_notes(session, ctx.request_id)  # e.g. why an elicitation was declined
-                if notes:
-                    blocks = [types.TextContent(type="text", text=note) for note in notes]
-                    result = result.model_copy(update={"content": [*result.content, *blocks]})
-                return result
-            finally:
-                callers.pop(session, None)
-                self.relay.take_notes(session, ctx.request_id)
+            notes = inbound.take_notes()  # e.g. why an elicitation was declined
+            if notes:
+                blocks = [types.TextContent(type="text", text=note) for note in notes]
+                result = result.model_copy(update={"content": [*result.content, *blocks]})
+            return result
 
         def parked(call_: ParkedCall) -> Awaitable[types.CallToolResult]:
+            inbound.ask = by_rounds(call_.ask)  # a 2026 client is asked in the call's input-required rounds
             return call(lambda: call_.current)
 
         try:
@@ -339,14 +401,18 @@ class Frontend:
     async def _read_resource(self, ctx: Any, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
         self._seen(ctx)
         try:
-            return await self.mux.read_resource(str(params.uri), client=self._client_id(ctx), profile=_profile_of(ctx))
+            with serving(self._inbound(ctx, hears_logs=False)):
+                return await self.mux.read_resource(
+                    str(params.uri), client=self._client_id(ctx), profile=_profile_of(ctx)
+                )
         except MuxError as err:
             raise _as_mcp_error(err) from None
 
     async def _get_prompt(self, ctx: Any, params: types.GetPromptRequestParams) -> types.GetPromptResult:
         self._seen(ctx)
         try:
-            return await self.mux.get_prompt(params.name, params.arguments, _profile_of(ctx))
+            with serving(self._inbound(ctx, hears_logs=False)):
+                return await self.mux.get_prompt(params.name, params.arguments, _profile_of(ctx))
         except MuxError as err:
             raise _as_mcp_error(err) from None
 
@@ -354,7 +420,8 @@ class Frontend:
         self._seen(ctx)
         context = params.context.arguments if params.context is not None else None
         try:
-            return await self.mux.complete(params.ref, params.argument.model_dump(), context, _profile_of(ctx))
+            with serving(self._inbound(ctx, hears_logs=False)):
+                return await self.mux.complete(params.ref, params.argument.model_dump(), context, _profile_of(ctx))
         except MuxError as err:
             raise _as_mcp_error(err) from None
 
@@ -373,21 +440,16 @@ class Frontend:
                 self._connections.discard(connection)
 
     async def _relay_log(self, upstream: str, params: types.LoggingMessageNotificationParams) -> None:
-        """Upstream logs go to the clients with a call in flight on that upstream (or every client if none)."""
-        name = params.logger or upstream
+        """An upstream's log message goes to the client of the call it belongs to (`ClientRelay.log`); one
+        that belongs to no call is about the upstream itself, and every 2025 client hears it at its level."""
         try:
-            callers = list(self._callers.get(upstream, {}).items())
-            for session, request_id in callers:
-                if self._hears(getattr(session, "_connection", None), params.level):
-                    await session.send_log_message(
-                        params.level, params.data, logger=name, related_request_id=request_id
-                    )
-            if not callers:
-                for connection in list(self._connections):
-                    if connection.protocol_version not in MODERN_PROTOCOL_VERSIONS and self._hears(
-                        connection, params.level
-                    ):
-                        await connection.log(params.level, params.data, logger=name)
+            if await self.relay.log(upstream, params):
+                return
+            for connection in list(self._connections):
+                if connection.protocol_version not in MODERN_PROTOCOL_VERSIONS and self._hears(
+                    connection, params.level
+                ):
+                    await connection.log(params.level, params.data, logger=params.logger)
         except Exception as err:  # see _announce_changes
             logger.debug("could not relay a log message: %s", err)
 
@@ -397,9 +459,10 @@ class Frontend:
         """Forward an upstream's sampling request to the client whose call caused it (`ClientRelay`):
         a 2025 session by a pushed request, a 2026-07-28 client in its parked call's next round.
         None when there is no such client."""
-        answer: types.CreateMessageResult | types.CreateMessageResultWithTools | None
         answer = await self.relay.ask(upstream, types.CreateMessageRequest(params=params), None)
-        return answer
+        if isinstance(answer, types.CreateMessageResult | types.CreateMessageResultWithTools):
+            return answer
+        return None
 
     # -- logging levels and roots (2025 sessions) ------------------------------------------------
 
@@ -410,11 +473,7 @@ class Frontend:
         return types.EmptyResult()
 
     def _hears(self, connection: Connection | None, level: types.LoggingLevel) -> bool:
-        """Whether a client hears a log at `level`: everything until it sets a level with `logging/setLevel`.
-        A fast-path stand-in has no connection: on stdio (one client) it hears at that client's level."""
-        if connection is None:
-            known = list(self._connections)
-            connection = known[0] if len(known) == 1 else None
+        """Whether a client hears a log at `level`: everything until it sets a level with `logging/setLevel`."""
         wanted = self._log_levels.get(connection) if connection is not None else None
         return wanted is None or _LOG_ORDER.index(level) >= _LOG_ORDER.index(wanted)
 
@@ -484,7 +543,9 @@ class Frontend:
             async with anyio.create_task_group() as fast_calls:
                 front = None
                 if self.mux.config.mux.fast_path:
-                    front = self._stdio_front = StdioFastFront(self._fast_path(), edge, fast_calls, self._callers)
+                    front = self._stdio_front = StdioFastFront(
+                        self._fast_path(), edge, fast_calls, self._stdio_caller, self._hearing
+                    )
                     edge.take = front.take
                 try:
                     async with stdio_server(edge.stdin, edge.stdout) as (read_stream, write_stream):
@@ -514,10 +575,10 @@ class Frontend:
         app.router.routes.append(metrics_route(self.mux.metrics.registry))
         if not self.mux.config.mux.fast_path:
             return HttpEdge(app, policy=policy, mcp_path=path, config=self._running_config), None
-        fast = FastPathMiddleware(app, self._fast_path(), self.server.session_manager, path=path)
+        fast = FastPathMiddleware(app, self._fast_path(), self.server.session_manager, self._scope_caller, path=path)
         # outermost: in front of every route
         edge = HttpEdge(fast, policy=policy, mcp_path=path, config=self._running_config)
-        return edge, HttpFastFront(fast, edge, self._callers, self._askable_session)
+        return edge, HttpFastFront(fast, edge, self._askable_session, self._hearing)
 
     def _running_config(self) -> Config:
         """The Mux's config, replaced by each reload (the HTTP edge follows its profiles and their tokens)."""

@@ -31,6 +31,7 @@ from mcp.shared.inbound import ERROR_CODE_HTTP_STATUS, find_duplicated_routing_h
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from mcpmux.core.inbound import Caller, serving
 from mcpmux.errors import ConfigError
 from mcpmux.mux.fast_path import FastCall, FastPath, decode, sampling_declared
 from mcpmux.server.http_edge import PROFILE_SCOPE
@@ -57,11 +58,14 @@ class FastPathMiddleware:
         app: ASGIApp,
         fast: FastPath,
         session_manager: StreamableHTTPSessionManager,
+        caller: Callable[[Scope], Caller],
         path: str = "/mcp",
         max_sessions: int = 10_000,
     ) -> None:
+        """`caller`: who sent a request (its session's client, its token's, or an anonymous request's)."""
         self.app = app
         self.fast = fast
+        self.caller = caller
         self.sessions = session_manager
         self.path = path.rstrip("/") or "/"
         self.declares_sampling: LRUCache[str, bool] = LRUCache(maxsize=max_sessions)
@@ -125,13 +129,13 @@ class FastPathMiddleware:
                 return None
             if find_duplicated_routing_header(raw_headers) is not None:
                 return None
-            call = self.fast.route(message, None, headers=headers)
+            call = self.fast.route(message, self.caller(scope), None, headers=headers)
         else:
             # The SDK keeps its sessions here; an unknown one must get its 404.
             if version is None or version in MODERN_PROTOCOL_VERSIONS or session not in self.sessions._server_instances:
                 return None
             asks = self.declares_sampling.get(session, True) and (askable is None or askable(session) is None)
-            call = self.fast.route(message, version, asks, owner=task_owner(session))
+            call = self.fast.route(message, self.caller(scope), version, asks, owner=task_owner(session))
         if call is None or call.progress_token is not None:
             return None
         return call
@@ -168,7 +172,7 @@ class FastPathMiddleware:
             if key is not None:
                 self.running[key] = cancelled
             try:
-                with cancelled:
+                with cancelled, serving(call.inbound):
                     response = await self.fast.answer(call)
             finally:
                 if key is not None:

@@ -27,14 +27,16 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, cast
 
+import mcp_types as types
 from mcp.server.connection import Connection
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.types import Scope
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 
-from mcpmux.mux.call_sink import ServedCall, serve
+from mcpmux.core.inbound import InboundCall
+from mcpmux.mux.call_sink import ServedCall, noted, serve
 from mcpmux.mux.fast_path import FastCall, FastPath
-from mcpmux.server.client_stand_in import ClientStandIn, StandIns
+from mcpmux.server.client_channels import Hears, ask_on
 from mcpmux.server.http_edge import HttpEdge
 from mcpmux.server.http_fast import CANCELLED_ERROR, FastPathMiddleware, http_status, session_of
 from mcpmux.server.http_keepalive import IdleConnections
@@ -63,17 +65,13 @@ class _HttpSink:
     """(2025 session, request id) while the call is in flight, for a `notifications/cancelled` to find it."""
     modern: bool
     """The client speaks 2026-07-28: an error's HTTP status comes from the SDK's table."""
-    stand_in: ClientStandIn | None = None
-    """Its client among the upstream's callers (a 2025 session's call): notes for the model join its result."""
     served: ServedCall | None = None
     gone: bool = False
     """The client closed the connection."""
     progress: ProgressFn | None = None  # a call that asked for progress goes through ASGI
 
     def respond_now(self, response: dict[str, Any]) -> bool:
-        if self.stand_in is not None:
-            response = self.stand_in.with_notes(response)
-        return self.protocol.respond(self.cycle, response, self.modern)
+        return self.protocol.respond(self.cycle, noted(response, self.call.inbound), self.modern)
 
     async def respond(self, response: dict[str, Any]) -> None:
         self.respond_now(response)
@@ -107,17 +105,17 @@ class HttpFastFront:
         self,
         middleware: FastPathMiddleware,
         edge: HttpEdge,
-        callers: dict[str, Any],
         askable: Callable[[str], Connection | None],
+        hears: Callable[[Connection | None], Hears],
     ) -> None:
-        """`callers`: `Frontend`'s callers per upstream; `askable`: a 2025 session's connection while
-        requests can reach its client (its standalone stream is open), else None."""
+        """`askable`: a 2025 session's connection while requests can reach its client (its standalone
+        stream is open), else None; `hears`: at which levels a client hears logs."""
         self.middleware = middleware
         self.edge = edge
         self.fast: FastPath = middleware.fast
         self.idle = IdleConnections(edge.policy.idle_per_client)
         self._askable = askable
-        self._stand_ins = StandIns(callers)
+        self._hears = hears
 
     def holds(self, scope: Any) -> bool:
         """Whether a request is held until its body is in, for `take` to see."""
@@ -144,7 +142,7 @@ class HttpFastFront:
         sink = _HttpSink(self, protocol, cycle, call, key, call.version in MODERN_PROTOCOL_VERSIONS)
         if key is not None:
             self.middleware.running[key] = sink
-            sink.stand_in = self._hold_stand_in(key[0], call)
+            self._reachable(key[0], call.inbound)
         protocol.running = sink
         try:
             sink.served = serve(self.fast, call, sink)
@@ -158,24 +156,20 @@ class HttpFastFront:
             del self.middleware.running[sink.key]
         if sink.protocol.running is sink:
             sink.protocol.running = None
-        if sink.stand_in is not None and sink.key is not None:
-            self._stand_ins.release(sink.key[0], sink.call.upstream.name, sink.call.request_id, True)
-            sink.stand_in = None
 
-    def _hold_stand_in(self, session: str, call: FastCall) -> ClientStandIn:
-        """A 2025 session's client among the upstream's callers while the call is in flight: it hears
-        the upstream's logs and is asked its requests on the session's standalone stream, as the SDK
-        path does on the call's own stream."""
+    def _reachable(self, session: str, inbound: InboundCall) -> None:
+        """A 2025 session's call: its client is asked what the upstream asks, and hears its logs, on the
+        session's standalone stream while that is open (a fast-path answer has no stream of its own)."""
+        connection = self._askable(session)
+        if connection is None:
+            return
+        hears = self._hears(connection)
 
-        def connection() -> Connection | None:
-            return self._askable(session)
+        async def log(params: types.LoggingMessageNotificationParams) -> None:
+            if hears(params.level):
+                await connection.notify("notifications/message", params.model_dump(mode="json", exclude_none=True))
 
-        async def write(message: dict[str, Any]) -> None:
-            held = self._askable(session)
-            if held is not None:
-                await held.notify(message["method"], message.get("params"))
-
-        return self._stand_ins.hold(session, call.upstream.name, call.request_id, True, connection, write)
+        inbound.ask, inbound.log, inbound.notify = ask_on(connection), log, connection.notify
 
 
 class FastHttpProtocol(HttpToolsProtocol):

@@ -99,6 +99,7 @@ class ParkedCall:
         self._receive: MemoryObjectReceiveStream[_Ask | _Done]
         self._send, self._receive = anyio.create_memory_object_stream[_Ask | _Done](math.inf)
         self._open: dict[str, _Ask] = {}  # asked in a round, not answered yet
+        self._done: _Done | None = None  # the upstream call's end, once it came
         self._asked = 0
         self._scope = anyio.CancelScope()
         self._idle = anyio.CancelScope(deadline=math.inf)  # its deadline runs only while nobody waits
@@ -202,10 +203,14 @@ class ParkedCall:
                 )
 
     async def next_event(self) -> list[_Ask] | _Done:
-        """The open sampling requests to send in the next round, or the call's end."""
+        """The open requests to send in the next round, or, once none is open, the call's end.
+
+        A request may be another call's of the same client (an upstream session of the client's own
+        links a request to the client, not to one call), so the call's end waits for every request
+        asked in its rounds to be answered."""
         while True:
             events: list[_Ask | _Done] = []
-            if not self._open:
+            if not self._open and self._done is None:
                 first = await self._receive.receive()
                 events.append(first)
                 if isinstance(first, _Ask):
@@ -217,11 +222,13 @@ class ParkedCall:
                     break
             for event in events:
                 if isinstance(event, _Done):
-                    return event
-                if not event.withdrawn:
+                    self._done = event
+                elif not event.withdrawn:
                     self._open[event.key] = event
             if self._open:
                 return list(self._open.values())
+            if self._done is not None:
+                return self._done
 
     def collected(self) -> None:
         """The call's end reached the client: the held task may finish."""

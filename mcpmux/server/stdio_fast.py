@@ -8,8 +8,9 @@ naming such a call cancels it (the upstream hears of it, the client gets no resp
 SDK path). Every other line goes on to the SDK.
 
 A 2025 client that declared sampling or elicitation keeps the fast path once its session is set up
-(`connection`): a sampling, elicitation or roots request an upstream sends while the client's
-fast-path calls are in flight is asked of the client on that session, as the SDK path would.
+(`connection`): what an upstream asks the client for one of its fast-path calls is asked on that
+session, its log messages are written among the call's lines, and notes for the model join the
+call's result, as the SDK path does (the call's `InboundCall`).
 """
 
 from __future__ import annotations
@@ -20,13 +21,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
+import mcp_types as types
 from anyio.abc import TaskGroup
 from mcp.server.connection import Connection
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from mcpmux.mux.call_sink import ServedCall, serve
+from mcpmux.core.inbound import Caller, InboundCall
+from mcpmux.mux.call_sink import ServedCall, noted, serve
 from mcpmux.mux.fast_path import FastCall, FastPath, decode, sampling_declared
-from mcpmux.server.client_stand_in import ClientStandIn, StandIns
+from mcpmux.server.client_channels import Hears, ask_on
 from mcpmux.server.stdio_batch import StdioBatchEdge
 from mcpmux.upstream.lane import ProgressFn
 from mcpmux.wire.batch_array import id_key
@@ -45,14 +48,13 @@ class _StdioSink:
     call: FastCall
     key: str
     progress: ProgressFn | None
-    stand_in: ClientStandIn
     served: ServedCall | None = None
 
     def respond_now(self, response: dict[str, Any]) -> bool:
-        return self.front._write_now(self.stand_in.with_notes(response))
+        return self.front._write_now(noted(response, self.call.inbound))
 
     async def respond(self, response: dict[str, Any]) -> None:
-        await self.front._write(self.stand_in.with_notes(response))
+        await self.front._write(noted(response, self.call.inbound))
 
     def start(self, work: Callable[[], Coroutine[Any, Any, None]]) -> None:
         self.front._tasks.start_soon(work)
@@ -70,13 +72,21 @@ class StdioFastFront:
     Call `close()` before cancelling `tasks`: launched calls without a task get one then.
     """
 
-    def __init__(self, fast: FastPath, edge: StdioBatchEdge, tasks: TaskGroup, callers: dict[str, Any]) -> None:
-        """`callers`: `Frontend`'s calls in flight per upstream, where upstream logs are delivered."""
+    def __init__(
+        self,
+        fast: FastPath,
+        edge: StdioBatchEdge,
+        tasks: TaskGroup,
+        caller: Callable[[Connection | None], Caller],
+        hears: Callable[[Connection | None], Hears],
+    ) -> None:
+        """`caller`: who the client is, given its session; `hears`: at which levels it hears logs."""
         self.fast = fast
         self._edge = edge
         self._tasks = tasks
         self._running: dict[str, _StdioSink] = {}
-        self._stand_ins = StandIns(callers)
+        self._caller = caller
+        self._hears = hears
         self.connection: Connection | None = None
         """The client's 2025 session, once initialized (set by `Frontend`): upstreams' requests to the
         client go out on it."""
@@ -92,7 +102,8 @@ class StdioFastFront:
         if '"tools/call"' in line:
             message = decode(line)
             asks = self._declares_sampling and self.connection is None  # with no session yet, the SDK path asks
-            call = self.fast.route(message, self._edge.protocol_version, asks, owner=TASK_OWNER_STDIO)
+            caller = self._caller(self.connection)
+            call = self.fast.route(message, caller, self._edge.protocol_version, asks, owner=TASK_OWNER_STDIO)
             if call is None:
                 return False
             key = id_key(call.request_id)
@@ -126,24 +137,34 @@ class StdioFastFront:
 
     def _start(self, call: FastCall, key: str) -> None:
         """Serve the call (`serve`: launched right here when it can be, else in a task of the front's).
-        Meanwhile the client stands in among the upstream's callers, as the SDK path registers its
-        session: the upstream's logs reach it (once each, however many of its calls are in flight
-        there), and what the upstream asks of the client is asked on its session."""
+        A 2025 call's client is asked what the upstream asks on its session, and hears the upstream's
+        logs for the call at its level, written among the call's own lines."""
         progress = self._progress_relay(call.progress_token) if call.progress_token is not None else None
-        legacy = call.version not in MODERN_PROTOCOL_VERSIONS
-        stand_in = self._stand_ins.hold(
-            None, call.upstream.name, call.request_id, legacy, lambda: self.connection, self._write
-        )
-        sink = self._running[key] = _StdioSink(self, call, key, progress, stand_in)
+        if call.version not in MODERN_PROTOCOL_VERSIONS:
+            self._reachable(call.inbound)
+        sink = self._running[key] = _StdioSink(self, call, key, progress)
         sink.served = serve(self.fast, call, sink)
+
+    def _reachable(self, inbound: InboundCall) -> None:
+        connection = self.connection
+        if connection is not None:
+            inbound.ask = ask_on(connection)
+        hears = self._hears(connection)
+
+        async def log(params: types.LoggingMessageNotificationParams) -> None:
+            if hears(params.level):
+                data = params.model_dump(by_alias=True, mode="json", exclude_none=True)
+                await self._write({"jsonrpc": "2.0", "method": "notifications/message", "params": data})
+
+        async def notify(method: str, params: dict[str, Any] | None) -> None:
+            await self._write({"jsonrpc": "2.0", "method": method, **({"params": params} if params else {})})
+
+        inbound.log, inbound.notify = log, notify
 
     def _forget(self, sink: _StdioSink) -> None:
         """The call is over for this front (answered, or its task ended): once."""
-        call = sink.call
         if self._running.get(sink.key) is sink:  # the id may be in use again by a newer call
             del self._running[sink.key]
-        legacy = call.version not in MODERN_PROTOCOL_VERSIONS
-        self._stand_ins.release(None, call.upstream.name, call.request_id, legacy)
 
     def _progress_relay(self, token: Any) -> ProgressFn:
         async def relay(progress: float, total: float | None, message: str | None) -> None:

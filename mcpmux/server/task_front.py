@@ -35,6 +35,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from mcpmux.core.call_plan import CallPlan
+from mcpmux.core.inbound import ClientRequest, ClientResult
 from mcpmux.errors import (
     MuxError,
     UpstreamError,
@@ -43,7 +44,7 @@ from mcpmux.errors import (
     UpstreamUnavailableError,
     error_result,
 )
-from mcpmux.mux.client_requests import ClientAsker, ClientRequest, ClientResult
+from mcpmux.mux.client_requests import ClientAsker
 from mcpmux.mux.dispatcher import UpstreamDispatcher
 from mcpmux.mux.multiplexer import Mux
 from mcpmux.server.http_edge import PROFILE_SCOPE

@@ -8,17 +8,8 @@ from typing import Any
 
 import mcp_types as types
 
+from mcpmux.core.inbound import Caller
 from mcpmux.upstream.lane import ProgressFn
-
-
-@dataclass(frozen=True, slots=True)
-class Caller:
-    """Who is calling: a per-connection id (the scope of private cache entries), its clientInfo name,
-    and its profile (`[profiles.NAME]`: its calls and searches stay inside it; None: the whole catalog)."""
-
-    client: str | None = None
-    name: str | None = None
-    profile: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,10 +19,11 @@ from typing import TYPE_CHECKING, Any, Literal
 import mcp_types as types
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from mcpmux.core.inbound import Caller
 from mcpmux.errors import error_result
 from mcpmux.inference.engine.config import Grammar, SamplingParams
 from mcpmux.inference.errors import EngineError
-from mcpmux.tools.base import Caller, LocalTool
+from mcpmux.tools.base import LocalTool
 from mcpmux.upstream.lane import ProgressFn
 
 if TYPE_CHECKING:

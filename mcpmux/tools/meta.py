@@ -15,14 +15,16 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import mcp_types as types
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from mcpmux.core.inbound import Caller
 from mcpmux.errors import MuxError, UpstreamError, error_result
-from mcpmux.tools.base import Caller, LocalTool
+from mcpmux.tools.base import LocalTool
 from mcpmux.tools.meta_refs import BadReferenceError, StepOutput, check_refs, resolve_refs
 from mcpmux.tools.meta_schemas import BATCH_TOOL, MAX_CALLS, MAX_CONCURRENT, MAX_STEPS, PARALLEL_TOOL, PIPELINE_TOOL
 from mcpmux.upstream.lane import ProgressFn
@@ -157,9 +159,7 @@ class MetaRunner:
                 index, tool, f"{tool} is a meta-tool and meta-tools cannot call meta-tools; list its calls here"
             )
         try:
-            result = await self.mux.call_tool(
-                tool, arguments, client=caller.client, client_name=caller.name, profile=caller.profile
-            )
+            result = await self.mux.call_tool(tool, arguments, caller=caller)
         except UpstreamError as err:
             return _failed(index, tool, f"{err} (JSON-RPC error {err.code})")
         except MuxError as err:
@@ -183,7 +183,7 @@ class MetaRunner:
 def _scoped(caller: Caller) -> Caller:
     """The caller, with a fresh identity when it has none (a library call), so that client-scoped
     cache entries are never shared by accident; shared-scope tools still coalesce and cache."""
-    return caller if caller.client is not None else Caller(f"meta-{uuid.uuid4().hex}", caller.name, caller.profile)
+    return caller if caller.client is not None else replace(caller, client=f"meta-{uuid.uuid4().hex}")
 
 
 def _check_steps(steps: Sequence[_Step]) -> None:

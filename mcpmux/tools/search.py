@@ -28,8 +28,9 @@ import mcp_types as types
 from anyio.abc import TaskGroup
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from mcpmux.core.inbound import Caller
 from mcpmux.errors import UnknownToolError, UnlistedToolError, error_result
-from mcpmux.tools.base import Caller, LocalTool
+from mcpmux.tools.base import LocalTool
 from mcpmux.tools.meta import META_TOOL_NAMES
 from mcpmux.tools.search_index import EmbeddingCache, EmbedFn, Hit, ToolDoc, ToolIndex, default_cache_dir
 from mcpmux.upstream.lane import ProgressFn
@@ -359,14 +360,7 @@ class ToolSearch:
         if args.tool in OWN_TOOL_NAMES:
             return error_result(f"{CALL_TOOL.name}: {args.tool} is one of mcpmux's own tools; call it directly")
         try:
-            return await self.mux.call_tool(
-                args.tool,
-                args.arguments,
-                progress=progress,
-                client=caller.client,
-                client_name=caller.name,
-                profile=caller.profile,
-            )
+            return await self.mux.call_tool(args.tool, args.arguments, progress=progress, caller=caller)
         except UnlistedToolError as err:
             return error_result(f"{CALL_TOOL.name}: {err}")
         except UnknownToolError as err:

@@ -35,7 +35,7 @@ class Pool(Protocol):
 
     session_id: str | None
 
-    def deliver(self, message: dict[str, Any]) -> None: ...
+    def deliver(self, message: dict[str, Any], request_id: str | None = None) -> None: ...
     def carrying(self, request_id: str, connection: Connection | None) -> None: ...
     def rest(self, connection: Connection) -> None: ...
     def forget(self, connection: Connection) -> None: ...
@@ -71,7 +71,7 @@ class Connection(asyncio.Protocol):
         self.idle_since = 0.0
         self.dropped = False
         self._linger: asyncio.TimerHandle | None = None
-        self._arrived: list[dict[str, Any]] | None = None
+        self._arrived: list[tuple[dict[str, Any], str | None]] | None = None
         """While a read is parsed: the messages it carried, handed to the pool once it is (`data_received`)."""
 
     def start(self, request_id: str | None, data: bytes, *, resend: bool = False) -> Exchange:
@@ -110,7 +110,7 @@ class Connection(asyncio.Protocol):
         exchange = self.exchange
         if exchange is not None and not exchange.unread.done():
             exchange.unread.set_result(False)
-        arrived: list[dict[str, Any]] = []
+        arrived: list[tuple[dict[str, Any], str | None]] = []
         self._arrived = arrived
         try:
             self.reader.feed(data)
@@ -119,8 +119,8 @@ class Connection(asyncio.Protocol):
             self.drop()
         finally:
             self._arrived = None
-            for message in arrived:
-                self.pool.deliver(message)
+            for message, request_id in arrived:
+                self.pool.deliver(message, request_id)
 
     def eof_received(self) -> bool:
         with contextlib.suppress(HttpWireError):  # connection_lost, right after this, fails what was unfinished
@@ -252,10 +252,12 @@ class Connection(asyncio.Protocol):
         self._deliver({"jsonrpc": "2.0", "id": exchange.request_id, "error": error})
 
     def _deliver(self, message: dict[str, Any]) -> None:
+        """Hand on a message of the response to the request the connection carries (whose id goes with it)."""
+        request_id = self.exchange.request_id if self.exchange is not None else None
         if self._arrived is not None:
-            self._arrived.append(message)  # `data_received` hands it on
+            self._arrived.append((message, request_id))  # `data_received` hands it on
         else:
-            self.pool.deliver(message)
+            self.pool.deliver(message, request_id)
 
     def _finish(self, exchange: Exchange) -> None:
         self.exchange = None

@@ -14,7 +14,8 @@ redirect) or the server set a cookie (which the SDK's client sends back), reques
 SDK's transport instead (`fallback`).
 
 What a response carries beside the call's own progress and answer (a log, a 2025 server's request
-for sampling) goes to the SDK's session through `pass_on`, whose handlers answer it as ever. A
+for sampling) goes to the SDK's session through `pass_on`, whose handlers answer it as ever, for the
+inbound call whose stream it came on (`mcpmux.core.inbound`). A
 2026 call is cancelled by closing its connection, as the spec says; a 2025 call by POSTing
 `notifications/cancelled`. Errors read as the SDK's transport words them. At most
 `MAX_CONNECTIONS` connections, as httpx's pool; idle ones are reused for `IDLE_REUSE` seconds.
@@ -42,6 +43,7 @@ from mcp.shared.inbound import MCP_PROTOCOL_VERSION_HEADER
 from mcp_types.jsonrpc import CONNECTION_CLOSED
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
+from mcpmux.core.inbound import InboundCall
 from mcpmux.upstream.http_connection import Connection
 from mcpmux.upstream.lane import Send, UpstreamLane, is_lane_id
 from mcpmux.wire.json_bytes import dumps
@@ -54,7 +56,8 @@ IDLE_REUSE = 1.5
 MAX_CONNECTIONS = 100  # as httpx's pool
 MAX_IDLE = 64
 
-PassOn = Callable[[dict[str, Any]], None]
+PassOn = Callable[[dict[str, Any], InboundCall | None], None]
+"""Hands a message that is not the lane's to the session, with the inbound call whose stream it came on."""
 
 
 def raw_lane_allowed(url: str) -> bool:
@@ -290,14 +293,17 @@ class HttpLane:
             self._idle.remove(connection)
         self._wake_one()
 
-    def deliver(self, message: dict[str, Any]) -> None:
-        """One JSON-RPC message of a response: the lane's, or the session's to handle."""
-        if self.closed or self._lane.take(message):
+    def deliver(self, message: dict[str, Any], carried_by: str | None = None) -> None:
+        """One JSON-RPC message of a response to the request `carried_by`: the lane's, or the session's to handle."""
+        if self.closed:
+            return
+        caller = self._lane.caller_of(carried_by)  # read first: taking the answer ends the call
+        if self._lane.take(message):
             return
         request_id = message.get("id")
         if "method" in message or not is_lane_id(request_id):
             if self.pass_on is not None:
-                self.pass_on(message)
+                self.pass_on(message, caller)
             return
         # An answer the lane could not read: its call (if anyone still waits) fails now, not at its timeout.
         error = {"code": types.INTERNAL_ERROR, "message": "the upstream's response is not valid JSON-RPC"}

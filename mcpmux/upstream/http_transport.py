@@ -3,8 +3,9 @@
 The SDK's `streamable_http_client` carries the session (handshake, listings, the SDK path's calls,
 the 2025 GET stream). Where `raw_lane_allowed`, the lane's `tools/call` requests go through
 `HttpLane` instead, on connections of its own; what their responses carry that is not the lane's
-(a log, a 2025 server's sampling request) joins the session's read stream here, so the session
-handles it as if its own transport had read it.
+(a log, a 2025 server's sampling request) joins the session's read stream here, in the context of
+the inbound call whose stream carried it, so the session handles it as if its own transport had
+read it on that call's POST (where the SDK's transport keeps the sending task's context).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.message import SessionMessage
 from pydantic import ValidationError
 
+from mcpmux.core.inbound import InboundCall, in_call
 from mcpmux.upstream.http_lane import HttpLane, raw_lane_allowed
 from mcpmux.upstream.lane import UpstreamLane, session_sender
 from mcpmux.upstream.oauth.upstream_auth import UpstreamOAuth
@@ -96,15 +98,16 @@ class _MergedReadStream:
             except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
                 pass  # the SDK transport's stream ended, or the session stopped reading
 
-    def put(self, message: dict[str, Any]) -> None:
-        """A message `HttpLane` read that is not the lane's: the session handles it next."""
+    def put(self, message: dict[str, Any], caller: InboundCall | None = None) -> None:
+        """A message `HttpLane` read that is not the lane's, on the stream of `caller`'s request: the
+        session handles it next, in that call's context (`mcpmux.core.inbound.current_call`)."""
         item: _Item
         try:
             item = SessionMessage(types.jsonrpc_message_adapter.validate_python(message))
         except ValidationError as err:
             item = err  # the session words it, as when its own transport reads something that is not MCP
         try:
-            self._send.send_nowait((None, item))
+            self._send.send_nowait((in_call(caller) if caller is not None else None, item))
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             return  # the session is gone
         self._lane.passed_on()

@@ -36,6 +36,8 @@ from mcp.shared.message import ClientMessageMetadata, SessionMessage
 from mcp_types.jsonrpc import CONNECTION_CLOSED
 from pydantic import ValidationError
 
+from mcpmux.core.inbound import InboundCall
+
 logger = logging.getLogger(__name__)
 
 
@@ -70,10 +72,18 @@ class _Outcomes:
     on the fast path a loop iteration is a measurable share of a call.
     """
 
-    __slots__ = ("_arrived", "_items", "answered", "on_put", "others")
+    __slots__ = ("_arrived", "_items", "answered", "caller", "on_put", "others")
 
-    def __init__(self, answered: Answered | None = None, on_put: Callable[[], None] | None = None, others: int = 0):
+    def __init__(
+        self,
+        answered: Answered | None = None,
+        on_put: Callable[[], None] | None = None,
+        others: int = 0,
+        caller: InboundCall | None = None,
+    ):
         self._items: deque[_Outcome] = deque()
+        self.caller = caller
+        """The inbound call this request serves: what the upstream sends on its stream is that call's."""
         self._arrived: anyio.Event | None = None
         """Set for `get` to wake up, while it waits."""
         self.answered = answered
@@ -155,6 +165,7 @@ class LaneFlight:
     def unlink(self) -> None:
         """The call is over: let go of its callbacks (which refer back to the call's owner)."""
         self.outcomes.answered = self.outcomes.on_put = None
+        self.outcomes.caller = None
 
 
 def session_sender(write_stream: Any) -> Send:
@@ -217,6 +228,11 @@ class UpstreamLane:
         pending, self._pending = self._pending, {}
         for outcomes in pending.values():
             outcomes.put(_CLOSED)
+
+    def caller_of(self, request_id: str | None) -> InboundCall | None:
+        """The inbound call a lane request in flight serves (None: not the lane's, or nobody's)."""
+        outcomes = self._pending.get(request_id) if request_id is not None else None
+        return outcomes.caller if outcomes is not None else None
 
     def divert(self, item: object) -> bool:
         """True when `item` (a `SessionMessage` read off an SDK transport) belongs to one of this lane's calls."""
@@ -284,6 +300,8 @@ class UpstreamLane:
         *,
         logs: bool = True,
         task: dict[str, Any] | None = None,
+        caller: InboundCall | None = None,
+        extra: dict[str, Any] | None = None,
     ) -> Any:
         """Call `tool` (its upstream name) and return the raw `result` object of the response.
 
@@ -293,7 +311,9 @@ class UpstreamLane:
         `progress` is given. Raises `MCPError` for a JSON-RPC error response and for a lost
         connection (code -32000), as the SDK's session does. Cancelling the caller sends
         `notifications/cancelled` with the lane id. `task` (2025-11-25 task metadata) asks the
-        upstream to run the call as a task: the result is then its `CreateTaskResult`.
+        upstream to run the call as a task: the result is then its `CreateTaskResult`. `caller`: the
+        inbound call it serves (what the upstream sends on its stream is that call's). `extra`: more
+        params (a 2026 retry's `inputResponses` and `requestState`).
         """
         send = self.send
         if self.closed or send is None:
@@ -301,7 +321,9 @@ class UpstreamLane:
         request_id, message, headers = self._request(client, tool, arguments, logs, progress is not None)
         if task is not None:
             message["params"]["task"] = task
-        outcomes = self._pending[request_id] = _Outcomes()
+        if extra:
+            message["params"].update(extra)
+        outcomes = self._pending[request_id] = _Outcomes(caller=caller)
         return await self._settle(LaneFlight(self, request_id, outcomes, client), progress, send(message, headers))
 
     def launch(
@@ -314,6 +336,7 @@ class UpstreamLane:
         *,
         logs: bool = True,
         progress: bool = False,
+        caller: InboundCall | None = None,
     ) -> LaneFlight | None:
         """`call`'s request, sent right now from synchronous code; None (and nothing sent) where that would wait.
 
@@ -325,7 +348,7 @@ class UpstreamLane:
         if self.send_now is None or self.closed:
             return None
         request_id, message, headers = self._request(client, tool, arguments, logs, progress)
-        outcomes = self._pending[request_id] = _Outcomes(answered, on_put, self.others)
+        outcomes = self._pending[request_id] = _Outcomes(answered, on_put, self.others, caller)
         sent = False
         try:
             sent = self.send_now(message, headers)

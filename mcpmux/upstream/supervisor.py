@@ -11,6 +11,7 @@ connection, retried for as long as mcpmux runs. While it is down, calls fail at 
 
 from __future__ import annotations
 
+import contextvars
 import fnmatch
 import logging
 import math
@@ -27,7 +28,8 @@ import httpx2
 import mcp_types as types
 from anyio.abc import TaskGroup
 from mcp import Client
-from mcp.client.session import ElicitationFnT, ListRootsFnT, SamplingFnT
+from mcp.client.extension import ClientExtension, advertise
+from mcp.client.session import ClientRequestContext, ElicitationFnT, ListRootsFnT, SamplingFnT
 from mcp.shared.exceptions import MCPError
 from mcp_types.jsonrpc import CONNECTION_CLOSED
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
@@ -79,6 +81,15 @@ class UpstreamEvents:
     task_status: Callable[[str, dict[str, Any]], Awaitable[None]] | None = None
 
 
+ASKED_ON: contextvars.ContextVar[Upstream | None] = contextvars.ContextVar("mcpmux_asked_on", default=None)
+"""The upstream session whose request or log message is being handled (set around mcpmux's callbacks)."""
+
+
+def asked_on() -> Upstream | None:
+    """The upstream session the request or log message being handled came on (None: not from an upstream)."""
+    return ASKED_ON.get()
+
+
 @dataclass(slots=True)
 class UpstreamStatus:
     name: str
@@ -91,6 +102,8 @@ class UpstreamStatus:
     resources: int
     prompts: int
     auth: str = "none"
+    client_sessions: int = 0
+    """Sessions of its own that clients hold with it (`[servers.X] sessions`), beside the shared one."""
 
 
 @dataclass(slots=True)
@@ -99,13 +112,32 @@ class _Health:
 
 
 class Upstream:
-    """A supervised connection to one upstream server."""
+    """A supervised connection to one upstream server: the one its clients share, or one of a client's own.
 
-    def __init__(self, name: str, config: ServerConfig, settings: MuxSettings, events: UpstreamEvents) -> None:
+    `key` names a session of its own (None: the shared one); `owner` is the client it belongs to (a
+    per-client session: every request on it is that client's); `extensions` are declared upstream
+    as a client declared them (SEP-2133), so a server that shows some tools only to clients with an
+    extension shows them on this session.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        config: ServerConfig,
+        settings: MuxSettings,
+        events: UpstreamEvents,
+        *,
+        key: str | None = None,
+        owner: str | None = None,
+        extensions: dict[str, dict[str, Any]] | None = None,
+    ) -> None:
         self.name = name
         self.config = config
         self.settings = settings
         self.events = events
+        self.key = key
+        self.owner = owner
+        self.extensions = dict(extensions or {})
         self.listing = Listing()
         self.state = UpstreamState.STARTING
         self.restarts = 0
@@ -143,6 +175,17 @@ class Upstream:
             prompts=len(self.listing.prompts),
             auth=self.oauth.describe() if self.oauth is not None else "none",
         )
+
+    @property
+    def server_extensions(self) -> set[str] | None:
+        """The extensions the connected server advertised (SEP-2133, 2026-07-28); None where it could not
+        say (a 2025 handshake has no place for them), empty while it is not connected."""
+        client = self._client
+        if client is None:
+            return set()
+        if client.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+            return None
+        return set(client.server_capabilities.extensions or {})
 
     async def run(self) -> None:
         """Connect and keep connected until cancelled."""
@@ -249,19 +292,23 @@ class Upstream:
         else:
             endpoint = http_transport(config.url or "", dict(config.headers), lane, self.oauth)
             transport = WatchedTransport(endpoint, health.lost, lane, self._on_task_status, self._answer_task)
+        events = self.events
         client = Client(
             transport,
             mode=self.config.protocol,
             logging_callback=self._on_log,
-            sampling_callback=self.events.sampling,
+            sampling_callback=self._asked(events.sampling) if events.sampling is not None else None,
             sampling_capabilities=types.SamplingCapability(tools=types.SamplingToolsCapability())
-            if self.events.sampling_tools
+            if events.sampling_tools
             else None,
-            elicitation_callback=self.events.elicitation,  # declares elicitation, form and url modes
-            list_roots_callback=self.events.list_roots,  # declares roots, with listChanged
+            # declares elicitation, form and url modes
+            elicitation_callback=self._asked(events.elicitation) if events.elicitation is not None else None,
+            # declares roots, with listChanged
+            list_roots_callback=self._asked_roots(events.list_roots) if events.list_roots is not None else None,
             log_level="debug",  # 2026 servers log only to requests that opt in; mcpmux relays what clients want
             message_handler=self._on_message,
             cache=None,
+            extensions=self._declared_extensions(),
         )
         # The deadline covers the process start and handshake only; it is lifted once connected.
         with anyio.CancelScope(deadline=anyio.current_time() + self.settings.startup_timeout) as scope:
@@ -275,6 +322,37 @@ class Upstream:
         if scope.cancelled_caught:
             raise TimeoutError
 
+    def _declared_extensions(self) -> list[ClientExtension]:
+        declared = []
+        for identifier, settings in sorted(self.extensions.items()):
+            try:
+                declared.append(advertise(identifier, settings))
+            except ValueError as err:  # a client's malformed identifier must not cost the connection
+                logger.warning("upstream %r: not declaring extension %r: %s", self.name, identifier, err)
+        return declared
+
+    def _asked(self, callback: Any) -> Any:
+        """`callback` (sampling, elicitation) run knowing which upstream session asked (`asked_on`)."""
+
+        async def asked(context: ClientRequestContext, params: Any) -> Any:
+            token = ASKED_ON.set(self)
+            try:
+                return await callback(context, params)
+            finally:
+                ASKED_ON.reset(token)
+
+        return asked
+
+    def _asked_roots(self, callback: ListRootsFnT) -> ListRootsFnT:
+        async def asked(context: ClientRequestContext) -> types.ListRootsResult | types.ErrorData:
+            token = ASKED_ON.set(self)
+            try:
+                return await callback(context)
+            finally:
+                ASKED_ON.reset(token)
+
+        return asked
+
     def _child_env(self) -> dict[str, str]:
         mode = self.settings.env_passthrough
         if mode == "all":
@@ -286,17 +364,21 @@ class Upstream:
         return env
 
     async def _on_log(self, params: types.LoggingMessageNotificationParams) -> None:
-        await self.events.log(self.name, params)
+        token = ASKED_ON.set(self)
+        try:
+            await self.events.log(self.name, params)
+        finally:
+            ASKED_ON.reset(token)
 
     async def _answer_task(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
         """What a sampling or elicitation request the upstream asked as a task is answered with."""
         answer: Any
         if method == "sampling/createMessage" and self.events.sampling is not None:
             sampling = types.CreateMessageRequestParams.model_validate(params)
-            answer = await self.events.sampling(None, sampling)  # type: ignore[arg-type]  # the callbacks take no context
+            answer = await self._asked(self.events.sampling)(None, sampling)  # the callbacks take no context
         elif method == "elicitation/create" and self.events.elicitation is not None:
             elicitation = types.ElicitRequest.model_validate({"method": method, "params": params}).params
-            answer = await self.events.elicitation(None, elicitation)  # type: ignore[arg-type]
+            answer = await self._asked(self.events.elicitation)(None, elicitation)
         else:
             raise TaskFailed({"code": types.METHOD_NOT_FOUND, "message": f"mcpmux does not answer {method}"})
         if isinstance(answer, types.ErrorData):

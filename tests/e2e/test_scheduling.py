@@ -8,6 +8,7 @@ import anyio
 import pytest
 
 from mcpmux.core.config import config_from_dict
+from mcpmux.core.inbound import Caller
 from mcpmux.mux.multiplexer import Mux
 from tests.e2e.conftest import demo, text_of
 
@@ -145,7 +146,7 @@ async def test_clients_named_in_client_priorities_go_first() -> None:
         order: list[str] = []
 
         async def call(who: str, arguments: dict[str, Any], tool: str = "echo") -> None:
-            await mux.call_tool(f"alpha__{tool}", arguments, client_name=who)
+            await mux.call_tool(f"alpha__{tool}", arguments, caller=Caller(name=who))
             order.append(who)
 
         async with anyio.create_task_group() as tasks:

@@ -167,14 +167,20 @@ class _MuxCollector:
             "1 for how the upstream authenticates now: none, or OAuth and its login (e.g. 'oauth, needs login').",
             labels=["upstream", "auth"],
         )
-        for status in (upstream.status() for upstream in list(self._mux.upstreams.values())):
+        sessions = GaugeMetricFamily(
+            "mcpmux_upstream_client_sessions",
+            "Sessions of clients' own with the upstream, beside the shared one ([servers.X] sessions).",
+            labels=["upstream"],
+        )
+        for status in self._mux.status():
+            sessions.add_metric([status.name], status.client_sessions)
             for each in type(status.state):  # every state, 0 or 1, so a state left shows 0 rather than vanishing
                 state.add_metric([status.name, each.value], 1 if each is status.state else 0)
             restarts.add_metric([status.name], status.restarts)
             tools.add_metric([status.name], status.tools)
             # Without its "(token expires in N min)": a label that changed every minute would be a new series.
             auth.add_metric([status.name, status.auth.split(" (", 1)[0]], 1)
-        yield from (state, restarts, tools, auth)
+        yield from (state, restarts, tools, auth, sessions)
 
     def _dispatchers(self) -> Iterator[Metric]:
         in_flight = GaugeMetricFamily(

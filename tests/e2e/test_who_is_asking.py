@@ -244,6 +244,9 @@ async def test_per_client_sessions_are_bounded_reaped_and_restarted(tmp_path: Pa
                     pids[person.name] = int(text_of(await client.call_tool("who__pid", {})))
                     assert mux.status()[0].client_sessions <= 2
             assert len(set(pids.values())) == 3  # each its own process
+            async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {people[0].token}"}) as http:
+                scraped = (await http.get(url.replace("/mcp", "/metrics"))).text
+            assert 'mcpmux_upstream_client_sessions{upstream="who"} 2.0' in scraped
             async with connected(url, people[2], "legacy") as client:
                 await client.call_tool("who__crash", {})
                 with anyio.fail_after(30):  # its supervisor starts it again

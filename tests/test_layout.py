@@ -11,9 +11,12 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "mcpmux"
-LAYERS = ["batching", "wire", "core", "upstream", "tools", "mux", "server", "cli"]
+LAYERS = ["batching", "wire", "inference", "core", "upstream", "tools", "mux", "server", "cli"]
 """mcpmux's own layers, lowest first: a module imports from its own layer or the ones before it.
-`errors` sits below them all; `inference` is a subsystem of its own (checked for cycles only)."""
+`errors` sits below them all. `inference` (the engine) knows nothing of MCP: `core/config` reads its
+settings, `mux`, `tools` and `server` use the engine through it."""
+INFERENCE_LAYERS = ["errors", "kernels", "models", "engine", "serving", "openai"]
+"""The engine's own layers, lowest first (`mcpmux.inference.X`)."""
 
 
 def _module_name(path: Path) -> str:
@@ -106,6 +109,28 @@ def test_each_layer_imports_only_the_layers_below_it() -> None:
             if layer is not None and below is not None and LAYERS.index(below) > LAYERS.index(layer):
                 upward.append(f"{module} -> {target}")
     assert upward == []
+
+
+def test_the_engine_is_layered_inside_too() -> None:
+    upward = []
+    for module, targets in GRAPH.items():
+        layer = _inference_layer(module)
+        for target in targets:
+            below = _inference_layer(target)
+            if (
+                layer is not None
+                and below is not None
+                and INFERENCE_LAYERS.index(below) > INFERENCE_LAYERS.index(layer)
+            ):
+                upward.append(f"{module} -> {target}")
+    assert upward == []
+
+
+def _inference_layer(module: str) -> str | None:
+    parts = module.split(".")
+    if len(parts) < 3 or parts[1] != "inference" or parts[2] not in INFERENCE_LAYERS:
+        return None
+    return parts[2]
 
 
 def test_at_most_twelve_modules_at_the_top() -> None:

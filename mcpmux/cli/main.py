@@ -203,7 +203,7 @@ async def _serve_openai_only(args: argparse.Namespace, config: Config) -> int:
         raise MuxError(f'--openai-only needs [inference] backend = "local" or "openai" in {config.source}')
     host = args.host or config.http.host
     edge = prepare_edge(config, host, args.allow_unauthenticated_remote)
-    from mcpmux.inference.openai.standalone import serve_openai_only
+    from mcpmux.server.openai_only import serve_openai_only
 
     async with anyio.create_task_group() as tasks:
         stop = anyio.Event()

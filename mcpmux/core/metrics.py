@@ -17,9 +17,10 @@ arguments or client ids.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from enum import Enum
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 from prometheus_client import CollectorRegistry, generate_latest
@@ -29,12 +30,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from mcpmux.batching import RejectedError
+from mcpmux.batching import AdmissionGate, DynamicBatcher, RejectedError, ResultCache, SingleFlight
 from mcpmux.errors import UpstreamTimeoutError, UpstreamUnavailableError
 
 if TYPE_CHECKING:
     from mcpmux.inference.serving.service import InferenceService
-    from mcpmux.mux.multiplexer import Mux
 
 # Seconds: a cache hit (tens of µs) up to a five-minute tool call.
 CALL_BUCKETS: tuple[float, ...] = (
@@ -60,6 +60,48 @@ def outcome_of(err: BaseException) -> str:
     return "error"
 
 
+class _Status(Protocol):
+    """An upstream's status, as the collectors read it (`UpstreamStatus`)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def state(self) -> Enum: ...
+    @property
+    def restarts(self) -> int: ...
+    @property
+    def tools(self) -> int: ...
+    @property
+    def auth(self) -> str: ...
+    @property
+    def client_sessions(self) -> int: ...
+
+
+class _Executor(Protocol):
+    """An upstream's executor, as the collectors read it (`UpstreamDispatcher`)."""
+
+    @property
+    def gate(self) -> AdmissionGate: ...
+    @property
+    def flights(self) -> SingleFlight[Any, Any]: ...
+    @property
+    def batchers(self) -> Mapping[str, DynamicBatcher[Any, Any]]: ...
+
+
+class Observed(Protocol):
+    """What the collectors read of a `Mux` at each scrape."""
+
+    @property
+    def cache(self) -> ResultCache[Any]: ...
+    @property
+    def resource_cache(self) -> ResultCache[Any]: ...
+    @property
+    def dispatchers(self) -> Mapping[str, _Executor]: ...
+    @property
+    def inference(self) -> InferenceService | None: ...
+    def status(self) -> Sequence[_Status]: ...
+
+
 @dataclass(slots=True)
 class _CallStats:
     outcomes: dict[str, int] = field(default_factory=dict)
@@ -70,7 +112,7 @@ class _CallStats:
 class MuxMetrics:
     """The metrics of one Mux: `observe_call` on the hot path, everything else collected at scrape time."""
 
-    def __init__(self, mux: Mux) -> None:
+    def __init__(self, mux: Observed) -> None:
         self.registry = CollectorRegistry()
         self._calls: dict[tuple[str, str], _CallStats] = {}
         self.registry.register(_MuxCollector(mux, self._calls))
@@ -124,7 +166,7 @@ def _histogram(
 class _MuxCollector:
     """Upstream, dispatch, batching and cache figures, read from the Mux's parts on each scrape."""
 
-    def __init__(self, mux: Mux, calls: dict[tuple[str, str], _CallStats]) -> None:
+    def __init__(self, mux: Observed, calls: dict[tuple[str, str], _CallStats]) -> None:
         self._mux = mux
         self._calls = calls
 

@@ -47,7 +47,7 @@ from mcpmux.core.config import MuxSettings
 from mcpmux.core.inbound import Caller
 from mcpmux.errors import UpstreamUnavailableError
 from mcpmux.mux.dispatcher import UpstreamDispatcher
-from mcpmux.mux.reload import UpstreamLifetime
+from mcpmux.mux.lifetime import UpstreamLifetime
 from mcpmux.upstream.supervisor import Upstream, UpstreamState
 
 logger = logging.getLogger(__name__)

@@ -47,7 +47,8 @@ from mcpmux.mux.catalog import Catalog, CatalogView, Route
 from mcpmux.mux.client_requests import ClientRequests
 from mcpmux.mux.client_sessions import ServerSessions, Session, reap_forever
 from mcpmux.mux.dispatcher import CachedResult, UpstreamDispatcher
-from mcpmux.mux.reload import ReloadReport, UpstreamLifetime, reload_mux
+from mcpmux.mux.lifetime import UpstreamLifetime
+from mcpmux.mux.reload import ReloadReport, ServerDiff, log_reload, plan_reload
 from mcpmux.mux.task_relay import TaskRelay
 from mcpmux.tools.base import LocalTool
 from mcpmux.upstream.lane import ProgressFn
@@ -192,7 +193,57 @@ class Mux:
     async def reload(self, config: Config) -> ReloadReport:
         """Apply a new config while serving: added upstreams start, removed ones stop, changed ones
         restart, unchanged ones are left alone with their calls in flight; list_changed is announced once."""
-        return await reload_mux(self, config)
+        async with self._reload_lock:  # concurrent reloads run one after another
+            diff, report, self.config = plan_reload(self.config, config)
+            for upstream in self.upstreams.values():
+                upstream.settings = self.config.mux
+            if diff.added or diff.removed or diff.changed:
+                await self._replace_servers(config, diff)
+            log_reload(config.source, report)
+            return report
+
+    async def _replace_servers(self, new: Config, diff: ServerDiff) -> None:
+        """Stop the removed and changed servers (and their clients' own sessions), start the changed and
+        added ones, wait for them (at most `startup_timeout`), then announce the catalog once."""
+        # Nothing awaits between taking a removed upstream out of the dicts and its routes out of the
+        # catalog, so no call routes to a missing upstream; a changed one stays in the dicts (its calls
+        # refused) until its successor replaces it there.
+        self._reloading = True
+        try:
+            stopping: list[UpstreamLifetime] = []
+            # Clients' own sessions stop with their server; a changed server's are replaced with it.
+            own = [self.sessions.pop(name) for name in diff.removed] + [self.sessions[name] for name in diff.changed]
+            for name in diff.removed:
+                self.calls.refuse(name, f"upstream {name!r} was removed by a config reload; the call was cancelled")
+                del self.upstreams[name], self.dispatchers[name]
+                stopping.append(self._lifetimes.pop(name))
+            self.catalog.rebuild(self.upstreams.values(), self.local_tools)
+            for name in diff.changed:
+                self.calls.refuse(
+                    name,
+                    f"upstream {name!r} is restarting because a config reload changed it; the call was cancelled, "
+                    "retry it shortly",
+                )
+                stopping.append(self._lifetimes.pop(name))
+            async with anyio.create_task_group() as tasks:
+                for lifetime in stopping:
+                    tasks.start_soon(lifetime.stop)
+                for sessions in own:
+                    tasks.start_soon(sessions.stop)
+            for name in (*diff.changed, *diff.added):
+                await self._start_upstream(name, new.servers[name])
+                self.calls.admit(name)  # calls wait for the new connection, up to the upstream's timeout
+            with anyio.move_on_after(self.config.mux.startup_timeout):
+                for name in (*diff.changed, *diff.added):
+                    await self.upstreams[name].settled.wait()
+        finally:
+            self._reloading = False
+            for name in (*diff.removed, *diff.changed):
+                self.calls.admit(name)
+        for name in (*diff.removed, *diff.changed, *diff.added):
+            self.cache.invalidate_tag(name)
+            self.resource_cache.invalidate_tag(name)
+        await self._catalog_changed()
 
     def track_call(self, upstream: str | None = None, session: Upstream | None = None) -> TrackedCall:
         """`with mux.track_call(upstream) as tracked:` around one client call (`upstream` None: a local tool),
@@ -271,12 +322,6 @@ class Mux:
         assert self._tasks is not None, "Mux was not entered"
         self._add_upstream(name, server)
         self._lifetimes[name] = await UpstreamLifetime.start(self._tasks, self.upstreams[name], self.dispatchers[name])
-
-    def _detach_upstream(self, name: str) -> UpstreamLifetime:
-        """Take an upstream out of the Mux; it runs until the returned lifetime's `stop()` (its clients'
-        own sessions: until `self.sessions[name].stop()`, which the caller awaits, before or after)."""
-        del self.upstreams[name], self.dispatchers[name]
-        return self._lifetimes.pop(name)
 
     # -- listeners -------------------------------------------------------------------------------
 

@@ -1,10 +1,11 @@
-"""Lifecycle: hot reload of the config file, per-upstream lifetimes, and the in-flight call tracker.
+"""Hot reload of the config file: what a new config changes, and watching the file.
 
 - `diff_servers` sorts the servers of two configs into added / removed / changed / unchanged
-  (`ServerConfig`s compare by value); `reload_mux` applies a new config to a running `Mux`: removed
-  upstreams stop, changed ones stop then start, added ones start, unchanged ones are not touched (same
-  `Upstream`, same session, their calls in flight complete). The catalog is rebuilt and list_changed
-  announced once, after the new upstreams have connected (or `startup_timeout` ran out).
+  (`ServerConfig`s compare by value); `plan_reload` says what applying a new config does, which
+  `Mux.reload` carries out: removed upstreams stop, changed ones stop then start, added ones start,
+  unchanged ones are not touched (same `Upstream`, same session, their calls in flight complete).
+  The catalog is rebuilt and list_changed announced once, after the new upstreams have connected
+  (or `startup_timeout` ran out).
 - `ConfigReloader` polls the file (mtime, size, inode) and reloads once it has stopped changing; SIGHUP
   calls `reload()` directly. An invalid file is logged and the running config kept.
 
@@ -16,22 +17,15 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
-from contextlib import AsyncExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import anyio
-from anyio.abc import TaskGroup, TaskStatus
 from pydantic import BaseModel
 
 from mcpmux.core.config import Config, ServerConfig, load_config
 from mcpmux.errors import ConfigError
-
-if TYPE_CHECKING:
-    from mcpmux.mux.dispatcher import UpstreamDispatcher
-    from mcpmux.mux.multiplexer import Mux
-    from mcpmux.upstream.supervisor import Upstream
 
 logger = logging.getLogger(__name__)
 
@@ -51,37 +45,6 @@ LIVE_MUX_KEYS = frozenset(
         "shutdown_grace",
     }
 )
-
-
-@dataclass(slots=True)
-class UpstreamLifetime:
-    """One upstream's supervisor and dispatcher, in a cancel scope of their own: it stops alone."""
-
-    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
-    stopped: anyio.Event = field(default_factory=anyio.Event)
-
-    @classmethod
-    async def start(cls, tasks: TaskGroup, upstream: Upstream, dispatcher: UpstreamDispatcher) -> UpstreamLifetime:
-        """Start `upstream.run()` and the dispatcher's tasks in `tasks`; returns once the dispatcher runs."""
-        lifetime = cls()
-        await tasks.start(lifetime._run, upstream, dispatcher, name=f"upstream {upstream.name}")
-        return lifetime
-
-    async def stop(self) -> None:
-        """Stop the supervisor (its child process ends) and the dispatcher; returns when both have."""
-        self.scope.cancel()
-        await self.stopped.wait()
-
-    async def _run(self, upstream: Upstream, dispatcher: UpstreamDispatcher, *, task_status: TaskStatus[None]) -> None:
-        # Entered and left in this one task, as anyio requires of the dispatcher's task groups.
-        try:
-            with self.scope:
-                async with AsyncExitStack() as stack:
-                    await dispatcher.start(stack)
-                    task_status.started()
-                    await upstream.run()
-        finally:
-            self.stopped.set()
 
 
 # -- reload ----------------------------------------------------------------------------------------
@@ -130,83 +93,49 @@ def _changed_keys(section: str, old: BaseModel, new: BaseModel) -> list[str]:
     return [f"{section}.{key}" for key in type(old).model_fields if getattr(old, key) != getattr(new, key)]
 
 
-async def reload_mux(mux: Mux, new: Config) -> ReloadReport:
-    """Apply `new` to the running `mux` (see the module docstring); concurrent reloads run one after another."""
-    async with mux._reload_lock:
-        old = mux.config
-        diff = diff_servers(old.enabled_servers, new.enabled_servers)
-        mux_keys = _changed_keys("mux", old.mux, new.mux)
-        applied = tuple(key for key in mux_keys if key.removeprefix("mux.") in LIVE_MUX_KEYS)
-        needs_restart = tuple(
-            [key for key in mux_keys if key not in applied]
-            + _changed_keys("http", old.http, new.http)
-            + _changed_keys("inference", old.inference, new.inference)
+def plan_reload(old: Config, new: Config) -> tuple[ServerDiff, ReloadReport, Config]:
+    """What applying `new` over the running `old` does: the servers' diff, the report, and the config to
+    run from now on (`new`, with the `[mux]` keys a reload cannot apply, and `[http]` and
+    `[inference]`, kept as they run)."""
+    diff = diff_servers(old.enabled_servers, new.enabled_servers)
+    mux_keys = _changed_keys("mux", old.mux, new.mux)
+    applied = tuple(key for key in mux_keys if key.removeprefix("mux.") in LIVE_MUX_KEYS)
+    needs_restart = tuple(
+        [key for key in mux_keys if key not in applied]
+        + _changed_keys("http", old.http, new.http)
+        + _changed_keys("inference", old.inference, new.inference)
+    )
+    live = {key.removeprefix("mux."): getattr(new.mux, key.removeprefix("mux.")) for key in applied}
+    settings = old.mux.model_copy(update=live)
+    running = new.model_copy(update={"mux": settings, "http": old.http, "inference": old.inference})
+    report = ReloadReport(diff.added, diff.removed, diff.changed, diff.unchanged, applied, needs_restart)
+    return diff, report, running
+
+
+def log_reload(source: object, report: ReloadReport) -> None:
+    logger.warning("config reloaded from %s: %s", source, report.summary())
+    if report.applied:
+        logger.warning("config reload applied %s", ", ".join(report.applied))
+    if report.needs_restart:
+        logger.warning(
+            "config reload: %s changed but take effect only when mcpmux restarts; until then the old "
+            "values stay in force",
+            ", ".join(report.needs_restart),
         )
-        live = {key.removeprefix("mux."): getattr(new.mux, key.removeprefix("mux.")) for key in applied}
-        settings = old.mux.model_copy(update=live)
-        mux.config = new.model_copy(update={"mux": settings, "http": old.http, "inference": old.inference})
-        for upstream in mux.upstreams.values():
-            upstream.settings = settings
-        report = ReloadReport(diff.added, diff.removed, diff.changed, diff.unchanged, applied, needs_restart)
-        if diff.added or diff.removed or diff.changed:
-            await _restart_servers(mux, new, diff)
-        logger.warning("config reloaded from %s: %s", new.source, report.summary())
-        if applied:
-            logger.warning("config reload applied %s", ", ".join(applied))
-        if needs_restart:
-            logger.warning(
-                "config reload: %s changed but take effect only when mcpmux restarts; until then the old "
-                "values stay in force",
-                ", ".join(needs_restart),
-            )
-        return report
 
 
-async def _restart_servers(mux: Mux, new: Config, diff: ServerDiff) -> None:
-    # Nothing awaits between taking a removed upstream out of the dicts and its routes out of the
-    # catalog, so no call routes to a missing upstream; a changed one stays in the dicts (its calls
-    # refused) until its successor replaces it there.
-    mux._reloading = True
-    try:
-        stopping: list[UpstreamLifetime] = []
-        # Clients' own sessions stop with their server; a changed server's are replaced with it.
-        own = [mux.sessions.pop(name) for name in diff.removed] + [mux.sessions[name] for name in diff.changed]
-        for name in diff.removed:
-            mux.calls.refuse(name, f"upstream {name!r} was removed by a config reload; the call was cancelled")
-            stopping.append(mux._detach_upstream(name))
-        mux.catalog.rebuild(mux.upstreams.values(), mux.local_tools)
-        for name in diff.changed:
-            mux.calls.refuse(
-                name,
-                f"upstream {name!r} is restarting because a config reload changed it; the call was cancelled, "
-                "retry it shortly",
-            )
-            stopping.append(mux._lifetimes.pop(name))
-        async with anyio.create_task_group() as tasks:
-            for lifetime in stopping:
-                tasks.start_soon(lifetime.stop)
-            for sessions in own:
-                tasks.start_soon(sessions.stop)
-        for name in (*diff.changed, *diff.added):
-            await mux._start_upstream(name, new.servers[name])
-            mux.calls.admit(name)  # calls wait for the new connection, up to the upstream's timeout
-        with anyio.move_on_after(mux.config.mux.startup_timeout):
-            for name in (*diff.changed, *diff.added):
-                await mux.upstreams[name].settled.wait()
-    finally:
-        mux._reloading = False
-        for name in (*diff.removed, *diff.changed):
-            mux.calls.admit(name)
-    for name in (*diff.removed, *diff.changed, *diff.added):
-        mux.cache.invalidate_tag(name)
-        mux.resource_cache.invalidate_tag(name)
-    await mux._catalog_changed()
+class Reloadable(Protocol):
+    """What `ConfigReloader` reloads (a `Mux`)."""
+
+    config: Config
+
+    async def reload(self, config: Config) -> ReloadReport: ...
 
 
 class ConfigReloader:
     """Reloads a `Mux` from its config file: when the file changes (polled) and when asked (SIGHUP)."""
 
-    def __init__(self, mux: Mux, path: str | Path, interval: float = 1.0) -> None:
+    def __init__(self, mux: Reloadable, path: str | Path, interval: float = 1.0) -> None:
         self.mux = mux
         self.path = Path(path)
         self.interval = interval

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import mcp_types as types
 
@@ -18,3 +18,17 @@ class LocalTool:
 
     tool: types.Tool
     handler: Callable[[dict[str, Any], ProgressFn | None, Caller], Awaitable[types.CallToolResult]]
+
+
+class ToolCaller(Protocol):
+    """What a tool that calls others needs of the `Mux` it serves (`Mux.call_tool`)."""
+
+    async def call_tool(
+        self,
+        name: str,
+        arguments: dict[str, Any] | None = None,
+        *,
+        progress: ProgressFn | None = None,
+        caller: Caller | None = None,
+        hears_logs: bool = False,
+    ) -> types.CallToolResult: ...

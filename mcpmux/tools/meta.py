@@ -16,7 +16,7 @@ import logging
 import uuid
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import anyio
 import mcp_types as types
@@ -24,13 +24,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from mcpmux.core.inbound import Caller
 from mcpmux.errors import MuxError, UpstreamError, error_result
-from mcpmux.tools.base import LocalTool
+from mcpmux.tools.base import LocalTool, ToolCaller
 from mcpmux.tools.meta_refs import BadReferenceError, StepOutput, check_refs, resolve_refs
 from mcpmux.tools.meta_schemas import BATCH_TOOL, MAX_CALLS, MAX_CONCURRENT, MAX_STEPS, PARALLEL_TOOL, PIPELINE_TOOL
 from mcpmux.upstream.lane import ProgressFn
-
-if TYPE_CHECKING:
-    from mcpmux.mux.multiplexer import Mux
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +62,7 @@ class _PipelineArgs(_Strict):
     steps: list[_Step] = Field(min_length=1, max_length=MAX_STEPS)
 
 
-def meta_tools(mux: Mux) -> list[LocalTool]:
+def meta_tools(mux: ToolCaller) -> list[LocalTool]:
     """The three meta-tools, calling through `mux`."""
     runner = MetaRunner(mux)
     return [
@@ -78,7 +75,7 @@ def meta_tools(mux: Mux) -> list[LocalTool]:
 class MetaRunner:
     """Runs meta-tool requests against one `Mux`."""
 
-    def __init__(self, mux: Mux) -> None:
+    def __init__(self, mux: ToolCaller) -> None:
         self.mux = mux
 
     async def parallel(

@@ -20,7 +20,7 @@ the request is attributed by the upstream session it came on (`mcpmux.server.cli
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -56,12 +56,14 @@ NotifyFn = Callable[[str, dict[str, Any] | None], Awaitable[None]]
 """Sends a call's client a notification (method, params)."""
 
 
+_NONE: Mapping[str, dict[str, Any]] = {}
+
 ANONYMOUS = "request:"
 """How the identity of a 2026-07-28 HTTP request without a bearer token begins: a client of its own,
 with nothing that lasts beyond the request (no session can be kept for it)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Caller:
     """Who is calling.
 
@@ -83,10 +85,10 @@ class Caller:
         return self.client is not None and not self.client.startswith(ANONYMOUS)
 
     @property
-    def extensions(self) -> dict[str, dict[str, Any]]:
+    def extensions(self) -> Mapping[str, dict[str, Any]]:
         """The extensions the client declared (SEP-2133), by identifier."""
         declared = self.capabilities.extensions if self.capabilities is not None else None
-        return dict(declared or {})
+        return declared or _NONE
 
 
 @dataclass(slots=True, eq=False)

@@ -113,19 +113,17 @@ class ServerSessions:
 
     def _wanted(self, caller: Caller | None) -> _Wanted | None:
         """The caller's own session, if it should have one (None: the shared one)."""
-        if caller is None or not caller.lasting:
-            return None
-        mode = self.shared[0].config.sessions
-        if mode == "shared":
+        if caller is None or not caller.lasting or self.shared[0].config.sessions == "shared":
             return None
         if len(self._seen) < 2:
             self._seen.add(caller.client or "")
         if self._separating():
-            return _Wanted(f"client:{caller.client}", caller.client, caller.extensions)
+            return _Wanted(f"client:{caller.client}", caller.client, dict(caller.extensions))
+        declared = caller.extensions
+        if not declared:  # the common case, on every call: nothing to look up
+            return None
         advertised = self.shared[0].server_extensions  # None: a 2025 server, which cannot say
-        relevant = {
-            name: settings for name, settings in caller.extensions.items() if advertised is None or name in advertised
-        }
+        relevant = {name: settings for name, settings in declared.items() if advertised is None or name in advertised}
         return _Wanted(f"extensions:{canonical_json(relevant)}", None, relevant) if relevant else None
 
     def _separating(self) -> bool:

@@ -12,6 +12,7 @@ import contextlib
 import functools
 import hashlib
 import hmac
+import itertools
 import logging
 import secrets
 import socket
@@ -154,6 +155,8 @@ class Frontend:
         """The one client of `serve_stdio`, once it serves."""
         self._stdio_front: StdioFastFront | None = None
         """`serve_stdio`'s fast path, told the client's session once it is initialized."""
+        self._anonymous = itertools.count()
+        """Numbers the requests that have no identity of their own (`_identity`)."""
         self._token_key = secrets.token_bytes(32)
         """Keys the hash that names an HTTP client by its bearer token (the token itself is never kept)."""
         # 2026-07-28 callers' upstream calls parked while the client answers sampling (input-required rounds).
@@ -242,9 +245,12 @@ class Frontend:
     def _scope_caller(self, scope: Any) -> Caller:
         """Who sent an HTTP request, as the SDK path's `_client_id` names it (`_identity`)."""
         profile = scope.get(PROFILE_SCOPE)
-        headers = dict(scope["headers"])
-        token = headers.get(b"authorization")
-        session_id = headers.get(b"mcp-session-id")
+        token = session_id = None
+        for key, value in scope["headers"]:
+            if key == b"authorization":
+                token = value
+            elif key == b"mcp-session-id":
+                session_id = value
         connection = self._sessions.get(session_id.decode("latin-1")) if session_id is not None else None
         client = self._identity(connection, token, session_id is None, stdio=False)
         if connection is None:
@@ -275,7 +281,7 @@ class Frontend:
         if token:
             identity = "token:" + hmac.new(self._token_key, token, hashlib.sha256).hexdigest()
         elif modern or connection is None:
-            return f"{ANONYMOUS}{uuid.uuid4().hex}"
+            return f"{ANONYMOUS}{next(self._anonymous)}"  # unique in this process: all it must be
         else:
             identity = uuid.uuid4().hex
         if modern or connection is None:

@@ -86,6 +86,7 @@ class StdioFastFront:
         self._tasks = tasks
         self._running: dict[str, _StdioSink] = {}
         self._caller = caller
+        self._known_caller: tuple[Connection | None, Caller] | None = None
         self._hears = hears
         self.connection: Connection | None = None
         """The client's 2025 session, once initialized (set by `Frontend`): upstreams' requests to the
@@ -102,7 +103,7 @@ class StdioFastFront:
         if '"tools/call"' in line:
             message = decode(line)
             asks = self._declares_sampling and self.connection is None  # with no session yet, the SDK path asks
-            caller = self._caller(self.connection)
+            caller = self._caller_now()
             call = self.fast.route(message, caller, self._edge.protocol_version, asks, owner=TASK_OWNER_STDIO)
             if call is None:
                 return False
@@ -128,6 +129,13 @@ class StdioFastFront:
                 capabilities = params.get("capabilities") if isinstance(params, dict) else None
                 self._declares_sampling = sampling_declared(capabilities)
         return False
+
+    def _caller_now(self) -> Caller:
+        """The client as a caller: made again only when its session is (once, at `initialize`)."""
+        known = self._known_caller
+        if known is None or known[0] is not self.connection:
+            known = self._known_caller = (self.connection, self._caller(self.connection))
+        return known[1]
 
     def close(self) -> None:
         """Give every launched call still without a task its task (which the caller then cancels)."""

@@ -263,22 +263,23 @@ class Mux:
         self._resource_listeners.append(listener)
 
     async def _on_resource_updated(self, upstream: str, uri: str) -> None:
+        uri = self.catalog.public_uri(upstream, uri)
         for listener in list(self._resource_listeners):
             await listener(upstream, uri)
 
     async def subscribe_resource(self, uri: str) -> None:
         """Subscribe the upstream that lists `uri` to it (kept across its restarts); `UnknownToolError` if none does."""
-        owner = self.catalog.resolve_resource(uri)
-        await self.upstreams[owner].subscribe(uri)
+        owner, own = self.catalog.locate_resource(uri)
+        await self.upstreams[owner].subscribe(own)
 
     async def unsubscribe_resource(self, uri: str) -> None:
         try:
-            owner = self.catalog.resolve_resource(uri)
+            owner, own = self.catalog.locate_resource(uri)
         except UnknownToolError:  # no longer listed: nothing to unsubscribe from
             return
         upstream = self.upstreams.get(owner)
         if upstream is not None:
-            await upstream.unsubscribe(uri)
+            await upstream.unsubscribe(own)
 
     async def roots_changed(self) -> None:
         """A client's roots changed (or a client with roots connected): every upstream is told."""
@@ -408,9 +409,27 @@ class Mux:
             with self.track_call(route.upstream):
                 boost = priority_for(self.config.mux.client_priorities, client_name) if client_name else 0
                 dispatcher = self.dispatchers[route.upstream]
-                return await dispatcher.call_tool(route.name, arguments or {}, progress, client, boost, hears_logs)
+                result = await dispatcher.call_tool(route.name, arguments or {}, progress, client, boost, hears_logs)
+                return self.catalog.name_result(route.upstream, result)
         except (UpstreamUnavailableError, UpstreamTimeoutError, UpstreamResultError) as err:
             return error_result(str(err))
+
+    def model_refusal(self, name: str, profile: str | None = None) -> str | None:
+        """Why the model may not call `name` through mcpmux's own tools, which it drives: a tool whose
+        `_meta.ui.visibility` leaves out "model" is its server's views' alone. None: it may (or the call
+        itself will say what is wrong with the name)."""
+        if name in self.local_tools:
+            return None
+        try:
+            route = self.resolve_tool(name, profile)
+        except MuxError:
+            return None
+        if route not in self.catalog.app_only:
+            return None
+        return (
+            f'tool {name!r} is only for its server\'s views (its _meta.ui.visibility leaves out "model"): '
+            "the host calls it for them, the model cannot"
+        )
 
     def resolve_tool(self, name: str, profile: str | None = None) -> Route:
         """Where the upstream tool `name` goes (in `profile`'s view). Raises `UnknownToolError`, or
@@ -439,10 +458,11 @@ class Mux:
     async def read_resource(
         self, uri: str, *, client: str | None = None, profile: str | None = None
     ) -> types.ReadResourceResult:
-        """Read a resource from the upstream that lists it (in `profile`'s view); a 2026 `ttlMs` lets
-        mcpmux serve it from cache. `cacheScope: private` entries are kept per `client`, `public` ones shared.
+        """Read a resource from the upstream that lists it (in `profile`'s view), or whose `ui://` URI it is
+        (`Catalog.locate_resource`); a 2026 `ttlMs` lets mcpmux serve it from cache. `cacheScope: private`
+        entries are kept per `client`, `public` ones shared. The contents carry the URI in the form asked for.
         """
-        owner = self.view(profile).resolve_resource(uri)
+        owner, own = self.view(profile).locate_resource(uri)
         key = (owner, "resources/read", uri)
         for scope in (None,) if client is None else (None, client):
             cached = self.resource_cache.get(key, scope=scope)
@@ -450,8 +470,10 @@ class Mux:
                 return cached
         with self.track_call(owner):
             result: types.ReadResourceResult = await self.upstreams[owner].request(
-                f"resource {uri!r}", lambda session: session.read_resource(uri, cache_mode="bypass")
+                f"resource {own!r}", lambda session: session.read_resource(own, cache_mode="bypass")
             )
+        if own != uri:
+            result = self.catalog.name_read(owner, result)
         public = result.cache_scope == "public"
         if result.ttl_ms > 0 and (public or client is not None):
             self.resource_cache.put(

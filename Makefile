@@ -23,8 +23,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
-# Third-party npm MCP servers used by the tests and the example (only where node is installed); the
-# MCP Apps examples (basic-vanillajs, pdf) bring the TypeScript SDK 2 the apps tests' host uses.
+# Third-party npm MCP servers used by the tests and the example (only where node is installed),
+# and the MCP Apps reference servers (basic-vanillajs, pdf) the apps tests relay.
 $(NPM_STAMP): Makefile
 	@if command -v npm >/dev/null 2>&1; then \
 		mkdir -p $(NPM_DIR) && npm install --silent --no-audit --no-fund --prefix $(NPM_DIR) \

@@ -48,7 +48,10 @@ if (plan.show) {
   out.model_calls = [];
   for (const c of plan.model_calls ?? []) out.model_calls.push(await call({ name: c.name, arguments: fill(c.arguments) }));
   out.view_calls = [];
-  for (const c of plan.view_calls ?? []) out.view_calls.push(await call({ name: c.name, arguments: fill(c.arguments) }));
+  // A view's request carries its own progress token (ext-apps' App.callServerTool asks for progress),
+  // which AppBridge passes on with the rest of its params.
+  for (const [i, c] of (plan.view_calls ?? []).entries())
+    out.view_calls.push(await call({ name: c.name, arguments: fill(c.arguments), _meta: { progressToken: i + 1 } }));
 }
 process.stdout.write(JSON.stringify(out));
 await client.close();

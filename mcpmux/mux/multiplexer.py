@@ -505,19 +505,22 @@ class Mux:
             route = view.resolve_prompt(ref.name)
             owner, upstream_ref = route.upstream, ref.model_copy(update={"name": route.name})
         else:
-            owner = self._template_owner(ref.uri, view)
+            owner, own = self._template_owner(ref.uri, view)
+            upstream_ref = ref if own == ref.uri else ref.model_copy(update={"uri": own})
         with self.track_call(owner):
             result: types.CompleteResult = await self.upstreams[owner].request(
                 "completion", lambda client: client.complete(upstream_ref, argument, context_arguments)
             )
         return result
 
-    def _template_owner(self, uri_template: str, view: CatalogView) -> str:
+    def _template_owner(self, uri_template: str, view: CatalogView) -> tuple[str, str]:
+        """The upstream that lists the template clients see as `uri_template`, and its own form of it."""
         for name, upstream in self.upstreams.items():
-            if view.allows_server(name) and any(
-                t.uri_template == uri_template for t in upstream.listing.resource_templates
-            ):
-                return name
+            if not view.allows_server(name):
+                continue
+            for template in upstream.listing.resource_templates:
+                if self.catalog.public_uri(name, template.uri_template) == uri_template:
+                    return name, template.uri_template
         raise MuxError(f"no upstream offers the resource template {uri_template!r}")
 
 

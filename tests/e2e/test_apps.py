@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import mcp_types as types
 import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
@@ -21,6 +22,7 @@ from mcpmux.mux.multiplexer import Mux
 from tests.e2e.conftest import PY, ROOT, demo, mux_over_http, mux_over_stdio, served_in_process, text_of
 
 APPS = ROOT / "tests" / "servers" / "apps_server.py"
+_CSP = {"ui": {"csp": {"connectDomains": ["https://example.com"]}, "prefersBorder": True}}
 pytestmark = pytest.mark.anyio
 
 
@@ -101,6 +103,16 @@ async def test_two_servers_views_keep_uris_of_their_own_through_mcpmux(
         "a view calls its server's tools by their own names only where one server has the name: "
         "call it by its full name"
     )
+    assert seen["templates"] == ["ui://a+widgets/{id}", "ui://b+widgets/{id}"]
+    assert seen["widget"] == [
+        {
+            "uri": "ui://b+widgets/7",
+            "mimeType": "text/html;profile=mcp-app",
+            "_meta": _CSP,
+            "text": "<p>widget 7 of b</p>",
+        }
+    ]
+    assert seen["completed"] == ["7"]  # the server was asked about its own template
     assert seen["bare view"] == (
         "resource 'ui://clock/view.html' is served by several servers (a, b): read it as "
         "'ui://a+clock/view.html' or 'ui://b+clock/view.html'"
@@ -119,6 +131,11 @@ async def _through(client: Client) -> dict[str, Any]:
     with pytest.raises(MCPError) as unread:
         await client.read_resource("ui://clock/view.html")
     seen["bare view"] = unread.value.error.message
+    templates = (await client.list_resource_templates()).resource_templates
+    seen["templates"] = sorted(template.uri_template for template in templates)
+    seen["widget"] = [_dump(item) for item in (await client.read_resource("ui://b+widgets/7")).contents]
+    reference = types.ResourceTemplateReference(type="ref/resource", uri="ui://b+widgets/{id}")
+    seen["completed"] = (await client.complete(reference, {"name": "id", "value": ""})).completion.values
     return seen
 
 

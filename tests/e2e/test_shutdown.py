@@ -221,6 +221,13 @@ def _stubborn(term: str) -> dict[str, Any]:
     return {"command": PY, "args": [str(STUBBORN)], "env": {"STUBBORN_TERM": term}}
 
 
+def _sigterm(process: subprocess.Popen[bytes], child: int) -> tuple[bool, int]:
+    """SIGTERM to mcpmux: whether its `child` was gone within 1.8 s (a TypeScript SDK client SIGKILLs
+    mcpmux 2 s after its SIGTERM), and mcpmux's exit code."""
+    process.send_signal(signal.SIGTERM)
+    return _gone(child, timeout=1.8), process.wait(timeout=30)
+
+
 def _close_stdin(process: subprocess.Popen[bytes]) -> None:
     assert process.stdin is not None
     process.stdin.close()
@@ -255,9 +262,7 @@ def test_sigterm_while_stopping_after_stdin_closed_ends_the_children_at_once(tmp
         pid = _StdioClient(process).upstream_pid()
         _close_stdin(process)
         time.sleep(1.5)  # inside mcpmux's own 2 s wait for the child to exit on its stdin closing
-        process.send_signal(signal.SIGTERM)
-        child_gone = _gone(pid, timeout=1.8)
-        code = process.wait(timeout=30)
+        child_gone, code = _sigterm(process, pid)
     finally:
         if process.poll() is None:
             process.kill()
@@ -277,9 +282,7 @@ async def test_a_second_sigterm_over_http_ends_a_stubborn_child_at_once(tmp_path
             pid = int(text_of(await client.call_tool("alpha__pid", {})))
         process.send_signal(signal.SIGTERM)
         await anyio.sleep(1.0)  # nothing in flight: mcpmux is stopping its upstreams, waiting on this one
-        process.send_signal(signal.SIGTERM)
-        child_gone = _gone(pid, timeout=1.8)
-        code = process.wait(timeout=30)
+        child_gone, code = _sigterm(process, pid)
     finally:
         if process.poll() is None:
             process.kill()

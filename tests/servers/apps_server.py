@@ -6,7 +6,8 @@ Every client gets `clock_text` (the text-only fallback). A client that declared
 in 2025, on each request in 2026-07-28: the SDK's `client_supports_apps` reads either) also gets
 `show_clock` (a view, `ui://clock/view.html`, which this server does not list, as the spec allows),
 `tick` (only its views may call it: `visibility: ["app"]`) and `model_note` (the model's alone:
-`visibility: ["model"]`). It lists `ui://app/index.html`, a URI every copy of this server shares.
+`visibility: ["model"]`). It lists `ui://app/index.html`, a URI every copy of this server shares,
+and the template `ui://widgets/{id}` (its `id` completes to 7).
 Every answer names the server, so a test can tell which copy served it. With `APPS_UNGATED=1` every
 client gets every tool (for tests of what mcpmux does with views, whatever reaches the server).
 """
@@ -29,6 +30,7 @@ NAME = sys.argv[1] if len(sys.argv) > 1 else "apps"
 UNGATED = os.environ.get("APPS_UNGATED") == "1"
 VIEW = "ui://clock/view.html"
 SHARED = "ui://app/index.html"
+WIDGETS = "ui://widgets/{id}"
 HTML = {VIEW: f"<!doctype html><p>clock view of {NAME}</p>", SHARED: f"<!doctype html><p>index of {NAME}</p>"}
 CSP = {"ui": {"csp": {"connectDomains": ["https://example.com"]}, "prefersBorder": True}}
 EMPTY: dict[str, Any] = {"type": "object"}
@@ -76,8 +78,21 @@ async def list_resources(ctx: Any, params: types.PaginatedRequestParams | None) 
     return types.ListResourcesResult(resources=[shared])
 
 
+async def list_templates(ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListResourceTemplatesResult:
+    widget = types.ResourceTemplate(uri_template=WIDGETS, name="widget", mime_type=APP_MIME_TYPE)
+    return types.ListResourceTemplatesResult(resource_templates=[widget])
+
+
+async def complete(ctx: Any, params: types.CompleteRequestParams) -> types.CompleteResult:
+    known = isinstance(params.ref, types.ResourceTemplateReference) and params.ref.uri == WIDGETS
+    return types.CompleteResult(completion=types.Completion(values=["7"] if known else []))
+
+
 async def read_resource(ctx: Any, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
-    html = HTML.get(str(params.uri))
+    uri = str(params.uri)
+    html = HTML.get(uri) or (
+        f"<p>widget {uri.removeprefix('ui://widgets/')} of {NAME}</p>" if uri.startswith("ui://widgets/") else None
+    )
     if html is None:
         raise MCPError(types.INVALID_PARAMS, f"no resource {params.uri!r} on {NAME}")
     page = types.TextResourceContents(uri=str(params.uri), mime_type=APP_MIME_TYPE, text=html, meta=CSP)
@@ -89,7 +104,9 @@ server = Server(
     on_list_tools=list_tools,
     on_call_tool=call_tool,
     on_list_resources=list_resources,
+    on_list_resource_templates=list_templates,
     on_read_resource=read_resource,
+    on_completion=complete,
 )
 
 

@@ -83,14 +83,21 @@ def named_meta(server: str, meta: dict[str, Any] | None) -> dict[str, Any] | Non
     if not meta:
         return None
     ui = meta.get("ui")
-    nested = ui.get("resourceUri") if isinstance(ui, dict) else None
-    flat = meta.get(FLAT_KEY)
+    ui = ui if isinstance(ui, dict) else {}
+    nested = _ui_uri(ui.get("resourceUri"))
+    flat = _ui_uri(meta.get(FLAT_KEY))
+    if nested is None and flat is None:
+        return None  # most results: nothing copied
     named = dict(meta)
-    if isinstance(ui, dict) and isinstance(nested, str) and nested.startswith(SCHEME):
+    if nested is not None:
         named["ui"] = {**ui, "resourceUri": public_uri(server, nested)}
-    if isinstance(flat, str) and flat.startswith(SCHEME):
+    if flat is not None:
         named[FLAT_KEY] = public_uri(server, flat)
-    return named if named != meta else None
+    return named
+
+
+def _ui_uri(value: object) -> str | None:
+    return value if isinstance(value, str) and value.startswith(SCHEME) else None
 
 
 def name_raw_result(server: str, result: Any) -> None:

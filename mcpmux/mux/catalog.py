@@ -82,14 +82,8 @@ class Catalog:
         self.prompts, self._prompt_routes = [], {}
         self.resources, self._resource_routes = [], {}
         self.resource_templates, self._template_routes = [], []
-        self.names_uris, self.app_only, self._servers, self._public, self._bare, self._views = (
-            prefix,
-            set(),
-            set(),
-            {},
-            {},
-            {},
-        )
+        self.names_uris, self.app_only, self._servers = prefix, set(), set()
+        self._public, self._bare, self._views = {}, {}, {}
         taken = set(local_names)
         profile = self.profile
         for source in sources:

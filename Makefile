@@ -23,12 +23,15 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
-# Third-party npm MCP servers used by the tests and the example (only where node is installed).
+# Third-party npm MCP servers used by the tests and the example (only where node is installed),
+# and the MCP Apps reference servers (basic-vanillajs, pdf) the apps tests relay.
 $(NPM_STAMP): Makefile
 	@if command -v npm >/dev/null 2>&1; then \
 		mkdir -p $(NPM_DIR) && npm install --silent --no-audit --no-fund --prefix $(NPM_DIR) \
 			@modelcontextprotocol/server-everything@2026.8.31 \
-			@modelcontextprotocol/server-filesystem@2026.8.31 && touch $(NPM_STAMP); \
+			@modelcontextprotocol/server-filesystem@2026.8.31 \
+			@modelcontextprotocol/server-basic-vanillajs@2.0.3 \
+			@modelcontextprotocol/server-pdf@2.0.4 && touch $(NPM_STAMP); \
 	else echo "npm not found: tests that use npm MCP servers will be skipped" >&2; fi
 
 # The example config answers upstream sampling with SmolLM2: convert it once (~20 s) before serving.

@@ -27,6 +27,7 @@ from mcpmux.mux.multiplexer import Mux
 from mcpmux.mux.reload import ConfigReloader
 from mcpmux.server.edge_policy import prepare_edge
 from mcpmux.server.frontend import Frontend, bind
+from mcpmux.upstream import children
 from mcpmux.upstream.oauth.upstream_auth import name_config_file
 
 EXAMPLES = """examples:
@@ -148,7 +149,9 @@ async def _serve(args: argparse.Namespace, config: Config) -> int:
     """Serve until stdin closes (stdio) or SIGINT/SIGTERM arrives; upstream children end with the Mux.
 
     SIGINT/SIGTERM stop accepting, let calls in flight finish within `[mux] shutdown_grace` and cancel
-    the rest (a second signal skips the wait); SIGHUP, or a change to the file, reloads the config.
+    the rest (a second signal skips the wait, and the upstream processes are ended without theirs); a
+    signal once serving is over (stdin closed, say) ends the upstream processes at once. SIGHUP, or a
+    change to the file, reloads the config.
     """
     if args.openai_only:
         return await _serve_openai_only(args, config)
@@ -156,28 +159,34 @@ async def _serve(args: argparse.Namespace, config: Config) -> int:
     # Read (a non-loopback bind without tokens refused) and bound before any upstream starts.
     edge = prepare_edge(config, host, args.allow_unauthenticated_remote) if args.transport == "http" else None
     sock = bind(host, config.http.port if args.port is None else args.port) if edge is not None else None
-    async with Mux(config, profile=args.profile) as mux, anyio.create_task_group() as tasks:
-        frontend = Frontend(mux)
-        _announce_inference(mux)
-        _freeze_startup_heap()
-        stop, skip = anyio.Event(), anyio.Event()
-        reloader = None if _wrapped(args) else ConfigReloader(mux, config.source)
-        tasks.start_soon(_handle_signals, stop, skip, reloader, tasks)
-        if reloader is not None:
-            tasks.start_soon(reloader.watch)
-        if args.transport == "stdio":
-            async with anyio.create_task_group() as serving:
-                serving.start_soon(_drain_when_stopped, mux, stop, skip, serving.cancel_scope.cancel)
-                await frontend.serve_stdio()
-                serving.cancel_scope.cancel()  # stdin closed: no client is left to answer
-        else:
-            assert edge is not None
-            assert sock is not None
-            _announce_http(host, sock.getsockname()[1], config)
-            drained = anyio.Event()
-            tasks.start_soon(_drain_when_stopped, mux, stop, skip, drained.set)
-            await frontend.serve_http(sock, edge, config.http.path, stop, shutdown_timeout=2, drained=drained)
-        tasks.cancel_scope.cancel()
+    signals = _Signals()
+    # The signal handler outlives the Mux: a signal while it starts or stops still ends every child.
+    async with anyio.create_task_group() as handling:
+        handling.start_soon(signals.handle, handling)
+        async with Mux(config, profile=args.profile) as mux, anyio.create_task_group() as tasks:
+            frontend = Frontend(mux)
+            _announce_inference(mux)
+            _freeze_startup_heap()
+            stop, skip = signals.stop, signals.skip
+            reloader = None if _wrapped(args) else ConfigReloader(mux, config.source)
+            if reloader is not None:
+                signals.reloader, signals.reloads = reloader, tasks
+                tasks.start_soon(reloader.watch)
+            if args.transport == "stdio":
+                async with anyio.create_task_group() as serving:
+                    serving.start_soon(_drain_when_stopped, mux, stop, skip, serving.cancel_scope.cancel)
+                    await frontend.serve_stdio()
+                    serving.cancel_scope.cancel()  # stdin closed: no client is left to answer
+            else:
+                assert edge is not None
+                assert sock is not None
+                _announce_http(host, sock.getsockname()[1], config)
+                drained = anyio.Event()
+                tasks.start_soon(_drain_when_stopped, mux, stop, skip, drained.set)
+                await frontend.serve_http(sock, edge, config.http.path, stop, shutdown_timeout=2, drained=drained)
+            signals.exiting(handling)
+            tasks.cancel_scope.cancel()
+        handling.cancel_scope.cancel()
     return 0
 
 
@@ -223,23 +232,49 @@ async def _stop_on_signal(stop: anyio.Event) -> None:
             return
 
 
-async def _handle_signals(
-    stop: anyio.Event, skip: anyio.Event, reloader: ConfigReloader | None, tasks: TaskGroup
-) -> None:
-    """SIGINT/SIGTERM set `stop` (a second one sets `skip`: no more grace); SIGHUP reloads the config file."""
-    log = logging.getLogger("mcpmux")
-    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
-        async for signum in signals:
-            name = signal.Signals(signum).name
-            if signum != signal.SIGHUP:
-                what = "skipping the rest of the grace period" if stop.is_set() else "shutting down"
-                log.warning("%s received: %s", name, what)
-                (skip if stop.is_set() else stop).set()
-            elif reloader is None:
-                log.warning("SIGHUP received: nothing to reload (serving a command line, not a config file)")
-            elif not stop.is_set():
-                log.warning("SIGHUP received: reloading %s", reloader.path)
-                tasks.start_soon(reloader.reload)
+class _Signals:
+    """What `mcpmux serve` does on a signal. SIGINT/SIGTERM: the first sets `stop` (calls in flight get
+    their grace); a second sets `skip` (they are cancelled now); one once serving is over (`exiting`),
+    or a second one by then, ends the upstream processes at once (`children.hurry`). SIGHUP reloads."""
+
+    def __init__(self) -> None:
+        self.stop = anyio.Event()
+        self.skip = anyio.Event()
+        self.reloader: ConfigReloader | None = None
+        """Reloads the config file, in `reloads`, while serving one."""
+        self.reloads: TaskGroup | None = None
+        self._exiting: TaskGroup | None = None
+
+    def exiting(self, tasks: TaskGroup) -> None:
+        """Serving is over and the upstreams are stopped next (a hurried child ends in `tasks`)."""
+        self.reloader = None
+        self.stop.set()
+        self._exiting = tasks
+        if self.skip.is_set():
+            tasks.start_soon(children.hurry)
+
+    async def handle(self, tasks: TaskGroup) -> None:
+        log = logging.getLogger("mcpmux")
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
+            async for signum in signals:
+                name = signal.Signals(signum).name
+                if signum != signal.SIGHUP:
+                    if self._exiting is not None:
+                        log.warning("%s received while stopping: upstream processes end now", name)
+                        self._exiting.start_soon(children.hurry)
+                    elif self.stop.is_set():
+                        log.warning("%s received: skipping the rest of the grace period", name)
+                        self.skip.set()
+                    else:
+                        log.warning("%s received: shutting down", name)
+                        self.stop.set()
+                elif self.stop.is_set():
+                    continue
+                elif self.reloader is None or self.reloads is None:
+                    log.warning("SIGHUP received: nothing to reload (serving a command line, not a config file)")
+                else:
+                    log.warning("SIGHUP received: reloading %s", self.reloader.path)
+                    self.reloads.start_soon(self.reloader.reload)
 
 
 async def _drain_when_stopped(mux: Mux, stop: anyio.Event, skip: anyio.Event, then: Callable[[], object]) -> None:

@@ -355,22 +355,23 @@ class Mux:
         self._resource_listeners.append(listener)
 
     async def _on_resource_updated(self, upstream: str, uri: str) -> None:
+        uri = self.catalog.public_uri(upstream, uri)
         for listener in list(self._resource_listeners):
             await listener(upstream, uri)
 
     async def subscribe_resource(self, uri: str) -> None:
         """Subscribe the upstream that lists `uri` to it (kept across its restarts); `UnknownToolError` if none does."""
-        owner = self.catalog.resolve_resource(uri)
-        await self.upstreams[owner].subscribe(uri)
+        owner, own = self.catalog.locate_resource(uri)
+        await self.upstreams[owner].subscribe(own)
 
     async def unsubscribe_resource(self, uri: str) -> None:
         try:
-            owner = self.catalog.resolve_resource(uri)
+            owner, own = self.catalog.locate_resource(uri)
         except UnknownToolError:  # no longer listed: nothing to unsubscribe from
             return
         upstream = self.upstreams.get(owner)
         if upstream is not None:
-            await upstream.unsubscribe(uri)
+            await upstream.unsubscribe(own)
 
     async def roots_changed(self) -> None:
         """A client's roots changed (or a client with roots connected): every upstream session is told
@@ -540,9 +541,10 @@ class Mux:
                 upstream, dispatcher = await self.session(route.upstream, caller)
                 async with self._turn(route.upstream, upstream, caller):
                     tracked.session = upstream
-                    return await dispatcher.call_tool(
+                    result = await dispatcher.call_tool(
                         route.name, arguments or {}, progress, caller.client, self._boost(caller), hears_logs
                     )
+                    return self.catalog.name_result(route.upstream, result)
         except (UpstreamUnavailableError, UpstreamTimeoutError, UpstreamResultError) as err:
             return error_result(str(err))
 
@@ -581,6 +583,23 @@ class Mux:
             for sessions in pending:
                 tasks.start_soon(start, sessions)
 
+    def model_refusal(self, name: str, profile: str | None = None) -> str | None:
+        """Why the model may not call `name` through mcpmux's own tools, which it drives: a tool whose
+        `_meta.ui.visibility` leaves out "model" is its server's views' alone. None: it may (or the call
+        itself will say what is wrong with the name)."""
+        if name in self.local_tools:
+            return None
+        try:
+            route = self.resolve_tool(name, profile)
+        except MuxError:
+            return None
+        if route not in self.catalog.app_only:
+            return None
+        return (
+            f'tool {name!r} is only for its server\'s views (its _meta.ui.visibility leaves out "model"): '
+            "the host calls it for them, the model cannot"
+        )
+
     def resolve_tool(self, name: str, profile: str | None = None, caller: Caller | None = None) -> Route:
         """Where the upstream tool `name` goes (in `profile`'s view, as `caller` sees it). Raises
         `UnknownToolError`, or `UnlistedToolError` when the name's prefix is an upstream that is not
@@ -608,11 +627,12 @@ class Mux:
     async def read_resource(
         self, uri: str, *, client: str | None = None, profile: str | None = None
     ) -> types.ReadResourceResult:
-        """Read a resource from the upstream that lists it (in `profile`'s view); a 2026 `ttlMs` lets
-        mcpmux serve it from cache. `cacheScope: private` entries are kept per `client`, `public` ones shared.
+        """Read a resource from the upstream that lists it (in `profile`'s view), or whose `ui://` URI it is
+        (`Catalog.locate_resource`); a 2026 `ttlMs` lets mcpmux serve it from cache. `cacheScope: private`
+        entries are kept per `client`, `public` ones shared. The contents carry the URI in the form asked for.
         """
         caller = _caller()
-        owner = self.view(profile, caller).resolve_resource(uri)
+        owner, own = self.view(profile, caller).locate_resource(uri)
         upstream, _ = await self.session(owner, caller)
         key = (owner, "resources/read", uri)
         shared = upstream.key  # a session of clients' own shares its public entries with nobody else
@@ -622,8 +642,10 @@ class Mux:
                 return cached
         with self.track_call(owner, upstream):
             result: types.ReadResourceResult = await upstream.request(
-                f"resource {uri!r}", lambda session: session.read_resource(uri, cache_mode="bypass")
+                f"resource {own!r}", lambda session: session.read_resource(own, cache_mode="bypass")
             )
+        if own != uri:
+            result = self.catalog.name_read(owner, result)
         public = result.cache_scope == "public"
         if result.ttl_ms > 0 and (public or client is not None):
             self.resource_cache.put(
@@ -658,7 +680,8 @@ class Mux:
             route = view.resolve_prompt(ref.name)
             owner, upstream_ref = route.upstream, ref.model_copy(update={"name": route.name})
         else:
-            owner = self._template_owner(ref.uri, view)
+            owner, own = self._template_owner(ref.uri, view)
+            upstream_ref = ref if own == ref.uri else ref.model_copy(update={"uri": own})
         upstream, _ = await self.session(owner, caller)
         with self.track_call(owner, upstream):
             result: types.CompleteResult = await upstream.request(
@@ -666,12 +689,14 @@ class Mux:
             )
         return result
 
-    def _template_owner(self, uri_template: str, view: CatalogView) -> str:
+    def _template_owner(self, uri_template: str, view: CatalogView) -> tuple[str, str]:
+        """The upstream that lists the template clients see as `uri_template`, and its own form of it."""
         for name, upstream in self.upstreams.items():
-            if view.allows_server(name) and any(
-                t.uri_template == uri_template for t in upstream.listing.resource_templates
-            ):
-                return name
+            if not view.allows_server(name):
+                continue
+            for template in upstream.listing.resource_templates:
+                if self.catalog.public_uri(name, template.uri_template) == uri_template:
+                    return name, template.uri_template
         raise MuxError(f"no upstream offers the resource template {uri_template!r}")
 
 

@@ -92,14 +92,14 @@ class ResourceSubscriptions:
         async with self._lock:
             for uri in [uri for uri, clients in self._subscribers.items() if clients]:
                 try:
-                    owner = self._mux.catalog.resolve_resource(uri)
+                    owner, own = self._mux.catalog.locate_resource(uri)  # `own`: the URI as its server names it
                 except MuxError:
                     continue  # not listed now: subscribed again when it is
                 upstream = self._mux.upstreams.get(owner)
-                if upstream is None or uri in upstream.subscriptions:
+                if upstream is None or own in upstream.subscriptions:
                     continue
                 try:
-                    await upstream.subscribe(uri)
+                    await upstream.subscribe(own)
                 except MuxError as err:
                     logger.warning("could not subscribe upstream %r to %s again: %s", owner, uri, err)
 

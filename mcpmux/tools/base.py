@@ -21,7 +21,10 @@ class LocalTool:
 
 
 class ToolCaller(Protocol):
-    """What a tool that calls others needs of the `Mux` it serves (`Mux.call_tool`)."""
+    """What a tool that calls others needs of the `Mux` it serves."""
+
+    def model_refusal(self, name: str, profile: str | None = None) -> str | None:
+        """Why the model may not call `name` (an app-only tool), or None."""
 
     async def call_tool(
         self,

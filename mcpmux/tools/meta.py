@@ -7,7 +7,8 @@ upstream's queue and priorities, its concurrency and rate limits, the result cac
 Each inner call answers for itself: `{"index", "tool", "ok": true, "result": {"text", "structured"?}}`
 or `{"index", "tool", "ok": false, "error": "..."}`. The meta-tool's own result is an error only when
 the request itself is malformed (or, for `mux_pipeline`, when a step fails, since the pipeline then
-has no final output). Meta-tools cannot call meta-tools.
+has no final output). Meta-tools cannot call meta-tools, nor tools only MCP Apps views may call
+(`Mux.model_refusal`): the model drives them.
 """
 
 from __future__ import annotations
@@ -155,6 +156,9 @@ class MetaRunner:
             return _failed(
                 index, tool, f"{tool} is a meta-tool and meta-tools cannot call meta-tools; list its calls here"
             )
+        refusal = self.mux.model_refusal(tool, caller.profile)
+        if refusal is not None:
+            return _failed(index, tool, refusal)
         try:
             result = await self.mux.call_tool(tool, arguments, caller=caller)
         except UpstreamError as err:

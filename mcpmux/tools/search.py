@@ -2,9 +2,11 @@
 
 With many servers behind mcpmux, listing every tool costs a model tens of thousands of tokens a turn.
 In search mode (`[mux] tool_search = "on"`, or `"auto"` once the catalog has more than
-`tool_search_threshold` tools) `tools/list` shows only mcpmux's own `mux_*` tools and the tools
-matching `[mux] pinned_tools`; the model finds the rest with `mux_search_tools` and calls them with
-`mux_call_tool` (or directly: every catalog tool stays callable by name).
+`tool_search_threshold` tools) `tools/list` shows only mcpmux's own `mux_*` tools, the tools
+matching `[mux] pinned_tools`, and the MCP Apps tools a host must list to render and serve views
+(those with a view, and those only views call); the model finds the rest with `mux_search_tools`
+and calls them with `mux_call_tool` (or directly: every catalog tool stays callable by name). A tool
+only views may call is never found nor called that way.
 
 The index (`search_index.ToolIndex`) follows the catalog: it is built when the `Mux` starts and
 brought up to date, in the Mux's task group, after every catalog change (list_changed, reconnect,
@@ -28,6 +30,7 @@ import mcp_types as types
 from anyio.abc import TaskGroup
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from mcpmux.core import apps
 from mcpmux.core.inbound import Caller
 from mcpmux.errors import UnknownToolError, UnlistedToolError, error_result
 from mcpmux.tools.base import LocalTool
@@ -186,7 +189,9 @@ class ToolSearch:
         return [
             tool
             for tool in tools
-            if tool.name in OWN_TOOL_NAMES or any(fnmatch.fnmatchcase(tool.name, glob) for glob in pinned)
+            if tool.name in OWN_TOOL_NAMES
+            or apps.for_views(tool.meta)  # a host renders a view only for a tool it listed with one
+            or any(fnmatch.fnmatchcase(tool.name, glob) for glob in pinned)
         ]
 
     # -- keeping the index current -------------------------------------------------------------------
@@ -211,7 +216,8 @@ class ToolSearch:
         if self._seen is not None and seen[0] is self._seen[0] and seen[1] == self._seen[1]:
             return
         self._seen = seen
-        self.index.update([self._doc(tool) for tool in self.mux.list_tools() if tool.name not in OWN_TOOL_NAMES])
+        tools = [tool for tool in self.mux.list_tools() if tool.name not in OWN_TOOL_NAMES]
+        self.index.update([self._doc(tool) for tool in tools if not apps.app_only(tool.meta)])
         if self.index.missing:
             self._want()
 
@@ -359,6 +365,9 @@ class ToolSearch:
             return _malformed(CALL_TOOL.name, err)
         if args.tool in OWN_TOOL_NAMES:
             return error_result(f"{CALL_TOOL.name}: {args.tool} is one of mcpmux's own tools; call it directly")
+        refusal = self.mux.model_refusal(args.tool, caller.profile)
+        if refusal is not None:
+            return error_result(f"{CALL_TOOL.name}: {refusal}")
         try:
             return await self.mux.call_tool(args.tool, args.arguments, progress=progress, caller=caller)
         except UnlistedToolError as err:

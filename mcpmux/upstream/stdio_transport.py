@@ -11,6 +11,7 @@ The child runs in a session of its own, with the SDK's default environment under
 and mcpmux's stderr as its own. Shutdown follows the spec's sequence, as the SDK's transport does:
 close the child's stdin, give it `EXIT_GRACE` seconds to exit, then SIGTERM its process group and
 SIGKILL whatever is left; unlike the SDK's, it also ends what the child left running in its group.
+A signal during mcpmux's shutdown cuts that short (`mcpmux.upstream.children`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from mcp.os.posix.utilities import terminate_posix_process_tree
 from mcp.shared.message import SessionMessage
 from pydantic_core import from_json
 
+from mcpmux.upstream import children
 from mcpmux.upstream.lane import LANE_ID_MARK, UpstreamLane
 from mcpmux.wire.json_bytes import line
 from mcpmux.wire.stdio_lines import LineWriter, read_lines
@@ -61,6 +63,7 @@ async def stdio_transport(
         cwd=cwd,
         start_new_session=True,
     )
+    children.started(child)
     assert child.stdin is not None
     assert child.stdout is not None
     stdin, stdout = LineWriter(child.stdin), child.stdout
@@ -171,7 +174,10 @@ async def _stop(child: subprocess.Popen[bytes]) -> None:
     The group is ended even when the child exited on its own: whatever it started and left behind
     (a server run through a shell or a launcher) goes with it, not on as an orphan.
     """
-    await _exited(child, EXIT_GRACE)
-    await terminate_posix_process_tree(cast(Process, _Reaping(child)), EXIT_GRACE)
-    if not await _exited(child, EXIT_GRACE):
-        logger.warning("upstream process %d is still alive after SIGKILL; abandoning it", child.pid)
+    try:
+        await _exited(child, EXIT_GRACE)
+        await terminate_posix_process_tree(cast(Process, _Reaping(child)), EXIT_GRACE)
+        if not await _exited(child, EXIT_GRACE):
+            logger.warning("upstream process %d is still alive after SIGKILL; abandoning it", child.pid)
+    finally:
+        children.ended(child)

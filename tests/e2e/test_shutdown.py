@@ -211,3 +211,81 @@ def test_stdin_closing_with_a_call_in_flight_ends_mcpmux_at_once(tmp_path: Path,
     assert b" WARNING " not in stderr, stderr.decode()  # nothing in flight broke on the way out
     assert b" ERROR " not in stderr, stderr.decode()
     assert _gone(pid)
+
+
+STUBBORN = Path(__file__).resolve().parents[1] / "servers" / "stubborn_server.py"
+
+
+def _stubborn(term: str) -> dict[str, Any]:
+    """A server that outlives its stdin closing (as server-pdf does); `term="ignore"`: SIGTERM too."""
+    return {"command": PY, "args": [str(STUBBORN)], "env": {"STUBBORN_TERM": term}}
+
+
+def _sigterm(process: subprocess.Popen[bytes], child: int) -> tuple[bool, int]:
+    """SIGTERM to mcpmux: whether its `child` was gone within 1.8 s (a TypeScript SDK client SIGKILLs
+    mcpmux 2 s after its SIGTERM), and mcpmux's exit code."""
+    process.send_signal(signal.SIGTERM)
+    return _gone(child, timeout=1.8), process.wait(timeout=30)
+
+
+def _close_stdin(process: subprocess.Popen[bytes]) -> None:
+    assert process.stdin is not None
+    process.stdin.close()
+    process.stdin = None  # closed: `communicate` must not flush it
+
+
+@pytest.mark.parametrize("term", ["", "ignore"], ids=["ends-on-sigterm", "ignores-sigterm"])
+def test_a_child_that_ignores_stdin_closing_is_terminated_then_killed(tmp_path: Path, term: str) -> None:
+    config = write_config(tmp_path / "c.json", {"alpha": _stubborn(term)})
+    process = _serve(config)
+    try:
+        pid = _StdioClient(process).upstream_pid()
+        _close_stdin(process)
+        code = process.wait(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        _, stderr = process.communicate()
+    assert code == 0, stderr.decode()
+    assert _gone(pid, timeout=0.5), "mcpmux exited with its child still running"
+
+
+@pytest.mark.parametrize("term", ["", "ignore"], ids=["ends-on-sigterm", "ignores-sigterm"])
+def test_sigterm_while_stopping_after_stdin_closed_ends_the_children_at_once(tmp_path: Path, term: str) -> None:
+    """The TypeScript SDK's way to end a server: stdin closed, SIGTERM 2 s later, SIGKILL 2 s after
+    that. mcpmux is still waiting for a child that ignores its stdin closing when the SIGTERM comes:
+    the child must be gone before the SIGKILL would leave it running with no parent. (The signal
+    comes a little sooner here than the SDK's, so that it never races mcpmux's own 2 s.)"""
+    config = write_config(tmp_path / "c.json", {"alpha": _stubborn(term)})
+    process = _serve(config)
+    try:
+        pid = _StdioClient(process).upstream_pid()
+        _close_stdin(process)
+        time.sleep(1.5)  # inside mcpmux's own 2 s wait for the child to exit on its stdin closing
+        child_gone, code = _sigterm(process, pid)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        _, stderr = process.communicate()
+    assert child_gone, "the child outlived the client's 2 s between SIGTERM and SIGKILL"
+    assert code == 0, stderr.decode()
+    assert b"SIGTERM received while stopping: upstream processes end now" in stderr
+
+
+async def test_a_second_sigterm_over_http_ends_a_stubborn_child_at_once(tmp_path: Path) -> None:
+    config = write_config(tmp_path / "c.json", {"alpha": _stubborn("ignore")})
+    port = free_port()
+    process = _serve(config, "--transport", "http", "--port", str(port))
+    try:
+        wait_for_port(port, process)
+        async with Client(f"http://127.0.0.1:{port}/mcp") as client:
+            pid = int(text_of(await client.call_tool("alpha__pid", {})))
+        process.send_signal(signal.SIGTERM)
+        await anyio.sleep(1.0)  # nothing in flight: mcpmux is stopping its upstreams, waiting on this one
+        child_gone, code = _sigterm(process, pid)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        _, stderr = process.communicate()
+    assert child_gone, "the child outlived the second SIGTERM by more than the hurry grace"
+    assert code == 0, stderr.decode()

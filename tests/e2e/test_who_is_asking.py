@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -246,7 +247,9 @@ async def test_per_client_sessions_are_bounded_reaped_and_restarted(tmp_path: Pa
             assert len(set(pids.values())) == 3  # each its own process
             async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {people[0].token}"}) as http:
                 scraped = (await http.get(url.replace("/mcp", "/metrics"))).text
-            assert 'mcpmux_upstream_client_sessions{upstream="who"} 2.0' in scraped
+            gauge = re.search(r'mcpmux_upstream_client_sessions\{upstream="who"\} (\S+)', scraped)
+            assert gauge is not None
+            assert 1 <= float(gauge.group(1)) <= 2  # the least recently used one may be idle long enough to go
             async with connected(url, people[2], "legacy") as client:
                 await client.call_tool("who__crash", {})
                 with anyio.fail_after(30):  # its supervisor starts it again

@@ -9,6 +9,15 @@ One resolved model (`Config`) comes out of every format:
 `${VAR}` and `${VAR:-default}` in any string expand from the environment before validation; `$${`
 writes a literal `${`. Every problem is reported as a `ConfigError` naming the file, the key path
 and what was expected, before anything starts.
+
+Paths in a file mean what they say wherever mcpmux was started from (as in Compose and VS Code): a
+stdio server runs in the config file's folder unless its `cwd` says otherwise (a relative `cwd` is
+relative to that folder), and a relative `command` with a `/` in it is made absolute against it, so
+`command = ".venv/bin/server"` and `args = ["server.py"]` work when a client launches mcpmux from `/`.
+
+`mcpmux.toml` is mcpmux's own: an unknown key is a mistake and named as one. A client's own file
+(Claude Desktop, Cursor, VS Code JSON, Codex's `[mcp_servers]`) carries that client's settings too
+(`globalShortcut`, `preferences`, a server's `autoApprove`): keys mcpmux does not use are left alone.
 """
 
 from __future__ import annotations
@@ -88,6 +97,10 @@ class ServerConfig(_Model):
 
     @model_validator(mode="after")
     def _check_endpoint(self) -> ServerConfig:
+        if self.command and self.url:
+            raise ValueError(
+                "has both 'command' and 'url': keep 'command' for a stdio server or 'url' for a streamable HTTP one"
+            )
         if self.transport == "stdio" and not self.command:
             raise ValueError("a stdio server needs 'command' (or give 'url' for a streamable HTTP server)")
         if self.transport == "http":
@@ -133,13 +146,13 @@ class MuxSettings(_Model):
     """Tools `mux_search_tools` found are called with `mux_call_tool` ("call"), or also join the finding
     session's tools/list, which is told with list_changed ("listing"; 2025 sessions: a 2026 request has none)."""
     fast_path: bool = True
-    """Relay plain `tools/call` requests as raw JSON-RPC, skipping the SDK's sessions (docs/fastpath.md)."""
+    """Relay plain `tools/call` requests as raw JSON-RPC, skipping the SDK's sessions (docs/guide/calls.md)."""
     reload: bool = True
-    """Watch the config file and apply changes while serving (docs/lifecycle.md); SIGHUP reloads either way."""
+    """Watch the config file and apply changes while serving (docs/guide/lifecycle.md); SIGHUP reloads either way."""
     shutdown_grace: float = Field(default=10.0, ge=0)
     """Seconds SIGTERM/SIGINT lets calls in flight finish before cancelling them."""
     sampling_round_timeout: float = Field(default=30.0, gt=0)
-    """Seconds a 2026 client has to answer an input-required sampling round (docs/sampling_forward.md)."""
+    """Seconds a 2026 client has to answer an input-required sampling round (docs/guide/sampling.md)."""
     roots: list[RootEntry] = Field(default_factory=list)
     """What `roots/list` from an upstream gets when no client's roots apply (`[servers.X] roots` wins)."""
 
@@ -152,7 +165,7 @@ class MuxSettings(_Model):
 
 
 class HttpSettings(_Model):
-    """Where the streamable HTTP front end listens, and who may talk to it (docs/security.md)."""
+    """Where the streamable HTTP front end listens, and who may talk to it (docs/guide/security.md)."""
 
     host: str = "127.0.0.1"
     port: int = Field(default=8765, ge=0, le=65535)
@@ -269,7 +282,9 @@ class Config(_Model):
 
 
 def load_config(path: str | Path, environ: dict[str, str] | None = None) -> Config:
-    """Read, expand and validate a config file (`.toml` or `.json`); raise `ConfigError` on any problem."""
+    """Read, expand and validate a config file (`.toml` or `.json`); raise `ConfigError` on any problem.
+
+    Relative paths in it (a stdio server's `command` and `cwd`) are resolved against its folder."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -278,18 +293,47 @@ def load_config(path: str | Path, environ: dict[str, str] | None = None) -> Conf
     except OSError as err:
         raise ConfigError(f"{path}: cannot read ({err.strerror})") from None
     raw = _parse(path, text)
-    return config_from_dict(raw, source=str(path), environ=environ)
+    client_file = path.suffix == ".json" or "mcp_servers" in raw
+    return config_from_dict(raw, source=str(path), environ=environ, folder=path.parent, client_file=client_file)
 
 
-def config_from_dict(raw: dict[str, Any], source: str = "<memory>", environ: dict[str, str] | None = None) -> Config:
-    """Validate an already-parsed config in any of the accepted shapes."""
+def config_from_dict(
+    raw: dict[str, Any],
+    source: str = "<memory>",
+    environ: dict[str, str] | None = None,
+    folder: Path | None = None,
+    client_file: bool = False,
+) -> Config:
+    """Validate an already-parsed config in any of the accepted shapes.
+
+    `folder`: where relative paths are resolved (the config file's folder; None leaves them to the
+    process's working directory). `client_file`: the file belongs to an MCP client, whose own keys
+    are skipped rather than refused."""
     env = dict(os.environ) if environ is None else environ
     data = _normalize(raw, source)
+    if client_file:
+        data = _only_known_keys(data)
     data = _expand(data, env, source, ())
     try:
-        return Config.model_validate({**data, "source": source})
+        config = Config.model_validate({**data, "source": source})
     except ValidationError as err:
         raise ConfigError(_describe(err, source)) from None
+    return config if folder is None else _resolved(config, folder.expanduser().resolve())
+
+
+def _resolved(config: Config, folder: Path) -> Config:
+    """`config` with its stdio servers' relative paths made absolute against `folder` (module docstring)."""
+    servers = {}
+    for name, server in config.servers.items():
+        if server.transport == "stdio":
+            # normpath, not resolve: a venv's python is a symlink that must be run by its own path.
+            cwd = os.path.normpath(folder / Path(server.cwd).expanduser()) if server.cwd else str(folder)
+            command = server.command or ""
+            if "/" in command:
+                command = os.path.normpath(folder / Path(command).expanduser())
+            server = server.model_copy(update={"cwd": cwd, "command": command})
+        servers[name] = server
+    return config.model_copy(update={"servers": servers})
 
 
 def _parse(path: Path, text: str) -> dict[str, Any]:
@@ -322,6 +366,24 @@ def _normalize(raw: dict[str, Any], source: str) -> dict[str, Any]:
     # VS Code files carry an "inputs" list for interactive prompts, which a server cannot answer.
     data.pop("inputs", None)
     return data
+
+
+# What a server entry may say besides `ServerConfig`'s fields: the client formats' `type` and `disabled`.
+_SERVER_ALIASES = frozenset({"type", "disabled"})
+
+
+def _only_known_keys(data: dict[str, Any]) -> dict[str, Any]:
+    """A client's file without the keys mcpmux does not read: at the top level and in each server entry.
+    mcpmux's own tables in it (`mux`, `http`, a server's `limits`) stay strict."""
+    known = {key: value for key, value in data.items() if key in Config.model_fields and key != "source"}
+    servers = known.get("servers")
+    if isinstance(servers, dict):
+        fields = ServerConfig.model_fields.keys() | _SERVER_ALIASES
+        known["servers"] = {
+            name: {key: value for key, value in entry.items() if key in fields} if isinstance(entry, dict) else entry
+            for name, entry in servers.items()
+        }
+    return known
 
 
 def _expand(value: Any, env: dict[str, str], source: str, path: tuple[str | int, ...]) -> Any:

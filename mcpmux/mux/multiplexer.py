@@ -4,8 +4,11 @@
         result = await mux.call_tool("time__get_current_time", {"timezone": "UTC"})
 
 Entering starts every upstream concurrently and waits until each has connected or failed (at most
-`[mux] startup_timeout`); one that is slow or broken never delays or breaks the others, it is
-simply absent from the catalog (see `status()`) until its supervisor connects it.
+`[mux] startup_timeout`); one that is slow or broken never breaks the others, it is simply absent
+from the catalog (see `status()`) until its supervisor connects it. A server does not wait
+(`wait_for_upstreams=False`): it serves at once with what is ready, each late upstream's tools
+join the catalog when it connects (clients hear list_changed), and a call to a tool of an upstream
+still starting waits for that upstream alone.
 """
 
 from __future__ import annotations
@@ -66,10 +69,13 @@ LogListener = Callable[[str, types.LoggingMessageNotificationParams], Awaitable[
 class Mux:
     """One catalog over many MCP servers, with every call routed to its upstream."""
 
-    def __init__(self, config: Config, *, profile: str | None = None) -> None:
-        """`profile`: serve only what `[profiles.NAME]` allows (the catalog, search and calls)."""
+    def __init__(self, config: Config, *, profile: str | None = None, wait_for_upstreams: bool = True) -> None:
+        """`profile`: serve only what `[profiles.NAME]` allows (the catalog, search and calls).
+        `wait_for_upstreams`: entering waits for every upstream's first connection (at most `[mux]
+        startup_timeout`); False returns at once (see the module docstring)."""
         self.config = config
         self.profile = profile
+        self._waits_for_upstreams = wait_for_upstreams
         chosen = _profile(config, profile)
         self.catalog = Catalog(separator=config.mux.separator, prefix_single=config.mux.prefix_single, profile=chosen)
         self._events = UpstreamEvents(listing_changed=self._on_listing_changed, log=self._on_log)
@@ -125,9 +131,9 @@ class Mux:
                     self.add_local_tool(local)
 
     @classmethod
-    def from_config(cls, config: str | Path | Config) -> Mux:
+    def from_config(cls, config: str | Path | Config, *, wait_for_upstreams: bool = True) -> Mux:
         """A Mux for a config file path (TOML or client JSON) or an already-loaded `Config`."""
-        return cls(config if isinstance(config, Config) else load_config(config))
+        return cls(config if isinstance(config, Config) else load_config(config), wait_for_upstreams=wait_for_upstreams)
 
     async def __aenter__(self) -> Mux:
         await self._stack.__aenter__()
@@ -141,9 +147,8 @@ class Mux:
             await self._start_inference()
             if self.tool_search is not None:
                 self.tool_search.start(self._tasks)  # indexes while the upstreams connect
-            with anyio.move_on_after(self.config.mux.startup_timeout):
-                for upstream in self.upstreams.values():
-                    await upstream.settled.wait()
+            if self._waits_for_upstreams:
+                await self.wait_for_upstreams()
         except BaseException:
             await self.__aexit__(None, None, None)  # what started stops; the error is the caller's
             raise
@@ -158,10 +163,20 @@ class Mux:
         finally:
             self._tasks.cancel_scope.cancel()
             try:
-                await self._tasks.__aexit__(exc_type, exc, tb)
+                # Not told of the body's exception: a task group would hand it back wrapped in an
+                # ExceptionGroup, and the caller's `except KeyError` would miss it. It goes on unchanged.
+                await self._tasks.__aexit__(None, None, None)
             finally:
                 await self._stack.__aexit__(None, None, None)
         return None
+
+    async def wait_for_upstreams(self, names: list[str] | None = None) -> None:
+        """Wait until the upstreams `names` (default: all) have each connected or failed once; at most
+        `[mux] startup_timeout` seconds, past which the late ones go on connecting in the background."""
+        upstreams = [self.upstreams[name] for name in names] if names is not None else list(self.upstreams.values())
+        with anyio.move_on_after(self.config.mux.startup_timeout):
+            for upstream in upstreams:
+                await upstream.settled.wait()
 
     async def _start_inference(self) -> None:
         if self.config.inference.backend == "off":
@@ -402,7 +417,7 @@ class Mux:
                     return await local.handler(arguments or {}, progress, Caller(client, client_name, profile))
             except CallCancelledError as err:
                 return error_result(str(err))
-        route = self.resolve_tool(name, profile)
+        route = await self._resolve_when_started(name, profile)
         set_upstream(route.upstream)  # for the log lines of this call
         try:
             with self.track_call(route.upstream):
@@ -411,6 +426,25 @@ class Mux:
                 return await dispatcher.call_tool(route.name, arguments or {}, progress, client, boost, hears_logs)
         except (UpstreamUnavailableError, UpstreamTimeoutError, UpstreamResultError) as err:
             return error_result(str(err))
+
+    async def _resolve_when_started(self, name: str, profile: str | None) -> Route:
+        """`resolve_tool`, after waiting for the upstream the name's prefix names if it is still starting:
+        a call needs its own upstream, and no other (`wait_for_upstreams=False`)."""
+        try:
+            return self.resolve_tool(name, profile)
+        except UnknownToolError:
+            # A lone upstream's names are unprefixed where `prefix_single = false` (`serve -- CMD`).
+            alone = len(self.upstreams) == 1 and not self.config.mux.prefix_single
+            starting = [
+                upstream.name
+                for upstream in self.upstreams.values()
+                if upstream.state == UpstreamState.STARTING
+                and (alone or name.startswith(f"{upstream.name}{self.config.mux.separator}"))
+            ]
+            if not starting:
+                raise
+        await self.wait_for_upstreams(starting)
+        return self.resolve_tool(name, profile)
 
     def resolve_tool(self, name: str, profile: str | None = None) -> Route:
         """Where the upstream tool `name` goes (in `profile`'s view). Raises `UnknownToolError`, or

@@ -19,6 +19,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx2
 from prometheus_client.parser import text_string_to_metric_families
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -154,10 +155,14 @@ def _count(value: float) -> str:
 
 
 def _table(title: str, columns: Iterable[str], names: int = 1) -> Table:
-    """A table whose first `names` columns are left-aligned names and the rest right-aligned figures."""
-    table = Table(title=title, title_justify="left")
+    """A table whose first `names` columns are left-aligned names and the rest right-aligned figures.
+
+    Light borders, and names never wrapped or cut: at 80 columns the figures' headers wrap instead
+    (a box-drawn table there cut "everything" to "ever…")."""
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     for index, column in enumerate(columns):
-        table.add_column(column, justify="left" if index < names else "right")
+        is_name = index < names
+        table.add_column(column, justify="left" if is_name else "right", no_wrap=is_name)
     return table
 
 

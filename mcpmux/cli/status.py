@@ -1,8 +1,8 @@
 """`mcpmux status --url http://127.0.0.1:8765`: a readable summary of a running server's `/metrics`.
 
 It scrapes the server's Prometheus endpoint, parses it with `prometheus_client.parser` and prints
-rich tables: upstreams (state, auth, calls, errors, p50/p99, in flight, restarts), the busiest tools,
-scheduling (queues, coalescing, batches, rejections), caches and the inference engine. Quantiles
+rich tables: upstreams (state, auth, calls, errors, p50/p99, restarts), the busiest tools,
+scheduling (in flight, queues, coalescing, batches, rejections), caches and the inference engine. Quantiles
 are estimated from the histogram buckets the way Prometheus' `histogram_quantile` does.
 """
 
@@ -194,7 +194,7 @@ def render(scrape: Scrape, console: Console, top: int = 10) -> None:
 
 
 def _upstreams(scrape: Scrape, states: dict[str, str], auths: dict[str, str]) -> Table:
-    columns = ["upstream", "state", "auth", "tools", "calls", "errors", "p50", "p99", "in flight", "restarts"]
+    columns = ["upstream", "state", "auth", "tools", "calls", "errors", "p50", "p99", "restarts"]
     table = _table("Upstreams", columns, names=2)
     for name in sorted(states):
         total = scrape.total(CALLS, upstream=name)
@@ -207,7 +207,6 @@ def _upstreams(scrape: Scrape, states: dict[str, str], auths: dict[str, str]) ->
             _count(total - scrape.total(CALLS, upstream=name, outcome="ok")),
             _duration(scrape.quantile(LATENCY, 0.5, upstream=name)),
             _duration(scrape.quantile(LATENCY, 0.99, upstream=name)),
-            _count(scrape.total("mcpmux_upstream_in_flight", upstream=name)),
             _count(scrape.total("mcpmux_upstream_restarts_total", upstream=name)),
         )
     return table
@@ -227,7 +226,8 @@ def _tools(scrape: Scrape, top: int) -> Table:
 
 
 def _scheduling(scrape: Scrape, upstreams: list[str]) -> Table:
-    table = _table("Scheduling", ["upstream", "queued", "coalesced", "batches", "items/batch", "rejected"])
+    columns = ["upstream", "in flight", "queued", "coalesced", "batches", "items/batch", "rejected"]
+    table = _table("Scheduling", columns)
     for name in upstreams:
         batches = scrape.total("mcpmux_batches_total", upstream=name)
         items = scrape.total("mcpmux_batch_items_total", upstream=name)
@@ -236,6 +236,7 @@ def _scheduling(scrape: Scrape, upstreams: list[str]) -> Table:
         reasons = scrape.values("mcpmux_rejections_total", "reason", upstream=name)
         table.add_row(
             name,
+            _count(scrape.total("mcpmux_upstream_in_flight", upstream=name)),
             _count(queued),
             _count(scrape.total("mcpmux_coalesced_calls_total", upstream=name)),
             _count(batches),
@@ -259,7 +260,7 @@ def _caches(scrape: Scrape) -> Table:
 def _engine(scrape: Scrape) -> Table:
     engine = _table(
         "Inference engine",
-        ["model", "running", "waiting", "KV used", "prefix hits", "tokens/s", "tokens", "TTFT p50", "TPOT p50"],
+        ["model", "running", "waiting", "KV used", "prefix hits", "tok/s", "tokens", "TTFT p50", "TPOT p50"],
     )
     for model in sorted(scrape.values("mcpmux_engine_requests_running", "model")):
         engine.add_row(

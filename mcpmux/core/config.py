@@ -123,7 +123,12 @@ class MuxSettings(_Model):
     """Prefix names with the server name even when there is only one upstream."""
     call_timeout: float = Field(default=60.0, gt=0)
     startup_timeout: float = Field(default=30.0, gt=0)
-    """How long `Mux` waits for an upstream's first connection before serving without it."""
+    """Seconds an upstream has to start and complete its first handshake before it counts as down
+    (and is retried with backoff); a call to one of its tools waits for it that long at most."""
+    startup_list_wait: float = Field(default=10.0, ge=0)
+    """Seconds after start during which a list request (tools/list, ...) waits for upstreams still
+    starting, answered as soon as each has connected or failed; an upstream later than that joins
+    the list by list_changed. The server itself answers at once."""
     restart_initial_backoff: float = Field(default=0.5, gt=0)
     restart_max_backoff: float = Field(default=30.0, gt=0)
     client_priorities: dict[str, int] = Field(default_factory=dict)

@@ -109,6 +109,7 @@ class Mux:
         self._resource_listeners: list[Callable[[str, str], Awaitable[None]]] = []
         self._stack = AsyncExitStack()
         self._tasks: TaskGroup | None = None
+        self._started_at = 0.0  # `anyio.current_time()` on entry
         if config.mux.meta_tools:
             from mcpmux.tools.meta import meta_tools  # imported here: meta_tools imports this module
 
@@ -137,6 +138,7 @@ class Mux:
 
     async def __aenter__(self) -> Mux:
         await self._stack.__aenter__()
+        self._started_at = anyio.current_time()
         self._tasks = anyio.create_task_group()
         await self._tasks.__aenter__()
         self.tasks.start(self._tasks)
@@ -311,9 +313,18 @@ class Mux:
         """Refetch, concurrently, every listing whose 2026 `ttlMs` has run out; call before serving a list.
 
         Waits at most `LISTING_REFRESH_WAIT` seconds: an upstream that is slow or stuck keeps refreshing
-        in the background while the list is served from its last known listing.
+        in the background while the list is served from its last known listing. In the first `[mux]
+        startup_list_wait` seconds it also waits for the upstreams still starting, so that a client
+        that never acts on list_changed still sees every tool that comes up in time.
         """
         assert self._tasks is not None, "Mux was not entered"
+        starting = [
+            upstream.settled for upstream in self.upstreams.values() if upstream.state == UpstreamState.STARTING
+        ]
+        if starting:
+            with anyio.move_on_after(self._started_at + self.config.mux.startup_list_wait - anyio.current_time()):
+                for settled in starting:
+                    await settled.wait()
         refreshes = [upstream.refresh_if_stale(self._tasks) for upstream in list(self.upstreams.values())]
         with anyio.move_on_after(LISTING_REFRESH_WAIT):
             for done in refreshes:
@@ -417,7 +428,7 @@ class Mux:
                     return await local.handler(arguments or {}, progress, Caller(client, client_name, profile))
             except CallCancelledError as err:
                 return error_result(str(err))
-        route = await self._resolve_when_started(name, profile)
+        route = await self.resolve_tool_when_started(name, profile)
         set_upstream(route.upstream)  # for the log lines of this call
         try:
             with self.track_call(route.upstream):
@@ -427,9 +438,10 @@ class Mux:
         except (UpstreamUnavailableError, UpstreamTimeoutError, UpstreamResultError) as err:
             return error_result(str(err))
 
-    async def _resolve_when_started(self, name: str, profile: str | None) -> Route:
-        """`resolve_tool`, after waiting for the upstream the name's prefix names if it is still starting:
-        a call needs its own upstream, and no other (`wait_for_upstreams=False`)."""
+    async def resolve_tool_when_started(self, name: str, profile: str | None) -> Route:
+        """`resolve_tool`, after waiting for the upstream the name's prefix names if it is still starting
+        (at most `[mux] startup_timeout`): a call needs its own upstream, and no other. What every
+        front resolves a call with, as a client may call a tool it knows before its upstream is listed."""
         try:
             return self.resolve_tool(name, profile)
         except UnknownToolError:

@@ -9,7 +9,6 @@ are estimated from the histogram buckets the way Prometheus' `histogram_quantile
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 from collections import defaultdict
@@ -22,6 +21,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from rich import box
 from rich.console import Console
 from rich.table import Table
+
+from mcpmux.core.metrics import bucket_quantile
 
 Labels = dict[str, str]
 
@@ -117,21 +118,6 @@ class Scrape:
             if _matches(labels, match):
                 cumulative[float(labels["le"])] += value
         return bucket_quantile(sorted(cumulative.items()), q)
-
-
-def bucket_quantile(buckets: list[tuple[float, float]], q: float) -> float | None:
-    """Like Prometheus' histogram_quantile over (upper bound, cumulative count) pairs sorted by bound."""
-    if not buckets or buckets[-1][1] == 0:
-        return None
-    rank = q * buckets[-1][1]
-    lower, below = 0.0, 0.0
-    for bound, count in buckets:
-        if count >= rank:
-            if math.isinf(bound):
-                return lower  # in the overflow bucket: the highest finite bound is all that is known
-            return lower + (bound - lower) * ((rank - below) / (count - below) if count > below else 1.0)
-        lower, below = bound, count
-    return lower
 
 
 def _matches(labels: Labels, match: dict[str, str]) -> bool:

@@ -86,7 +86,9 @@ class Mux:
         self.inference: InferenceService | None = None  # started on entry when [inference] backend != "off"
         self.upstreams: dict[str, Upstream] = {}
         self.cache: ResultCache[CachedResult] = ResultCache(
-            CachePolicy(max_entries=config.mux.cache_max_entries), name="tool results"
+            CachePolicy(max_entries=config.mux.cache_max_entries),
+            name="tool results",
+            label=lambda key: key[:2],  # hits counted per (upstream, tool): the dashboard's and /metrics'
         )
         self.resource_cache: ResultCache[types.ReadResourceResult] = ResultCache(
             CachePolicy(max_entries=config.mux.cache_max_entries), name="resource reads"
@@ -365,6 +367,10 @@ class Mux:
 
     def list_resource_templates(self, profile: str | None = None) -> list[types.ResourceTemplate]:
         return self.view(profile).resource_templates()
+
+    def uptime(self) -> float:
+        """Seconds since the Mux was entered."""
+        return anyio.current_time() - self._started_at
 
     def status(self) -> list[UpstreamStatus]:
         """Each upstream's connection state, protocol version, restarts and last error."""

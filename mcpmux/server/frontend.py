@@ -48,6 +48,7 @@ from mcpmux.errors import MuxError, UnknownToolError, UpstreamError
 from mcpmux.mux.fast_path import FastPath
 from mcpmux.mux.multiplexer import Mux
 from mcpmux.server.client_relay import ClientRelay
+from mcpmux.server.dashboard import dashboard_routes
 from mcpmux.server.edge_policy import EdgePolicy
 from mcpmux.server.found_tools import FoundTools
 from mcpmux.server.http_batch import BatchArrayMiddleware
@@ -512,6 +513,7 @@ class Frontend:
 
             app.router.routes.append(openai_mount(inference))
         app.router.routes.append(metrics_route(self.mux.metrics.registry))
+        app.router.routes.extend(dashboard_routes(self.mux, lambda: list(self._connections)))
         if not self.mux.config.mux.fast_path:
             return HttpEdge(app, policy=policy, mcp_path=path, config=self._running_config), None
         fast = FastPathMiddleware(app, self._fast_path(), self.server.session_manager, path=path)

@@ -501,7 +501,7 @@ def _describe_failure(err: BaseException, config: ServerConfig, stderr: ChildStd
         quoted = f"; its stderr ended with: {' | '.join(said)}" if said else ""
         return f"did not complete the MCP handshake within [mux] startup_timeout{quoted}"
     if isinstance(err, FileNotFoundError | PermissionError) and config.transport == "stdio":
-        where = f" (run in {config.cwd})" if config.cwd else ""
+        where = f" (run in {config.cwd})" if config.cwd and "/" in (config.command or "") else ""
         return f"cannot run command {config.command!r}{where}: {err.strerror} (check the path or PATH)"
     if isinstance(err, BaseExceptionGroup) and len(err.exceptions) == 1:
         return _describe_failure(err.exceptions[0], config, stderr)

@@ -28,7 +28,7 @@ import os
 import re
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -38,6 +38,11 @@ from mcpmux.errors import ConfigError
 from mcpmux.inference.serving.settings import InferenceSettings, SamplingSettings
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+NonNegative = Annotated[int, Field(ge=0)]
+DEFAULT_MAX_RESULT_BYTES = 50_000
+"""At most 23,400 tokens of the densest real result measured (JSON with hashes, 2.14 bytes a token;
+code and prose: 12,700 to 16,000), under the 25,000 tokens past which Claude Code refuses a result
+whole: benchmarks/result_size.py, docs/perf.md."""
 _VAR_RE = re.compile(r"\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
@@ -70,6 +75,9 @@ class ServerConfig(_Model):
     elicitation: ElicitationSettings = Field(default_factory=ElicitationSettings)
     roots: list[RootEntry] | None = None
     """What `roots/list` from this upstream gets when no client's roots apply; None takes `[mux] roots`."""
+    max_result_bytes: NonNegative | dict[str, NonNegative] | None = None
+    """Bytes of result text a model is given (`mcpmux.core.result_limit`): one limit, or tool glob ->
+    limit (first match wins); 0: never cut; None: `[mux] max_result_bytes`."""
     auth: AuthMode = "auto"
     """HTTP servers: sign in with OAuth when the server asks for it (auto), always (oauth), or never (none)."""
     oauth: OAuthSettings | None = None
@@ -160,6 +168,9 @@ class MuxSettings(_Model):
     """Seconds a 2026 client has to answer an input-required sampling round (docs/guide/sampling.md)."""
     roots: list[RootEntry] = Field(default_factory=list)
     """What `roots/list` from an upstream gets when no client's roots apply (`[servers.X] roots` wins)."""
+    max_result_bytes: int = Field(default=DEFAULT_MAX_RESULT_BYTES, ge=0)
+    """Bytes of a tool result's text a model is given; beyond it the text is cut at a clean boundary
+    and the whole kept as a resource the client can read (docs/guide/calls.md). 0: never cut."""
 
     @field_validator("separator")
     @classmethod

@@ -47,6 +47,7 @@ from mcpmux.mux.catalog import Catalog, CatalogView, Route
 from mcpmux.mux.client_requests import ClientRequests
 from mcpmux.mux.dispatcher import CachedResult, UpstreamDispatcher
 from mcpmux.mux.reload import ReloadReport, UpstreamLifetime, reload_mux
+from mcpmux.mux.result_store import ResultStore
 from mcpmux.mux.task_relay import TaskRelay
 from mcpmux.tools.base import Caller, LocalTool
 from mcpmux.upstream.lane import ProgressFn
@@ -93,6 +94,8 @@ class Mux:
         self.resource_cache: ResultCache[types.ReadResourceResult] = ResultCache(
             CachePolicy(max_entries=config.mux.cache_max_entries), name="resource reads"
         )
+        self.results = ResultStore()
+        """Whole results of the calls cut to their plan's `result_limit`, read back as `mcpmux://results/...`."""
         self.metrics = MuxMetrics(self)  # Prometheus /metrics; its collectors read the parts at scrape time
         self.dispatchers: dict[str, UpstreamDispatcher] = {}
         self.tasks = TaskRelay(self.upstreams)
@@ -440,7 +443,8 @@ class Mux:
             with self.track_call(route.upstream):
                 boost = priority_for(self.config.mux.client_priorities, client_name) if client_name else 0
                 dispatcher = self.dispatchers[route.upstream]
-                return await dispatcher.call_tool(route.name, arguments or {}, progress, client, boost, hears_logs)
+                result = await dispatcher.call_tool(route.name, arguments or {}, progress, client, boost, hears_logs)
+                return self.results.fit_model(dispatcher.plan(route.name), result, route.upstream)
         except (UpstreamUnavailableError, UpstreamTimeoutError, UpstreamResultError) as err:
             return error_result(str(err))
 
@@ -494,6 +498,8 @@ class Mux:
         """Read a resource from the upstream that lists it (in `profile`'s view); a 2026 `ttlMs` lets
         mcpmux serve it from cache. `cacheScope: private` entries are kept per `client`, `public` ones shared.
         """
+        if self.results.holds(uri):
+            return self.results.read(uri)  # a tool result cut for the context, kept whole
         owner = self.view(profile).resolve_resource(uri)
         key = (owner, "resources/read", uri)
         for scope in (None,) if client is None else (None, client):

@@ -145,7 +145,8 @@ def upstream_line(upstream: str, text: str) -> str:
     when the child wrote to mcpmux's stderr itself; only its shape follows `--log-format`."""
     if _format == "json":
         ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + f".{int(time.time() * 1000) % 1000:03d}Z"
-        return json.dumps({"ts": ts, "stream": "stderr", "upstream": upstream, "msg": text}, ensure_ascii=False) + "\n"
+        entry = {"ts": ts, "level": "info", "logger": "upstream.stderr", "msg": text, "upstream": upstream}
+        return json.dumps(entry, ensure_ascii=False) + "\n"
     return f"[{upstream}] {text}\n"
 
 

@@ -117,6 +117,28 @@ def test_upstream_stderr_is_labelled_and_a_down_reason_quotes_it(tmp_path: Path)
     assert "exited with status 3" in down
     assert "its stderr ended with: boom: API_KEY is not set" in down
     assert "is on mcpmux's stderr" not in down
+    as_json = run("--log-format", "json", "tools", "--config", str(path))
+    records = [json.loads(line) for line in as_json.stderr.splitlines() if line.startswith("{")]
+    said = [
+        record for record in records if record.get("upstream") == "crashy" and record["logger"] == "upstream.stderr"
+    ]
+    assert said[0]["msg"] == "boom: API_KEY is not set"
+    assert {"ts", "level", "logger", "msg"} <= said[0].keys()  # the shape of mcpmux's own JSON lines
+
+
+def test_make_says_what_each_set_up_step_does() -> None:
+    """`make run` on a fresh clone: a line before each step, not two silent minutes (make -n: nothing runs)."""
+    planned = subprocess.run(
+        ["make", "-n", "-W", "pyproject.toml", ".venv/.installed"], capture_output=True, text=True, cwd=ROOT, check=True
+    ).stdout.splitlines()
+    steps = [line for line in planned if "pip install" in line or "-m venv" in line]
+    assert len(steps) == 5
+    for step in steps:
+        before = planned[planned.index(step) - 1]
+        assert before.startswith('echo "==> set-up '), (before, step)
+    conversion = subprocess.run(["make", "-n", "run"], capture_output=True, text=True, cwd=ROOT, check=True).stdout
+    assert "CONVERT_SMOLLM2" in conversion
+    assert "==> run: converting SmolLM2 once" in (ROOT / "Makefile").read_text()
 
 
 def test_serve_on_a_terminal_says_it_serves_stdio_and_that_port_needs_http(tmp_path: Path) -> None:

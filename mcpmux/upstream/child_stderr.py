@@ -31,15 +31,19 @@ class ChildStderr:
         self.lines: deque[str] = deque(maxlen=TAIL_LINES)
         self.exit_status: int | None = None
         """How the last process ended: its exit code, or minus the signal that ended it; None while it runs."""
+        self._written = 0  # lines the current (or last) process wrote: only these explain how it ended
 
     def started(self) -> None:
-        """A new process runs: its predecessor's status no longer describes it (its lines stay, for context)."""
+        """A new process runs: its predecessor's status and lines no longer describe it (the lines stay
+        in `lines`, for the dashboard)."""
         self.exit_status = None
+        self._written = 0
 
     def add(self, line: str) -> None:
         """One line the child wrote: kept, and passed on to mcpmux's stderr with the upstream's name."""
         text = line.rstrip("\r\n")[:_LINE_LIMIT]
         self.lines.append(text)
+        self._written += 1
         try:
             sys.stderr.write(upstream_line(self.name, text))
             sys.stderr.flush()
@@ -52,8 +56,9 @@ class ChildStderr:
             self.add(line)
 
     def tail(self, count: int = QUOTED_LINES) -> list[str]:
-        """The last `count` non-blank lines."""
-        return [line for line in self.lines if line.strip()][-count:]
+        """The last `count` non-blank lines of the current (or last) process."""
+        own = list(self.lines)[-self._written :] if self._written else []
+        return [line for line in own if line.strip()][-count:]
 
     def describe_exit(self) -> str:
         """How the process ended and what it said last, for a `down` reason: '' when nothing is known."""

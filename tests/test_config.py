@@ -111,6 +111,7 @@ def test_variables_defaults_and_literal_dollar() -> None:
         ({"servers": {"bad name": {"command": "x"}}}, "server name 'bad name' must be 1-64 characters"),
         ({"mux": {"separator": "::"}}, "mux.separator: separator must be non-empty"),
         ({"servers": {}, "mcpServers": {}}, "use one of servers, mcpServers, not several"),
+        ({"servers": {"s": {"command": "x", "url": "http://h/mcp"}}}, "servers.s: has both 'command' and 'url'"),
     ],
 )
 def test_bad_configs_name_the_key_and_what_was_expected(raw: dict[str, object], expected: str) -> None:
@@ -153,3 +154,55 @@ def test_a_wrongly_typed_string_is_named_by_type_never_echoed(tmp_path: Path, mo
     assert "servers.api.headers" in str(caught.value)
     assert "got str" in str(caught.value)
     assert "s3cr3t" not in str(caught.value)
+
+
+def test_relative_paths_are_relative_to_the_config_file(tmp_path: Path) -> None:
+    """A client launches mcpmux from anywhere (Claude Desktop: `/`): the file's paths must not depend on it."""
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "mcpmux.toml").write_text(
+        '[servers.local]\ncommand = ".venv/bin/server"\nargs = ["server.py"]\n'
+        '[servers.npx]\ncommand = "npx"\nargs = ["-y", "pkg"]\n'
+        '[servers.sub]\ncommand = "/usr/bin/env"\ncwd = "sub"\n'
+        '[servers.home]\ncommand = "~/bin/server"\n'
+        '[servers.web]\nurl = "http://127.0.0.1:1/mcp"\n'
+    )
+    servers = load_config(folder / "mcpmux.toml").servers
+    assert servers["local"].command == str(folder / ".venv" / "bin" / "server")
+    assert servers["local"].cwd == str(folder)  # so its relative args mean the file's folder too
+    assert servers["local"].args == ["server.py"]
+    assert servers["npx"].command == "npx"  # a bare name is looked up on PATH, as always
+    assert servers["npx"].cwd == str(folder)
+    assert servers["sub"].cwd == str(folder / "sub")
+    assert servers["home"].command == str(Path("~/bin/server").expanduser())
+    assert servers["web"].cwd is None
+    # A config made in memory (the library, `serve -- CMD`) has no file to be relative to.
+    assert config_from_dict({"servers": {"s": {"command": "./x"}}}).servers["s"].command == "./x"
+
+
+CLAUDE_DESKTOP_OWN_KEYS = {
+    "globalShortcut": "Alt+Space",
+    "preferences": {"menuBarEnabled": True, "quickEntryDictationShortcut": "capslock"},
+    "mcpServers": {
+        "files": {"command": "npx", "args": ["-y", "pkg"], "autoApprove": ["read_file"], "alwaysAllow": []},
+    },
+}
+
+
+def test_a_clients_own_keys_are_its_business_but_mcpmux_toml_stays_strict(tmp_path: Path) -> None:
+    claude = tmp_path / "claude_desktop_config.json"
+    claude.write_text(json.dumps(CLAUDE_DESKTOP_OWN_KEYS))
+    assert load_config(claude).servers["files"].args == ["-y", "pkg"]
+    codex = tmp_path / "config.toml"
+    codex.write_text(
+        'model = "o3"\napproval_policy = "never"\n[mcp_servers.files]\ncommand = "npx"\nstartup_timeout_ms = 1\n'
+    )
+    assert load_config(codex).servers["files"].command == "npx"
+    # mcpmux's own tables in a client's file are still checked: a typo there is mcpmux's to catch.
+    claude.write_text(json.dumps({**CLAUDE_DESKTOP_OWN_KEYS, "mux": {"call_timout": 5}}))
+    with pytest.raises(ConfigError, match=r"mux.call_timout: unknown key"):
+        load_config(claude)
+    own = tmp_path / "mcpmux.toml"
+    own.write_text('globalShortcut = "x"\n[servers.files]\ncommand = "npx"\n')
+    with pytest.raises(ConfigError, match="globalShortcut: unknown key"):
+        load_config(own)

@@ -19,7 +19,7 @@ instead of sleeping through a TTL.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Hashable, Iterable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -97,7 +97,9 @@ class ResultCache(Generic[V]):
         sizeof: Callable[[V], int] | None = None,
         name: str = "cache",
         clock: Callable[[], float] = time.monotonic,
+        label: Callable[[CacheKey], Hashable] | None = None,
     ) -> None:
+        """`label`: what hits are counted by besides the total (`hits_by`), e.g. a key's tool; keep it few-valued."""
         self.policy = policy if policy is not None else CachePolicy()
         self.name = name
         self.clock = clock
@@ -109,6 +111,9 @@ class ResultCache(Generic[V]):
         else:
             self._data = _CountingCache(self.policy.max_entries, None, clock)
         self._hits = 0
+        self._label = label
+        self.hits_by: dict[Hashable, int] = {}
+        """Hits by `label(key)` (empty without a `label`)."""
         self._misses = 0
         self._stores = 0
         self._invalidations = 0
@@ -120,6 +125,9 @@ class ResultCache(Generic[V]):
             self._misses += 1
             return None
         self._hits += 1
+        if self._label is not None:
+            label = self._label(key)
+            self.hits_by[label] = self.hits_by.get(label, 0) + 1
         return stored.value
 
     def put(

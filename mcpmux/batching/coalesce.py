@@ -56,8 +56,12 @@ class _Flight(Generic[V]):
 class SingleFlight(Generic[K, V]):
     """Runs at most one call per key at a time; concurrent callers of that key share it."""
 
-    def __init__(self, *, name: str = "single-flight") -> None:
+    def __init__(self, *, name: str = "single-flight", label: Callable[[K], Hashable] | None = None) -> None:
+        """`label`: what shared calls are counted by besides the total (`shared_by`); keep it few-valued."""
         self.name = name
+        self._label = label
+        self.shared_by: dict[Hashable, int] = {}
+        """Calls that joined another's flight, by `label(key)` (empty without a `label`)."""
         self._flights: dict[K, _Flight[V]] = {}
         self._task_group: TaskGroup | None = None
         self._closed = False
@@ -97,6 +101,9 @@ class SingleFlight(Generic[K, V]):
                 self._task_group.start_soon(self._run, key, flight, fn)
             else:
                 self._shared += 1
+                if self._label is not None:
+                    label = self._label(key)
+                    self.shared_by[label] = self.shared_by.get(label, 0) + 1
             flight.waiters += 1
             try:
                 if flight.done is None:

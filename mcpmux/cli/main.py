@@ -9,6 +9,7 @@ import logging
 import os
 import shlex
 import signal
+import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +19,8 @@ import anyio
 from anyio.abc import TaskGroup
 
 from mcpmux import __version__
+from mcpmux.cli.banner import http_banner, report_upstreams, say, stdio_notice
+from mcpmux.cli.check import check_servers
 from mcpmux.cli.login import add_login_parsers, login_main, logout_main
 from mcpmux.cli.status import add_status_parser, status_main
 from mcpmux.core.config import Config, config_from_dict, load_config
@@ -102,7 +105,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--allow-unauthenticated-remote",
         action="store_true",
-        help="serve HTTP on a non-loopback address with no [http] auth tokens set (docs/security.md)",
+        help="serve HTTP on a non-loopback address with no [http] auth tokens set (docs/guide/security.md)",
     )
     serve.add_argument(
         "--profile", default=None, help="serve only what [profiles.NAME] allows: its servers' and tools' globs"
@@ -158,15 +161,21 @@ async def _serve(args: argparse.Namespace, config: Config) -> int:
     host = args.host or config.http.host
     # Read (a non-loopback bind without tokens refused) and bound before any upstream starts.
     edge = prepare_edge(config, host, args.allow_unauthenticated_remote) if args.transport == "http" else None
-    sock = bind(host, config.http.port if args.port is None else args.port) if edge is not None else None
+    sock = _listen(host, config.http.port if args.port is None else args.port) if edge is not None else None
     signals = _Signals()
     # The signal handler outlives the Mux: a signal while it starts or stops still ends every child.
     async with anyio.create_task_group() as handling:
         handling.start_soon(signals.handle, handling)
-        async with Mux(config, profile=args.profile) as mux, anyio.create_task_group() as tasks:
+        # Served at once: an upstream that is slow to start joins the catalog when it connects (list_changed).
+        mux = Mux(config, profile=args.profile, wait_for_upstreams=False)
+        async with mux, anyio.create_task_group() as tasks:
             frontend = Frontend(mux)
             _announce_inference(mux)
             _freeze_startup_heap()
+            if args.transport == "stdio":
+                port_given = args.port is not None or args.host is not None
+                say(stdio_notice(mux, port_given, sys.stdin.isatty()))
+            tasks.start_soon(report_upstreams, mux)
             stop, skip = signals.stop, signals.skip
             reloader = None if _wrapped(args) else ConfigReloader(mux, config.source)
             if reloader is not None:
@@ -180,7 +189,7 @@ async def _serve(args: argparse.Namespace, config: Config) -> int:
             else:
                 assert edge is not None
                 assert sock is not None
-                _announce_http(host, sock.getsockname()[1], config)
+                say(http_banner(mux, host, sock.getsockname()[1]))
                 drained = anyio.Event()
                 tasks.start_soon(_drain_when_stopped, mux, stop, skip, drained.set)
                 await frontend.serve_http(sock, edge, config.http.path, stop, shutdown_timeout=2, drained=drained)
@@ -217,10 +226,20 @@ async def _serve_openai_only(args: argparse.Namespace, config: Config) -> int:
     async with anyio.create_task_group() as tasks:
         stop = anyio.Event()
         tasks.start_soon(_stop_on_signal, stop)
-        sock = bind(host, config.http.port if args.port is None else args.port)
+        sock = _listen(host, config.http.port if args.port is None else args.port)
         await serve_openai_only(config.inference, sock, stop, edge)
         tasks.cancel_scope.cancel()
     return 0
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """`bind`; under `make run` (make sets MAKELEVEL) its advice on a port in use names make's variable."""
+    try:
+        return bind(host, port)
+    except MuxError as err:
+        if "MAKELEVEL" not in os.environ:
+            raise
+        raise MuxError(f"{err} (under `make run`: PORT={port + 1} make run)") from None
 
 
 async def _stop_on_signal(stop: anyio.Event) -> None:
@@ -285,25 +304,6 @@ async def _drain_when_stopped(mux: Mux, stop: anyio.Event, skip: anyio.Event, th
     then()
 
 
-def _announce_http(host: str, port: int, config: Config) -> None:
-    url = f"http://{host}:{port}{config.http.path}"
-    stdio_entry = {
-        "mcpServers": {
-            "mcpmux": {
-                "command": str(Path(sys.argv[0]).resolve()),
-                "args": ["serve", "--config", str(Path(config.source).resolve())],
-            }
-        }
-    }
-    sys.stderr.write(
-        f"mcpmux {__version__} serving {len(config.enabled_servers)} upstream(s) at {url}\n\n"
-        f"Claude Desktop (stdio; claude_desktop_config.json):\n{json.dumps(stdio_entry, indent=2)}\n\n"
-        f"Claude Code:  claude mcp add --transport http mcpmux {url}\n"
-        f'VS Code:      {{"servers": {{"mcpmux": {{"type": "http", "url": "{url}"}}}}}}\n\n'
-    )
-    sys.stderr.flush()
-
-
 async def _tools(args: argparse.Namespace, config: Config) -> int:
     async with Mux(config) as mux:
         for status in mux.status():
@@ -327,7 +327,8 @@ async def _call(args: argparse.Namespace, config: Config) -> int:
         raise MuxError(f"arguments are not valid JSON ({err.msg} at column {err.colno}): {args.arguments}") from None
     if not isinstance(arguments, dict):
         raise MuxError(f"arguments must be a JSON object, got {type(arguments).__name__}")
-    async with Mux(config) as mux:
+    # Only the tool's own upstream is waited for (`Mux.call_tool`): a hung other one delays nothing.
+    async with Mux(config, wait_for_upstreams=False) as mux:
         result = await mux.call_tool(args.tool, arguments)
     print(json.dumps(result.model_dump(mode="json", by_alias=True, exclude_none=True), indent=2))
     if result.is_error:  # the JSON above for scripts, one line here for whoever reads the terminal
@@ -365,12 +366,11 @@ SEARCH_INDEX_WAIT = 120.0
 
 
 async def _check(args: argparse.Namespace, config: Config) -> int:
-    print(f"{config.source}: OK, {len(config.servers)} server(s)")
-    for name, server in config.servers.items():
-        where = shlex.join([server.command or "", *server.args]) if server.transport == "stdio" else server.url
-        flags = "" if server.enabled else "  [disabled]"
-        print(f"  {name}: {server.transport} {where}{flags}")
-    return 0
+    lines, problems = check_servers(config)
+    verdict = "OK" if not problems else f"{problems} problem(s)"
+    print(f"{config.source}: {verdict}, {len(config.servers)} server(s)")
+    print("\n".join(lines))
+    return 0 if not problems else 1
 
 
 _COMMANDS = {

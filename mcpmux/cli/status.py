@@ -1,15 +1,14 @@
 """`mcpmux status --url http://127.0.0.1:8765`: a readable summary of a running server's `/metrics`.
 
 It scrapes the server's Prometheus endpoint, parses it with `prometheus_client.parser` and prints
-rich tables: upstreams (state, auth, calls, errors, p50/p99, in flight, restarts), the busiest tools,
-scheduling (queues, coalescing, batches, rejections), caches and the inference engine. Quantiles
+rich tables: upstreams (state, auth, calls, errors, p50/p99, restarts), the busiest tools,
+scheduling (in flight, queues, coalescing, batches, rejections), caches and the inference engine. Quantiles
 are estimated from the histogram buckets the way Prometheus' `histogram_quantile` does.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 from collections import defaultdict
@@ -19,8 +18,11 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx2
 from prometheus_client.parser import text_string_to_metric_families
+from rich import box
 from rich.console import Console
 from rich.table import Table
+
+from mcpmux.core.metrics import bucket_quantile
 
 Labels = dict[str, str]
 
@@ -118,21 +120,6 @@ class Scrape:
         return bucket_quantile(sorted(cumulative.items()), q)
 
 
-def bucket_quantile(buckets: list[tuple[float, float]], q: float) -> float | None:
-    """Like Prometheus' histogram_quantile over (upper bound, cumulative count) pairs sorted by bound."""
-    if not buckets or buckets[-1][1] == 0:
-        return None
-    rank = q * buckets[-1][1]
-    lower, below = 0.0, 0.0
-    for bound, count in buckets:
-        if count >= rank:
-            if math.isinf(bound):
-                return lower  # in the overflow bucket: the highest finite bound is all that is known
-            return lower + (bound - lower) * ((rank - below) / (count - below) if count > below else 1.0)
-        lower, below = bound, count
-    return lower
-
-
 def _matches(labels: Labels, match: dict[str, str]) -> bool:
     return all(labels.get(key) == value for key, value in match.items())
 
@@ -154,10 +141,14 @@ def _count(value: float) -> str:
 
 
 def _table(title: str, columns: Iterable[str], names: int = 1) -> Table:
-    """A table whose first `names` columns are left-aligned names and the rest right-aligned figures."""
-    table = Table(title=title, title_justify="left")
+    """A table whose first `names` columns are left-aligned names and the rest right-aligned figures.
+
+    Light borders, and names never wrapped or cut: at 80 columns the figures' headers wrap instead
+    (a box-drawn table there cut "everything" to "ever…")."""
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     for index, column in enumerate(columns):
-        table.add_column(column, justify="left" if index < names else "right")
+        is_name = index < names
+        table.add_column(column, justify="left" if is_name else "right", no_wrap=is_name)
     return table
 
 
@@ -189,7 +180,7 @@ def render(scrape: Scrape, console: Console, top: int = 10) -> None:
 
 
 def _upstreams(scrape: Scrape, states: dict[str, str], auths: dict[str, str]) -> Table:
-    columns = ["upstream", "state", "auth", "tools", "calls", "errors", "p50", "p99", "in flight", "restarts"]
+    columns = ["upstream", "state", "auth", "tools", "calls", "errors", "p50", "p99", "restarts"]
     table = _table("Upstreams", columns, names=2)
     for name in sorted(states):
         total = scrape.total(CALLS, upstream=name)
@@ -202,7 +193,6 @@ def _upstreams(scrape: Scrape, states: dict[str, str], auths: dict[str, str]) ->
             _count(total - scrape.total(CALLS, upstream=name, outcome="ok")),
             _duration(scrape.quantile(LATENCY, 0.5, upstream=name)),
             _duration(scrape.quantile(LATENCY, 0.99, upstream=name)),
-            _count(scrape.total("mcpmux_upstream_in_flight", upstream=name)),
             _count(scrape.total("mcpmux_upstream_restarts_total", upstream=name)),
         )
     return table
@@ -222,7 +212,8 @@ def _tools(scrape: Scrape, top: int) -> Table:
 
 
 def _scheduling(scrape: Scrape, upstreams: list[str]) -> Table:
-    table = _table("Scheduling", ["upstream", "queued", "coalesced", "batches", "items/batch", "rejected"])
+    columns = ["upstream", "in flight", "queued", "coalesced", "batches", "items/batch", "rejected"]
+    table = _table("Scheduling", columns)
     for name in upstreams:
         batches = scrape.total("mcpmux_batches_total", upstream=name)
         items = scrape.total("mcpmux_batch_items_total", upstream=name)
@@ -231,6 +222,7 @@ def _scheduling(scrape: Scrape, upstreams: list[str]) -> Table:
         reasons = scrape.values("mcpmux_rejections_total", "reason", upstream=name)
         table.add_row(
             name,
+            _count(scrape.total("mcpmux_upstream_in_flight", upstream=name)),
             _count(queued),
             _count(scrape.total("mcpmux_coalesced_calls_total", upstream=name)),
             _count(batches),
@@ -254,7 +246,7 @@ def _caches(scrape: Scrape) -> Table:
 def _engine(scrape: Scrape) -> Table:
     engine = _table(
         "Inference engine",
-        ["model", "running", "waiting", "KV used", "prefix hits", "tokens/s", "tokens", "TTFT p50", "TPOT p50"],
+        ["model", "running", "waiting", "KV used", "prefix hits", "tok/s", "tokens", "TTFT p50", "TPOT p50"],
     )
     for model in sorted(scrape.values("mcpmux_engine_requests_running", "model")):
         engine.add_row(

@@ -20,6 +20,9 @@ Every front and both ways of serving a call (the SDK path's `UpstreamDispatcher`
   client gets a plain result.
 - **param_headers**: an argument is mirrored into an `Mcp-Param` header (2026-07-28 `x-mcp-header`),
   which only the SDK's client writes: the upstream request goes through it.
+- **result_limit**: bytes of its result's text a model is given, beyond which the text is cut and
+  the whole kept as a resource (`mcpmux.core.result_limit`); 0 for none, and always 0 for an
+  app-only tool (`_meta.ui.visibility == ["app"]`, MCP Apps), whose result a view asked for.
 - **slow**: why it cannot be relayed raw (None: it can); such a call is served through the SDK.
 """
 
@@ -33,7 +36,7 @@ from typing import TYPE_CHECKING, Literal
 import mcp_types as types
 
 from mcpmux.core.output_schema import OutputCheck
-from mcpmux.core.server_policy import BatchForm, priority_for
+from mcpmux.core.server_policy import BatchForm, priority_for, result_limit_for
 
 if TYPE_CHECKING:
     from mcpmux.core.config import MuxSettings, ServerConfig
@@ -60,6 +63,7 @@ class CallPlan:
     asks_client: bool
     as_task: bool
     param_headers: bool
+    result_limit: int
     slow: str | None
     """Why the call cannot be relayed raw (None: it can): a sentence for logs and tests."""
 
@@ -93,6 +97,7 @@ def plan_tool(tool: str, listed: types.Tool | None, server: ServerConfig, mux: M
         asks_client=server.sampling.asks_client or server.elicitation.policy == "client",
         as_task=execution is not None and execution.task_support == "required",
         param_headers=listed is not None and "x-mcp-header" in json.dumps(listed.input_schema),
+        result_limit=0 if _app_only(listed) else result_limit_for(server.max_result_bytes, tool, mux.max_result_bytes),
         slow=None,
     )
     slow = _slow_reason(plan, mux)
@@ -113,6 +118,12 @@ def _slow_reason(plan: CallPlan, mux: MuxSettings) -> str | None:
     if plan.param_headers:
         return "an argument is mirrored into an Mcp-Param header"
     return None
+
+
+def _app_only(listed: types.Tool | None) -> bool:
+    """Whether only an MCP App's view calls the tool (`_meta.ui.visibility == ["app"]`): no model reads it."""
+    ui = (listed.meta or {}).get("ui") if listed is not None else None
+    return isinstance(ui, dict) and ui.get("visibility") == ["app"]
 
 
 def _matches(globs: list[str], tool: str) -> bool:

@@ -9,6 +9,15 @@ One resolved model (`Config`) comes out of every format:
 `${VAR}` and `${VAR:-default}` in any string expand from the environment before validation; `$${`
 writes a literal `${`. Every problem is reported as a `ConfigError` naming the file, the key path
 and what was expected, before anything starts.
+
+Paths in a file mean what they say wherever mcpmux was started from (as in Compose and VS Code): a
+stdio server runs in the config file's folder unless its `cwd` says otherwise (a relative `cwd` is
+relative to that folder), and a relative `command` with a `/` in it is made absolute against it, so
+`command = ".venv/bin/server"` and `args = ["server.py"]` work when a client launches mcpmux from `/`.
+
+`mcpmux.toml` is mcpmux's own: an unknown key is a mistake and named as one. A client's own file
+(Claude Desktop, Cursor, VS Code JSON, Codex's `[mcp_servers]`) carries that client's settings too
+(`globalShortcut`, `preferences`, a server's `autoApprove`): keys mcpmux does not use are left alone.
 """
 
 from __future__ import annotations
@@ -19,7 +28,7 @@ import os
 import re
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -29,6 +38,11 @@ from mcpmux.errors import ConfigError
 from mcpmux.inference.serving.settings import InferenceSettings, SamplingSettings
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+NonNegative = Annotated[int, Field(ge=0)]
+DEFAULT_MAX_RESULT_BYTES = 50_000
+"""At most 23,400 tokens of the densest real result measured (JSON with hashes, 2.14 bytes a token;
+code and prose: 12,700 to 16,000), under the 25,000 tokens past which Claude Code refuses a result
+whole: benchmarks/result_size.py, docs/perf.md."""
 _VAR_RE = re.compile(r"\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
@@ -63,6 +77,9 @@ class ServerConfig(_Model):
     elicitation: ElicitationSettings = Field(default_factory=ElicitationSettings)
     roots: list[RootEntry] | None = None
     """What `roots/list` from this upstream gets when no client's roots apply; None takes `[mux] roots`."""
+    max_result_bytes: NonNegative | dict[str, NonNegative] | None = None
+    """Bytes of result text a model is given (`mcpmux.core.result_limit`): one limit, or tool glob ->
+    limit (first match wins); 0: never cut; None: `[mux] max_result_bytes`."""
     auth: AuthMode = "auto"
     """HTTP servers: sign in with OAuth when the server asks for it (auto), always (oauth), or never (none)."""
     oauth: OAuthSettings | None = None
@@ -90,6 +107,10 @@ class ServerConfig(_Model):
 
     @model_validator(mode="after")
     def _check_endpoint(self) -> ServerConfig:
+        if self.command and self.url:
+            raise ValueError(
+                "has both 'command' and 'url': keep 'command' for a stdio server or 'url' for a streamable HTTP one"
+            )
         if self.transport == "stdio" and not self.command:
             raise ValueError("a stdio server needs 'command' (or give 'url' for a streamable HTTP server)")
         if self.transport == "http":
@@ -112,7 +133,12 @@ class MuxSettings(_Model):
     """Prefix names with the server name even when there is only one upstream."""
     call_timeout: float = Field(default=60.0, gt=0)
     startup_timeout: float = Field(default=30.0, gt=0)
-    """How long `Mux` waits for an upstream's first connection before serving without it."""
+    """Seconds an upstream has to start and complete its first handshake before it counts as down
+    (and is retried with backoff); a call to one of its tools waits for it that long at most."""
+    startup_list_wait: float = Field(default=10.0, ge=0)
+    """Seconds after start during which a list request (tools/list, ...) waits for upstreams still
+    starting, answered as soon as each has connected or failed; an upstream later than that joins
+    the list by list_changed. The server itself answers at once."""
     restart_initial_backoff: float = Field(default=0.5, gt=0)
     restart_max_backoff: float = Field(default=30.0, gt=0)
     client_priorities: dict[str, int] = Field(default_factory=dict)
@@ -135,19 +161,22 @@ class MuxSettings(_Model):
     """Tools `mux_search_tools` found are called with `mux_call_tool` ("call"), or also join the finding
     session's tools/list, which is told with list_changed ("listing"; 2025 sessions: a 2026 request has none)."""
     fast_path: bool = True
-    """Relay plain `tools/call` requests as raw JSON-RPC, skipping the SDK's sessions (docs/fastpath.md)."""
+    """Relay plain `tools/call` requests as raw JSON-RPC, skipping the SDK's sessions (docs/guide/calls.md)."""
     reload: bool = True
-    """Watch the config file and apply changes while serving (docs/lifecycle.md); SIGHUP reloads either way."""
+    """Watch the config file and apply changes while serving (docs/guide/lifecycle.md); SIGHUP reloads either way."""
     shutdown_grace: float = Field(default=10.0, ge=0)
     """Seconds SIGTERM/SIGINT lets calls in flight finish before cancelling them."""
     sampling_round_timeout: float = Field(default=30.0, gt=0)
-    """Seconds a 2026 client has to answer an input-required sampling round (docs/sampling_forward.md)."""
+    """Seconds a 2026 client has to answer an input-required sampling round (docs/guide/sampling.md)."""
     roots: list[RootEntry] = Field(default_factory=list)
     """What `roots/list` from an upstream gets when no client's roots apply (`[servers.X] roots` wins)."""
     max_client_sessions: int = Field(default=32, ge=1)
     """Sessions of clients' own per server, beside the shared one (`[servers.X] sessions`)."""
     client_session_idle: float = Field(default=300.0, gt=0)
     """Seconds a session of a client's own may sit idle before it is stopped."""
+    max_result_bytes: int = Field(default=DEFAULT_MAX_RESULT_BYTES, ge=0)
+    """Bytes of a tool result's text a model is given; beyond it the text is cut at a clean boundary
+    and the whole kept as a resource the client can read (docs/guide/calls.md). 0: never cut."""
 
     @field_validator("separator")
     @classmethod
@@ -158,7 +187,7 @@ class MuxSettings(_Model):
 
 
 class HttpSettings(_Model):
-    """Where the streamable HTTP front end listens, and who may talk to it (docs/security.md)."""
+    """Where the streamable HTTP front end listens, and who may talk to it (docs/guide/security.md)."""
 
     host: str = "127.0.0.1"
     port: int = Field(default=8765, ge=0, le=65535)
@@ -275,7 +304,9 @@ class Config(_Model):
 
 
 def load_config(path: str | Path, environ: dict[str, str] | None = None) -> Config:
-    """Read, expand and validate a config file (`.toml` or `.json`); raise `ConfigError` on any problem."""
+    """Read, expand and validate a config file (`.toml` or `.json`); raise `ConfigError` on any problem.
+
+    Relative paths in it (a stdio server's `command` and `cwd`) are resolved against its folder."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -284,18 +315,47 @@ def load_config(path: str | Path, environ: dict[str, str] | None = None) -> Conf
     except OSError as err:
         raise ConfigError(f"{path}: cannot read ({err.strerror})") from None
     raw = _parse(path, text)
-    return config_from_dict(raw, source=str(path), environ=environ)
+    client_file = path.suffix == ".json" or "mcp_servers" in raw
+    return config_from_dict(raw, source=str(path), environ=environ, folder=path.parent, client_file=client_file)
 
 
-def config_from_dict(raw: dict[str, Any], source: str = "<memory>", environ: dict[str, str] | None = None) -> Config:
-    """Validate an already-parsed config in any of the accepted shapes."""
+def config_from_dict(
+    raw: dict[str, Any],
+    source: str = "<memory>",
+    environ: dict[str, str] | None = None,
+    folder: Path | None = None,
+    client_file: bool = False,
+) -> Config:
+    """Validate an already-parsed config in any of the accepted shapes.
+
+    `folder`: where relative paths are resolved (the config file's folder; None leaves them to the
+    process's working directory). `client_file`: the file belongs to an MCP client, whose own keys
+    are skipped rather than refused."""
     env = dict(os.environ) if environ is None else environ
     data = _normalize(raw, source)
+    if client_file:
+        data = _only_known_keys(data)
     data = _expand(data, env, source, ())
     try:
-        return Config.model_validate({**data, "source": source})
+        config = Config.model_validate({**data, "source": source})
     except ValidationError as err:
         raise ConfigError(_describe(err, source)) from None
+    return config if folder is None else _resolved(config, folder.expanduser().resolve())
+
+
+def _resolved(config: Config, folder: Path) -> Config:
+    """`config` with its stdio servers' relative paths made absolute against `folder` (module docstring)."""
+    servers = {}
+    for name, server in config.servers.items():
+        if server.transport == "stdio":
+            # normpath, not resolve: a venv's python is a symlink that must be run by its own path.
+            cwd = os.path.normpath(folder / Path(server.cwd).expanduser()) if server.cwd else str(folder)
+            command = server.command or ""
+            if "/" in command:
+                command = os.path.normpath(folder / Path(command).expanduser())
+            server = server.model_copy(update={"cwd": cwd, "command": command})
+        servers[name] = server
+    return config.model_copy(update={"servers": servers})
 
 
 def _parse(path: Path, text: str) -> dict[str, Any]:
@@ -328,6 +388,24 @@ def _normalize(raw: dict[str, Any], source: str) -> dict[str, Any]:
     # VS Code files carry an "inputs" list for interactive prompts, which a server cannot answer.
     data.pop("inputs", None)
     return data
+
+
+# What a server entry may say besides `ServerConfig`'s fields: the client formats' `type` and `disabled`.
+_SERVER_ALIASES = frozenset({"type", "disabled"})
+
+
+def _only_known_keys(data: dict[str, Any]) -> dict[str, Any]:
+    """A client's file without the keys mcpmux does not read: at the top level and in each server entry.
+    mcpmux's own tables in it (`mux`, `http`, a server's `limits`) stay strict."""
+    known = {key: value for key, value in data.items() if key in Config.model_fields and key != "source"}
+    servers = known.get("servers")
+    if isinstance(servers, dict):
+        fields = ServerConfig.model_fields.keys() | _SERVER_ALIASES
+        known["servers"] = {
+            name: {key: value for key, value in entry.items() if key in fields} if isinstance(entry, dict) else entry
+            for name, entry in servers.items()
+        }
+    return known
 
 
 def _expand(value: Any, env: dict[str, str], source: str, path: tuple[str | int, ...]) -> Any:

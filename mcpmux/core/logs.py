@@ -135,11 +135,28 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, ensure_ascii=False)
 
 
+_format: LogFormat = "text"  # what `configure_logging` chose; upstreams' stderr lines follow it
+
+
+def upstream_line(upstream: str, text: str) -> str:
+    """A line a stdio upstream wrote to its stderr, as mcpmux passes it on: labelled with its name.
+
+    Not a log record: an upstream's own output is passed on whatever mcpmux's log level, as it was
+    when the child wrote to mcpmux's stderr itself; only its shape follows `--log-format`."""
+    if _format == "json":
+        ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + f".{int(time.time() * 1000) % 1000:03d}Z"
+        entry = {"ts": ts, "level": "info", "logger": "upstream.stderr", "msg": text, "upstream": upstream}
+        return json.dumps(entry, ensure_ascii=False) + "\n"
+    return f"[{upstream}] {text}\n"
+
+
 def configure_logging(level: str = "warning", fmt: LogFormat = "text") -> None:
     """Send the root logger to stderr at `level`, as text lines or JSON lines, with the request context.
 
     Replaces handlers set before (calling it twice does not double every line).
     """
+    global _format
+    _format = fmt
     handler = logging.StreamHandler(sys.stderr)
     handler.addFilter(_ContextFilter())
     handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))

@@ -16,11 +16,12 @@ arguments or client ids.
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import anyio
 from prometheus_client import CollectorRegistry, generate_latest
@@ -103,10 +104,35 @@ class Observed(Protocol):
 
 
 @dataclass(slots=True)
-class _CallStats:
+class CallStats:
+    """One tool's calls so far: how many ended each way, and their latencies in `CALL_BUCKETS`."""
+
     outcomes: dict[str, int] = field(default_factory=dict)
     buckets: list[int] = field(default_factory=lambda: [0] * (len(CALL_BUCKETS) + 1))  # per bucket, last = +Inf
     seconds: float = 0.0
+
+    def quantile(self, q: float) -> float | None:
+        """The q-quantile of the latencies, in seconds (as Prometheus' `histogram_quantile`); None if none."""
+        cumulative, pairs = 0, []
+        for bound, count in zip([*CALL_BUCKETS, float("inf")], self.buckets, strict=True):
+            cumulative += count
+            pairs.append((bound, float(cumulative)))
+        return bucket_quantile(pairs, q)
+
+
+def bucket_quantile(buckets: list[tuple[float, float]], q: float) -> float | None:
+    """Like Prometheus' histogram_quantile over (upper bound, cumulative count) pairs sorted by bound."""
+    if not buckets or buckets[-1][1] == 0:
+        return None
+    rank = q * buckets[-1][1]
+    lower, below = 0.0, 0.0
+    for bound, count in buckets:
+        if count >= rank:
+            if math.isinf(bound):
+                return lower  # in the overflow bucket: the highest finite bound is all that is known
+            return lower + (bound - lower) * ((rank - below) / (count - below) if count > below else 1.0)
+        lower, below = bound, count
+    return lower
 
 
 class MuxMetrics:
@@ -114,7 +140,7 @@ class MuxMetrics:
 
     def __init__(self, mux: Observed) -> None:
         self.registry = CollectorRegistry()
-        self._calls: dict[tuple[str, str], _CallStats] = {}
+        self._calls: dict[tuple[str, str], CallStats] = {}
         self.registry.register(_MuxCollector(mux, self._calls))
         self.registry.register(EngineCollector(lambda: mux.inference))
 
@@ -126,10 +152,14 @@ class MuxMetrics:
         """
         stats = self._calls.get((upstream, tool))
         if stats is None:
-            stats = self._calls[(upstream, tool)] = _CallStats()
+            stats = self._calls[(upstream, tool)] = CallStats()
         stats.outcomes[outcome] = stats.outcomes.get(outcome, 0) + 1
         stats.buckets[bisect_left(CALL_BUCKETS, seconds)] += 1
         stats.seconds += seconds
+
+    def calls(self) -> dict[tuple[str, str], CallStats]:
+        """Every tool's `CallStats` by (upstream, tool), as counted so far (the live objects: read, don't keep)."""
+        return dict(self._calls)
 
 
 def engine_registry(service: InferenceService) -> CollectorRegistry:
@@ -166,7 +196,7 @@ def _histogram(
 class _MuxCollector:
     """Upstream, dispatch, batching and cache figures, read from the Mux's parts on each scrape."""
 
-    def __init__(self, mux: Observed, calls: dict[tuple[str, str], _CallStats]) -> None:
+    def __init__(self, mux: Observed, calls: dict[tuple[str, str], CallStats]) -> None:
         self._mux = mux
         self._calls = calls
 
@@ -239,6 +269,11 @@ class _MuxCollector:
         coalesced = CounterMetricFamily(
             "mcpmux_coalesced_calls", "Calls that joined an identical call already in flight.", labels=["upstream"]
         )
+        coalesced_by_tool = CounterMetricFamily(
+            "mcpmux_tool_coalesced_calls",
+            "Calls that joined an identical call already in flight, by tool.",
+            labels=["upstream", "tool"],
+        )
         batches = CounterMetricFamily("mcpmux_batches", "List-form batch calls sent.", labels=["upstream", "tool"])
         items = CounterMetricFamily(
             "mcpmux_batch_items", "Calls merged into list-form batch calls.", labels=["upstream", "tool"]
@@ -254,6 +289,8 @@ class _MuxCollector:
             for reason, count in sorted(gate.rejections.items()):
                 rejections.add_metric([name, "gate", reason], count)
             coalesced.add_metric([name], dispatcher.flights.stats().shared)
+            for tool, count in sorted(dispatcher.flights.shared_by.items(), key=str):
+                coalesced_by_tool.add_metric([name, str(tool)], count)
             for tool, batcher in dispatcher.batchers.items():
                 stats = batcher.stats()
                 batches.add_metric([name, tool], stats.batches)
@@ -265,7 +302,7 @@ class _MuxCollector:
                 for size, count in stats.size_histogram.items():
                     counts[bisect_left(BATCH_SIZE_BUCKETS, size)] += count
                 sizes.append(([name, tool], BATCH_SIZE_BUCKETS, counts, float(stats.items)))
-        yield from (in_flight, queued, rejections, coalesced, batches, items, batch_queue)
+        yield from (in_flight, queued, rejections, coalesced, coalesced_by_tool, batches, items, batch_queue)
         yield _histogram("mcpmux_batch_size", "Calls per list-form batch call.", ["upstream", "tool"], sizes)
 
     def _caches(self) -> Iterator[Metric]:
@@ -280,6 +317,13 @@ class _MuxCollector:
             evictions.add_metric([label], stats.evictions)
             entries.add_metric([label], stats.entries)
         yield from (hits, misses, evictions, entries)
+        by_tool = CounterMetricFamily(
+            "mcpmux_tool_cache_hits", "Tool calls answered from the result cache, by tool.", labels=["upstream", "tool"]
+        )
+        for counted, count in sorted(self._mux.cache.hits_by.items(), key=str):
+            upstream, tool = cast(tuple[str, str], counted)  # the tool cache's label (`Mux.cache`)
+            by_tool.add_metric([upstream, tool], count)
+        yield by_tool
 
 
 class EngineCollector:

@@ -31,6 +31,7 @@ timeout = 300.0                 # seconds the client has to answer before the up
 
 [servers.weather]
 roots = ["file:///home/me/project"]   # answers roots/list when no client's roots apply ([mux] roots too)
+max_result_bytes = { get_history = 400000, "*" = 50000 }   # or one number; 0: never cut ([mux]'s default)
 ```
 """
 
@@ -112,3 +113,16 @@ class BatchForm(_Model):
 def priority_for(priorities: dict[str, int], tool: str) -> int:
     """The priority of the first glob matching `tool`, in file order; 0 when none does."""
     return next((value for glob, value in priorities.items() if fnmatch.fnmatchcase(tool, glob)), 0)
+
+
+ResultLimit = int | dict[str, int] | None
+"""`[servers.X] max_result_bytes`: one limit, tool glob -> limit (first match wins), or None: `[mux]`'s."""
+
+
+def result_limit_for(limit: ResultLimit, tool: str, default: int) -> int:
+    """The byte limit on `tool`'s result text (0: none), from the server's setting, else `default`."""
+    if isinstance(limit, int):
+        return limit
+    if limit:
+        return next((value for glob, value in limit.items() if fnmatch.fnmatchcase(tool, glob)), default)
+    return default

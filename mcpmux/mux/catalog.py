@@ -315,7 +315,9 @@ def _no_resource(uri: str) -> str:
 
 def _unknown(kind: str, name: str, known: dict[str, Route]) -> str:
     close = difflib.get_close_matches(name, list(known), n=3)
-    hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else f"; {len(known)} {kind}s are listed"
+    # No count: the client's list holds mcpmux's own tools too (or, in search mode, far fewer), so any
+    # number said here disagreed with the one the client sees.
+    hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else f"; none listed is close ({kind}s/list)"
     return f"unknown {kind} {name!r}{hint}"
 
 

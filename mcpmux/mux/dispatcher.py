@@ -119,7 +119,10 @@ class UpstreamDispatcher:
             ),
             name=f"upstream {upstream.name}",
         )
-        self.flights: SingleFlight[FlightKey, Shared] = SingleFlight(name=f"coalescing for {upstream.name!r}")
+        self.flights: SingleFlight[FlightKey, Shared] = SingleFlight(
+            name=f"coalescing for {upstream.name!r}",
+            label=lambda key: key[1],  # shared calls counted per tool
+        )
         """Calls in flight that identical calls may join, on either path (a launched one by `flights.lead`)."""
         self.batchers: dict[str, DynamicBatcher[BatchItem, types.CallToolResult]] = {}
         for form in upstream.config.batch:

@@ -576,6 +576,7 @@ class FastPath:
 
     def _response(self, call: FastCall, raw: Any, upstream_version: str | None) -> tuple[dict[str, Any], str]:
         """The JSON-RPC response carrying the upstream's result, and the outcome to count; see `_shape`."""
+        raw = self.mux.results.fit(call.plan, raw, call.upstream.name)  # cut to the plan's result_limit
         result = self._shape(raw, upstream_version, call.version)
         self.mux.catalog.name_raw_result(call.upstream.name, result)  # its `ui://` URIs, as clients see them
         return {"jsonrpc": "2.0", "id": call.request_id, "result": result}, "error" if result.get("isError") else "ok"

@@ -4,8 +4,11 @@
         result = await mux.call_tool("time__get_current_time", {"timezone": "UTC"})
 
 Entering starts every upstream concurrently and waits until each has connected or failed (at most
-`[mux] startup_timeout`); one that is slow or broken never delays or breaks the others, it is
-simply absent from the catalog (see `status()`) until its supervisor connects it.
+`[mux] startup_timeout`); one that is slow or broken never breaks the others, it is simply absent
+from the catalog (see `status()`) until its supervisor connects it. A server does not wait
+(`wait_for_upstreams=False`): it serves at once with what is ready, each late upstream's tools
+join the catalog when it connects (clients hear list_changed), and a call to a tool of an upstream
+still starting waits for that upstream alone.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from mcpmux.mux.client_sessions import ServerSessions, Session, reap_forever
 from mcpmux.mux.dispatcher import CachedResult, UpstreamDispatcher
 from mcpmux.mux.lifetime import UpstreamLifetime
 from mcpmux.mux.reload import ReloadReport, ServerDiff, log_reload, plan_reload
+from mcpmux.mux.result_store import ResultStore
 from mcpmux.mux.task_relay import TaskRelay
 from mcpmux.tools.base import LocalTool
 from mcpmux.upstream.lane import ProgressFn
@@ -71,10 +75,13 @@ LogListener = Callable[[str, types.LoggingMessageNotificationParams], Awaitable[
 class Mux:
     """One catalog over many MCP servers, with every call routed to its upstream."""
 
-    def __init__(self, config: Config, *, profile: str | None = None) -> None:
-        """`profile`: serve only what `[profiles.NAME]` allows (the catalog, search and calls)."""
+    def __init__(self, config: Config, *, profile: str | None = None, wait_for_upstreams: bool = True) -> None:
+        """`profile`: serve only what `[profiles.NAME]` allows (the catalog, search and calls).
+        `wait_for_upstreams`: entering waits for every upstream's first connection (at most `[mux]
+        startup_timeout`); False returns at once (see the module docstring)."""
         self.config = config
         self.profile = profile
+        self._waits_for_upstreams = wait_for_upstreams
         chosen = _profile(config, profile)
         self.catalog = Catalog(separator=config.mux.separator, prefix_single=config.mux.prefix_single, profile=chosen)
         self._events = UpstreamEvents(listing_changed=self._on_listing_changed, log=self._on_log)
@@ -85,11 +92,15 @@ class Mux:
         self.inference: InferenceService | None = None  # started on entry when [inference] backend != "off"
         self.upstreams: dict[str, Upstream] = {}
         self.cache: ResultCache[CachedResult] = ResultCache(
-            CachePolicy(max_entries=config.mux.cache_max_entries), name="tool results"
+            CachePolicy(max_entries=config.mux.cache_max_entries),
+            name="tool results",
+            label=lambda key: key[:2],  # hits counted per (upstream, tool): the dashboard's and /metrics'
         )
         self.resource_cache: ResultCache[types.ReadResourceResult] = ResultCache(
             CachePolicy(max_entries=config.mux.cache_max_entries), name="resource reads"
         )
+        self.results = ResultStore()
+        """Whole results of the calls cut to their plan's `result_limit`, read back as `mcpmux://results/...`."""
         self.metrics = MuxMetrics(self)  # Prometheus /metrics; its collectors read the parts at scrape time
         self.dispatchers: dict[str, UpstreamDispatcher] = {}
         self.sessions: dict[str, ServerSessions] = {}
@@ -111,6 +122,7 @@ class Mux:
         self._resource_listeners: list[Callable[[str, str], Awaitable[None]]] = []
         self._stack = AsyncExitStack()
         self._tasks: TaskGroup | None = None
+        self._started_at = 0.0  # `anyio.current_time()` on entry
         if config.mux.meta_tools:
             from mcpmux.tools.meta import meta_tools  # imported here: meta_tools imports this module
 
@@ -133,12 +145,13 @@ class Mux:
                     self.add_local_tool(local)
 
     @classmethod
-    def from_config(cls, config: str | Path | Config) -> Mux:
+    def from_config(cls, config: str | Path | Config, *, wait_for_upstreams: bool = True) -> Mux:
         """A Mux for a config file path (TOML or client JSON) or an already-loaded `Config`."""
-        return cls(config if isinstance(config, Config) else load_config(config))
+        return cls(config if isinstance(config, Config) else load_config(config), wait_for_upstreams=wait_for_upstreams)
 
     async def __aenter__(self) -> Mux:
         await self._stack.__aenter__()
+        self._started_at = anyio.current_time()
         self._tasks = anyio.create_task_group()
         await self._tasks.__aenter__()
         self.tasks.start(self._tasks)
@@ -150,9 +163,8 @@ class Mux:
             if self.tool_search is not None:
                 self.tool_search.start(self._tasks)  # indexes while the upstreams connect
             self._tasks.start_soon(reap_forever, lambda: list(self.sessions.values()), lambda: self.config.mux)
-            with anyio.move_on_after(self.config.mux.startup_timeout):
-                for upstream in self.upstreams.values():
-                    await upstream.settled.wait()
+            if self._waits_for_upstreams:
+                await self.wait_for_upstreams()
         except BaseException:
             await self.__aexit__(None, None, None)  # what started stops; the error is the caller's
             raise
@@ -167,10 +179,20 @@ class Mux:
         finally:
             self._tasks.cancel_scope.cancel()
             try:
-                await self._tasks.__aexit__(exc_type, exc, tb)
+                # Not told of the body's exception: a task group would hand it back wrapped in an
+                # ExceptionGroup, and the caller's `except KeyError` would miss it. It goes on unchanged.
+                await self._tasks.__aexit__(None, None, None)
             finally:
                 await self._stack.__aexit__(None, None, None)
         return None
+
+    async def wait_for_upstreams(self, names: list[str] | None = None) -> None:
+        """Wait until the upstreams `names` (default: all) have each connected or failed once; at most
+        `[mux] startup_timeout` seconds, past which the late ones go on connecting in the background."""
+        upstreams = [self.upstreams[name] for name in names] if names is not None else list(self.upstreams.values())
+        with anyio.move_on_after(self.config.mux.startup_timeout):
+            for upstream in upstreams:
+                await upstream.settled.wait()
 
     async def _start_inference(self) -> None:
         if self.config.inference.backend == "off":
@@ -391,9 +413,18 @@ class Mux:
         """Refetch, concurrently, every listing whose 2026 `ttlMs` has run out; call before serving a list.
 
         Waits at most `LISTING_REFRESH_WAIT` seconds: an upstream that is slow or stuck keeps refreshing
-        in the background while the list is served from its last known listing.
+        in the background while the list is served from its last known listing. In the first `[mux]
+        startup_list_wait` seconds it also waits for the upstreams still starting, so that a client
+        that never acts on list_changed still sees every tool that comes up in time.
         """
         assert self._tasks is not None, "Mux was not entered"
+        starting = [
+            upstream.settled for upstream in self.upstreams.values() if upstream.state == UpstreamState.STARTING
+        ]
+        if starting:
+            with anyio.move_on_after(self._started_at + self.config.mux.startup_list_wait - anyio.current_time()):
+                for settled in starting:
+                    await settled.wait()
         refreshes = [upstream.refresh_if_stale(self._tasks) for upstream in list(self.upstreams.values())]
         with anyio.move_on_after(LISTING_REFRESH_WAIT):
             for done in refreshes:
@@ -469,6 +500,10 @@ class Mux:
     def list_resource_templates(self, profile: str | None = None) -> list[types.ResourceTemplate]:
         return self.view(profile).resource_templates()
 
+    def uptime(self) -> float:
+        """Seconds since the Mux was entered."""
+        return anyio.current_time() - self._started_at
+
     def status(self) -> list[UpstreamStatus]:
         """Each upstream's connection state, protocol version, restarts, last error and clients' own sessions."""
         statuses = []
@@ -534,7 +569,7 @@ class Mux:
             except CallCancelledError as err:
                 return error_result(str(err))
         await self.prepare(caller)
-        route = self.resolve_tool(name, caller.profile, caller)
+        route = await self.resolve_tool_when_started(name, caller.profile, caller)
         set_upstream(route.upstream)  # for the log lines of this call
         try:
             with self.track_call(route.upstream) as tracked:
@@ -544,7 +579,8 @@ class Mux:
                     result = await dispatcher.call_tool(
                         route.name, arguments or {}, progress, caller.client, self._boost(caller), hears_logs
                     )
-                    return self.catalog.name_result(route.upstream, result)
+                    result = self.catalog.name_result(route.upstream, result)
+                    return self.results.fit_model(dispatcher.plan(route.name), result, route.upstream)
         except (UpstreamUnavailableError, UpstreamTimeoutError, UpstreamResultError) as err:
             return error_result(str(err))
 
@@ -600,6 +636,26 @@ class Mux:
             "the host calls it for them, the model cannot"
         )
 
+    async def resolve_tool_when_started(self, name: str, profile: str | None, caller: Caller | None = None) -> Route:
+        """`resolve_tool`, after waiting for the upstream the name's prefix names if it is still starting
+        (at most `[mux] startup_timeout`): a call needs its own upstream, and no other. What every
+        front resolves a call with, as a client may call a tool it knows before its upstream is listed."""
+        try:
+            return self.resolve_tool(name, profile, caller)
+        except UnknownToolError:
+            # A lone upstream's names are unprefixed where `prefix_single = false` (`serve -- CMD`).
+            alone = len(self.upstreams) == 1 and not self.config.mux.prefix_single
+            starting = [
+                upstream.name
+                for upstream in self.upstreams.values()
+                if upstream.state == UpstreamState.STARTING
+                and (alone or name.startswith(f"{upstream.name}{self.config.mux.separator}"))
+            ]
+            if not starting:
+                raise
+        await self.wait_for_upstreams(starting)
+        return self.resolve_tool(name, profile, caller)
+
     def resolve_tool(self, name: str, profile: str | None = None, caller: Caller | None = None) -> Route:
         """Where the upstream tool `name` goes (in `profile`'s view, as `caller` sees it). Raises
         `UnknownToolError`, or `UnlistedToolError` when the name's prefix is an upstream that is not
@@ -631,6 +687,8 @@ class Mux:
         (`Catalog.locate_resource`); a 2026 `ttlMs` lets mcpmux serve it from cache. `cacheScope: private`
         entries are kept per `client`, `public` ones shared. The contents carry the URI in the form asked for.
         """
+        if self.results.holds(uri):
+            return self.results.read(uri)  # a tool result cut for the context, kept whole
         caller = _caller()
         owner, own = self.view(profile, caller).locate_resource(uri)
         upstream, _ = await self.session(owner, caller)

@@ -51,6 +51,7 @@ from mcpmux.mux.fast_path import FastPath
 from mcpmux.mux.multiplexer import Mux
 from mcpmux.server.client_channels import ask_on, by_rounds, on_session
 from mcpmux.server.client_relay import ClientRelay
+from mcpmux.server.dashboard import dashboard_routes
 from mcpmux.server.edge_policy import EdgePolicy
 from mcpmux.server.found_tools import FoundTools
 from mcpmux.server.http_batch import BatchArrayMiddleware
@@ -369,7 +370,7 @@ class Frontend:
         if params.name not in self.mux.local_tools and params.request_state is None:
             try:
                 await self.mux.prepare(caller)
-                route = self.mux.resolve_tool(params.name, caller.profile, caller)
+                route = await self.mux.resolve_tool_when_started(params.name, caller.profile, caller)
             except MuxError as err:
                 raise _as_mcp_error(err) from None
             asks_client = self.mux.dispatchers[route.upstream].plan(route.name).asks_client
@@ -579,6 +580,7 @@ class Frontend:
 
             app.router.routes.append(openai_mount(inference))
         app.router.routes.append(metrics_route(self.mux.metrics.registry))
+        app.router.routes.extend(dashboard_routes(self.mux, lambda: list(self._connections)))
         if not self.mux.config.mux.fast_path:
             return HttpEdge(app, policy=policy, mcp_path=path, config=self._running_config), None
         fast = FastPathMiddleware(app, self._fast_path(), self.server.session_manager, self._scope_caller, path=path)

@@ -1,11 +1,13 @@
 """HTTP edge security: one ASGI middleware in front of everything mcpmux serves over HTTP.
 
-`HttpEdge` wraps the whole app (`/mcp`, `/v1`, `/metrics`) and checks every request, in order:
+`HttpEdge` wraps the whole app (`/mcp`, `/v1`, `/metrics`, the dashboard) and checks every request, in order:
 
 1. Host and Origin (403): DNS-rebinding protection. Loopback names and the bind host are accepted
    on any port, plus `[http] allowed_hosts` / `allowed_origins`; a request without Origin (any
    non-browser client) passes.
 2. Bearer token (401 with `WWW-Authenticate`), when tokens are configured; compared in constant time.
+   Two things pass without one: `/metrics` where `[http] metrics_auth = false`, and the dashboard's
+   page at `/` (static, no data in it: its state, `/dashboard/state`, needs the token like `/mcp`).
 3. Declared body size (413) from Content-Length.
 4. Per-client rate limit (429 with `Retry-After`): a token bucket per token, else per client IP.
 5. Streamed body size (413): the body is read and counted before the app sees it, so a chunked
@@ -13,7 +15,8 @@
 6. Profiles (`[profiles.NAME]`): `<path>/NAME` serves profile NAME (an unknown NAME: 404 naming the
    defined ones), `<path>` the whole catalog; a token bound to a profile sees only that profile, on
    `<path>` or its own `<path>/NAME` (another profile's path: 403). The request goes on to `<path>`
-   with the profile in its scope (`PROFILE_SCOPE`), which the front and the fast path read.
+   with the profile in its scope (`PROFILE_SCOPE`), which the front and the fast path read. Any
+   other request has its token's profile there, if it is bound to one (the dashboard refuses it).
 7. Session binding: an `mcp-session-id` opened under one token or profile is refused (404, exactly
    as the SDK answers an unknown session) when another token or profile presents it.
 
@@ -41,6 +44,8 @@ logger = logging.getLogger(__name__)
 
 REALM = 'Bearer realm="mcpmux"'
 METRICS_PATH = "/metrics"
+DASHBOARD_PATH = "/"
+"""The dashboard's page (`mcpmux.server.dashboard`): served without a token, as it holds no data."""
 PROFILE_SCOPE = "mcpmux.profile"
 """The ASGI scope key holding an MCP request's profile name (None: the whole catalog)."""
 _SESSION = b"mcp-session-id"
@@ -111,6 +116,8 @@ class HttpEdge:
         replay = _replaying(body, receive)
         session = headers.get(_SESSION.decode())
         mcp = self._is_mcp(scope)
+        if not mcp:
+            scope[PROFILE_SCOPE] = self.policy.token_profiles[client] if client is not None else None
         owner = (client, self._enter(scope, client)) if mcp else (client, None)
         if not self.binds or not mcp:
             await self.app(scope, replay, send)
@@ -208,9 +215,10 @@ class HttpEdge:
         if not self.policy.origin_allowed(headers.get("origin")):
             return 403, "Origin not allowed (DNS-rebinding protection): add it to [http] allowed_origins", []
         metrics_open = not self.policy.metrics_auth and scope["path"].rstrip("/") == METRICS_PATH
+        page = scope["path"] == DASHBOARD_PATH and scope["method"] in ("GET", "HEAD")
         oauth = self.oauth
         needs_token = bool(self.policy.tokens) or oauth is not None
-        if needs_token and client is None and not metrics_open:
+        if needs_token and client is None and not metrics_open and not page:
             if oauth is not None and oauth.admits(headers.get("authorization")):
                 return None
             if "authorization" not in headers:

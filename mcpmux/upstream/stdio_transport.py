@@ -7,11 +7,14 @@ written here as raw JSON lines by the calling task itself, and each line read th
 else (the handshake, listings, the SDK path's calls, notifications, lines that are not JSON-RPC)
 reaches the client session exactly as from the SDK's transport.
 
-The child runs in a session of its own, with the SDK's default environment under the one given,
-and mcpmux's stderr as its own. Shutdown follows the spec's sequence, as the SDK's transport does:
-close the child's stdin, give it `EXIT_GRACE` seconds to exit, then SIGTERM its process group and
-SIGKILL whatever is left; unlike the SDK's, it also ends what the child left running in its group.
-A signal during mcpmux's shutdown cuts that short (`mcpmux.upstream.children`).
+The child runs in a session of its own, with the SDK's default environment under the one given;
+its stderr goes to a `ChildStderr`, which passes each line on to mcpmux's stderr labelled with the
+upstream's name and keeps the last ones, with the exit status, for the reason it went down.
+
+Shutdown follows the spec's sequence, as the SDK's transport does: close the child's stdin, give it
+`EXIT_GRACE` seconds to exit, then SIGTERM its process group and SIGKILL whatever is left; unlike
+the SDK's, it also ends what the child left running in its group, and it reads both pipes until
+the child is gone. A signal during mcpmux's shutdown cuts that short (`mcpmux.upstream.children`).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from mcp.shared.message import SessionMessage
 from pydantic_core import from_json
 
 from mcpmux.upstream import children
+from mcpmux.upstream.child_stderr import ChildStderr
 from mcpmux.upstream.lane import LANE_ID_MARK, UpstreamLane
 from mcpmux.wire.json_bytes import line
 from mcpmux.wire.stdio_lines import LineWriter, read_lines
@@ -41,31 +45,35 @@ EXIT_GRACE = 2.0
 """Seconds a child has to exit once its stdin is closed, and again after SIGTERM before SIGKILL."""
 
 _FLUSH_TIMEOUT = 0.5  # for the session's last messages to reach the child before its stdin closes
+_STDERR_DRAIN = 0.5  # for the last stderr lines of a child that ended to be read (a grandchild may hold the pipe)
 _EXIT_POLL = 0.01
 
 
 @asynccontextmanager
 async def stdio_transport(
-    command: str, args: list[str], env: dict[str, str], cwd: str | None, lane: UpstreamLane
+    command: str, args: list[str], env: dict[str, str], cwd: str | None, lane: UpstreamLane, stderr: ChildStderr
 ) -> AsyncIterator[tuple[Any, Any]]:
     """Start the child and yield the (read, write) streams of `SessionMessage`s an SDK `Client` takes.
 
-    `lane` is attached to the child's stdin and takes its messages off the child's stdout.
-    Raises `OSError` when the command cannot be run.
+    `lane` is attached to the child's stdin and takes its messages off the child's stdout; `stderr`
+    reads the child's stderr and is told its exit status. Raises `OSError` when the command cannot be run.
     """
     # As in asyncio's own subprocess start: the spawn runs on the loop, nothing waits for the child.
     child = subprocess.Popen(  # noqa: ASYNC220
         [command, *args],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
-        stderr=None,  # inherited: the child writes to mcpmux's own stderr
+        stderr=subprocess.PIPE,
         env=get_default_environment() | env,
         cwd=cwd,
         start_new_session=True,
     )
     children.started(child)
+    stderr.started()
     assert child.stdin is not None
     assert child.stdout is not None
+    assert child.stderr is not None
+    errors = child.stderr
     stdin, stdout = LineWriter(child.stdin), child.stdout
     to_session, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     write_stream, from_session = anyio.create_memory_object_stream[SessionMessage](0)
@@ -84,20 +92,33 @@ async def stdio_transport(
     def lanes(line: str) -> bool:
         return LANE_ID_MARK in line and lane.take(_raw(line))
 
-    async def read() -> None:
-        async with to_session:
-            delivering = True
-            # The lane's lines are taken in the read callback itself; the rest come here, in order.
-            async for line in read_lines(stdout, offer=lanes):
-                if not delivering or not line.strip():
-                    continue  # once the session is gone, the rest is drained so the child can flush and exit
-                lane.passed_on()
-                try:
-                    await to_session.send(_parse(line))
-                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                    delivering = False
+    # Both pipes are read until the child is stopped, even when the task that owns the connection is
+    # cancelled (shutdown, a reload): a pipe closed under a child still flushing its last answer
+    # broke it (a BrokenPipeError traceback from every SDK server, on every `mcpmux tools`).
+    reading_out, reading_err = anyio.CancelScope(shield=True), anyio.CancelScope(shield=True)
 
-    writing, written = anyio.CancelScope(), anyio.Event()
+    async def read() -> None:
+        with reading_out:
+            async with to_session:
+                delivering = True
+                # The lane's lines are taken in the read callback itself; the rest come here, in order.
+                async for line in read_lines(stdout, offer=lanes):
+                    if not delivering or not line.strip():
+                        continue  # once the session is gone, the rest is drained so the child can flush and exit
+                    lane.passed_on()
+                    try:
+                        await to_session.send(_parse(line))
+                    except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                        delivering = False
+
+    writing, written, stderr_read = anyio.CancelScope(), anyio.Event(), anyio.Event()
+
+    async def read_stderr() -> None:
+        try:
+            with reading_err:
+                await stderr.pump(errors)
+        finally:
+            stderr_read.set()
 
     async def write() -> None:
         try:
@@ -114,6 +135,7 @@ async def stdio_transport(
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(read)
             tasks.start_soon(write)
+            tasks.start_soon(read_stderr)
             try:
                 yield read_stream, write_stream
             finally:
@@ -125,10 +147,16 @@ async def stdio_transport(
                     writing.cancel()
                     stdin.close()
                     await _stop(child)
+                    stderr.exit_status = child.returncode
+                    with anyio.move_on_after(_STDERR_DRAIN):
+                        await stderr_read.wait()
+                reading_out.cancel()
+                reading_err.cancel()
                 tasks.cancel_scope.cancel()
     finally:
         stdin.close()
         stdout.close()
+        errors.close()
 
 
 def _raw(line: str) -> Any:

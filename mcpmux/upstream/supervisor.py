@@ -37,6 +37,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from mcpmux.core.config import MuxSettings, ServerConfig
 from mcpmux.core.output_schema import result_error, sdk_problem
 from mcpmux.errors import UpstreamError, UpstreamTimeoutError, UpstreamUnavailableError
+from mcpmux.upstream.child_stderr import ChildStderr
 from mcpmux.upstream.client_tasks import TaskFailed
 from mcpmux.upstream.http_transport import http_transport
 from mcpmux.upstream.lane import UpstreamLane
@@ -150,6 +151,8 @@ class Upstream:
         self._client_changed = anyio.Event()
         self._refreshing: anyio.Event | None = None
         self.oauth = upstream_oauth(name, config)
+        self.stderr = ChildStderr(name)
+        """A stdio upstream's stderr: passed on labelled with its name; the last lines kept (`down` reasons)."""
         self.subscriptions: set[str] = set()
         """Resource URIs mcpmux's clients subscribed to (2025 `resources/subscribe`): renewed on every connection."""
 
@@ -197,10 +200,11 @@ class Upstream:
                     async with self._connect() as client:
                         failures = 0
                         await self._serve(client)
+                    self.last_error = _describe_loss(self.config, self.stderr)
                 except Exception as err:  # any failure of one upstream must stay with that upstream
                     failures += 1
                     login = needs_login(err)
-                    self.last_error = str(login) if login else _describe_failure(err, self.config)
+                    self.last_error = str(login) if login else _describe_failure(err, self.config, self.stderr)
                 finally:
                     self._set_client(None)
                 self.state = UpstreamState.NEEDS_LOGIN if login else UpstreamState.DOWN
@@ -235,7 +239,6 @@ class Upstream:
             await self.events.listing_changed(self.name)
             await self._health.lost.wait()
             tasks.cancel_scope.cancel()
-        self.last_error = "connection lost"
 
     def _mark_lost(self) -> None:
         """The session is gone: no new request may use it, and the supervisor reconnects."""
@@ -287,7 +290,8 @@ class Upstream:
         lane = UpstreamLane()
         config = self.config
         if config.transport == "stdio":
-            child = stdio_transport(config.command or "", list(config.args), self._child_env(), config.cwd, lane)
+            command, args, env = config.command or "", list(config.args), self._child_env()
+            child = stdio_transport(command, args, env, config.cwd, lane, self.stderr)
             transport = WatchedTransport(child, health.lost, lane, self._on_task_status, self._answer_task)
         else:
             endpoint = http_transport(config.url or "", dict(config.headers), lane, self.oauth)
@@ -572,18 +576,30 @@ def _session_expired(err: MCPError) -> bool:
     return err.error.code == types.INVALID_REQUEST and _EXPIRED.search(err.error.message) is not None
 
 
-def _describe_failure(err: BaseException, config: ServerConfig) -> str:
+def _describe_failure(err: BaseException, config: ServerConfig, stderr: ChildStderr) -> str:
+    """Why a connection attempt failed, in words that say what to check; a stdio child's last words quoted."""
     if isinstance(err, TimeoutError):
-        return "did not complete the MCP handshake in time"
+        said = stderr.tail() if config.transport == "stdio" else []
+        quoted = f"; its stderr ended with: {' | '.join(said)}" if said else ""
+        return f"did not complete the MCP handshake within [mux] startup_timeout{quoted}"
     if isinstance(err, FileNotFoundError | PermissionError) and config.transport == "stdio":
-        return f"cannot run command {config.command!r}: {err.strerror} (check the path or PATH)"
+        where = f" (run in {config.cwd})" if config.cwd and "/" in (config.command or "") else ""
+        return f"cannot run command {config.command!r}{where}: {err.strerror} (check the path or PATH)"
     if isinstance(err, BaseExceptionGroup) and len(err.exceptions) == 1:
-        return _describe_failure(err.exceptions[0], config)
+        return _describe_failure(err.exceptions[0], config, stderr)
     if isinstance(err, httpx2.ConnectError):
         return f"cannot connect to {config.url}: {err}"
     if isinstance(err, MCPError) and err.error.code == CONNECTION_CLOSED and config.transport == "stdio":
+        ended = stderr.describe_exit()
+        how = f"; it {ended}" if ended else ""
         return (
-            f"command {config.command!r} closed its stdio before the MCP handshake ended (it may have exited: "
-            "its own error, if any, is on mcpmux's stderr; try running the command by hand)"
+            f"command {config.command!r} closed its stdio before the MCP handshake ended{how} "
+            "(try running the command by hand)"
         )
     return f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+
+
+def _describe_loss(config: ServerConfig, stderr: ChildStderr) -> str:
+    """Why a connection that had worked ended: for a stdio child, how it exited and what it said last."""
+    ended = stderr.describe_exit() if config.transport == "stdio" else ""
+    return f"connection lost: the process {ended}" if ended else "connection lost"

@@ -86,9 +86,18 @@ def http_upstream(name: str, port: int | None = None) -> Iterator[str]:
 
 
 def write_config(path: Path, servers: dict[str, dict[str, Any]], **mux: Any) -> Path:
-    """A client-format JSON config (mcpmux accepts it unchanged), plus optional [mux] settings."""
+    """A client-format JSON config (mcpmux accepts it unchanged), plus optional [mux] settings.
+
+    A list request waits for every upstream still starting (`startup_list_wait`, 10 s by default,
+    raised here for a loaded CI host): `mux_over_stdio`'s first list is where a test knows its
+    upstreams are connected, as it knew when mcpmux served only once they were."""
+    mux.setdefault("startup_list_wait", STARTUP_WAIT)
     path.write_text(json.dumps({"mcpServers": servers, "mux": mux}))
     return path
+
+
+STARTUP_WAIT = 60.0
+"""Seconds a test waits for mcpmux's upstreams to connect before it starts (they take 1-5 s here)."""
 
 
 @asynccontextmanager
@@ -98,6 +107,7 @@ async def mux_over_stdio(config: Path, mode: str = "auto", **client: Any) -> Asy
         command=PY, args=["-m", "mcpmux", "serve", "--config", str(config)], env=dict(os.environ)
     )
     async with Client(params, mode=mode, **client) as connected:
+        await connected.list_tools()  # answered once the upstreams have connected (or failed): see write_config
         yield connected
 
 
@@ -111,9 +121,24 @@ def mux_over_http(config: Path) -> Iterator[str]:
     )
     try:
         wait_for_port(port, process)
+        wait_for_upstreams(f"http://127.0.0.1:{port}")
         yield f"http://127.0.0.1:{port}/mcp"
     finally:
         stop(process)
+
+
+def wait_for_upstreams(base: str, timeout: float = STARTUP_WAIT) -> None:
+    """Until no upstream of the mcpmux at `base` is still starting (it serves at once, they connect
+    behind it), as its dashboard's state says; at once where that needs a token."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        answer = httpx2.get(f"{base}/dashboard/state", timeout=10)
+        if answer.status_code != 200:
+            return
+        if all(upstream["state"] != "starting" for upstream in answer.json()["upstreams"]):
+            return
+        time.sleep(0.1)
+    raise TimeoutError(f"the upstreams of {base} were still starting after {timeout} s")
 
 
 @asynccontextmanager

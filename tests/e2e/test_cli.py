@@ -93,6 +93,8 @@ def test_every_call_error_is_one_line_that_says_what_to_do(tmp_path: Path) -> No
         # (tool, arguments, exit code, what the line says)
         ("ghost__greet", "{}", 1, "tool 'ghost__greet' is not listed: upstream 'ghost' is down (cannot run command"),
         ("alpha__ech", "{}", 2, "unknown tool 'alpha__ech'; did you mean 'alpha__echo'"),
+        # No count of "listed" tools: the client's list holds mcpmux's own too, and the numbers disagreed.
+        ("zzzz", "{}", 2, "unknown tool 'zzzz'; none listed is close (tools/list)"),
         ("alpha__fail", '{"reason": "no"}', 1, "alpha__fail answered with an error: Error executing tool fail"),
         ("alpha__add", "[1, 2]", 2, "arguments must be a JSON object, got list"),
     ]
@@ -179,8 +181,12 @@ def test_a_port_in_use_is_one_line_before_any_upstream_starts(tmp_path: Path) ->
         taken.listen()
         port = taken.getsockname()[1]
         served = run("serve", "--config", str(config), "--transport", "http", "--port", str(port))
+        env = {**os.environ, "MAKELEVEL": "1"}  # what make gives the commands it runs
+        command = [*MCPMUX, "serve", "--config", str(config), "--transport", "http", "--port", str(port)]
+        under_make = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
     assert served.returncode == 2
     assert served.stderr.strip() == (
         f"mcpmux: cannot listen on 127.0.0.1:{port}: Address already in use; pass another --port "
         "(or [http] port), or stop what holds that one"
     )
+    assert under_make.stderr.strip().endswith(f"(under `make run`: PORT={port + 1} make run)")

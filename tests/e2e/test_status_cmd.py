@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -12,9 +13,12 @@ import httpx2
 import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
+from prometheus_client import generate_latest
+from rich.console import Console
 
-from mcpmux.cli.status import bucket_quantile, metrics_url
-from tests.e2e.conftest import PY, demo, free_port, mux_over_http, text_of
+from mcpmux.cli.status import Scrape, bucket_quantile, metrics_url, render
+from mcpmux.mux.multiplexer import Mux
+from tests.e2e.conftest import PY, demo, free_port, mux_over_http, text_of, write_config
 
 
 def status(*args: str) -> subprocess.CompletedProcess[str]:
@@ -96,3 +100,20 @@ def test_metrics_url_and_quantiles() -> None:
     assert bucket_quantile(buckets, 0.5) == pytest.approx(0.15)  # halfway through the (0.1, 0.2] bucket
     assert bucket_quantile([(1.0, 1.0), (float("inf"), 4.0)], 0.99) == 1.0  # overflow: the top finite bound
     assert bucket_quantile([(1.0, 0.0), (float("inf"), 0.0)], 0.5) is None
+
+
+@pytest.mark.anyio
+async def test_status_keeps_names_whole_in_80_columns(tmp_path: Path) -> None:
+    """The tables of a real Mux's metrics, at a terminal's usual width: names whole, figures squeezed."""
+    servers = {name: demo(name) for name in ("everything", "summarizer", "time")}
+    config = write_config(tmp_path / "c.json", servers)
+    async with Mux.from_config(config) as mux:
+        for name in servers:
+            await mux.call_tool(f"{name}__echo", {"text": "x"})
+        scrape = Scrape.parse(generate_latest(mux.metrics.registry).decode())
+    out = io.StringIO()
+    render(scrape, Console(file=out, width=80))
+    for name in servers:
+        assert row(out.getvalue(), name, "ready", "none"), out.getvalue()
+    assert max(len(line) for line in out.getvalue().splitlines()) <= 80
+    assert "…" not in out.getvalue(), out.getvalue()

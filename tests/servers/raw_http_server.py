@@ -7,7 +7,9 @@ Options:
   unanswered, as a server whose idle timeout fires just as a request goes out does;
 - `cookie`: it sets a cookie when its session opens, and answers 404 "Session not found" to any
   later request without it (a load balancer's affinity);
-- `vhost`: it serves only requests whose Host header is `mcp.example` (404 otherwise).
+- `vhost`: it serves only requests whose Host header is `mcp.example` (404 otherwise);
+- `listen-json`: it answers `subscriptions/listen` as the suite's 2026 reference server does, with
+  its acknowledgement as a line of an `application/json` body that it never finishes.
 
 Tools: `whoami` (the JSON-RPC id it was called with, what was dropped and run so far, and the
 request's Accept-Encoding), `slow` (answers after 1 s), `vanish` (closes the connection 0.2 s
@@ -94,6 +96,9 @@ async def serve_connection(reader: asyncio.StreamReader, writer: asyncio.StreamW
                 status, payload = REFUSED
             elif method == "POST":
                 request = json.loads(body)
+                if request.get("method") == "subscriptions/listen" and "listen-json" in OPTIONS:
+                    await listen_forever(request, reader, writer)
+                    return
                 if request.get("method") == "tools/call":
                     calls += 1
                     if "drop" in OPTIONS and calls > 1:
@@ -113,6 +118,17 @@ async def serve_connection(reader: asyncio.StreamReader, writer: asyncio.StreamW
         pass
     finally:
         writer.close()
+
+
+async def listen_forever(request: dict[str, Any], reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """The acknowledgement, then nothing: the body stays open until the client goes."""
+    ack = {"jsonrpc": "2.0", "method": "notifications/subscriptions/acknowledged", "params": {"notifications": {}}}
+    ack["params"]["_meta"] = {"io.modelcontextprotocol/subscriptionId": str(request.get("id"))}
+    line = json.dumps(ack).encode() + b"\n"
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n"
+    writer.write(head + f"{len(line):x}\r\n".encode() + line + b"\r\n")
+    await writer.drain()
+    await reader.read()  # b"" once the client closed the connection
 
 
 async def main() -> None:

@@ -8,6 +8,10 @@ Options:
 - `cookie`: it sets a cookie when its session opens, and answers 404 "Session not found" to any
   later request without it (a load balancer's affinity);
 - `vhost`: it serves only requests whose Host header is `mcp.example` (404 otherwise);
+- `sse-break`: it answers every `tools/call` on an event stream that gives an event id and
+  `retry: 300`, then ends before the answer; a `GET` with that id in `Last-Event-ID` gets the
+  answer (SEP-1699). `whoami` reports each such reconnection (`resumed`: the id, and the
+  milliseconds since the stream ended);
 - `listen-json`: it answers `subscriptions/listen` as the suite's 2026 reference server does, with
   its acknowledgement as a line of an `application/json` body that it never finishes.
 
@@ -23,6 +27,7 @@ import asyncio
 import collections
 import json
 import sys
+import time
 from typing import Any
 
 TOOLS = [{"name": name, "inputSchema": {"type": "object"}} for name in ("whoami", "slow", "vanish", "forget")]
@@ -34,6 +39,10 @@ REFUSED = (
     json.dumps({"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": "Session not found"}}).encode(),
 )
 dropped = 0
+RETRY_MS = 300
+broken: dict[str, tuple[float, bytes]] = {}
+"""Answers whose stream ended first, by the event id it gave: when it ended, and the answer."""
+resumed: list[dict[str, Any]] = []
 ran: collections.Counter[str] = collections.Counter()
 sessions = {"opened": 0, "current": ""}
 
@@ -64,6 +73,7 @@ async def answer(request: dict[str, Any], headers: dict[str, str]) -> dict[str, 
         elif name == "forget":
             sessions["current"] = ""
         seen = {"id": request_id, "dropped": dropped, "ran": ran, "encoding": headers.get("accept-encoding")}
+        seen["resumed"] = resumed
         result = {"content": [{"type": "text", "text": json.dumps(seen)}], "isError": False}
     elif method == "ping":
         result = {}
@@ -94,8 +104,14 @@ async def serve_connection(reader: asyncio.StreamReader, writer: asyncio.StreamW
                 or ("cookie" in OPTIONS and not opening and COOKIE not in headers.get("cookie", ""))
             ):
                 status, payload = REFUSED
+            elif method == "GET" and "sse-break" in OPTIONS and headers.get("last-event-id") in broken:
+                await resume_stream(headers["last-event-id"], writer)
+                continue
             elif method == "POST":
                 request = json.loads(body)
+                if request.get("method") == "tools/call" and "sse-break" in OPTIONS:
+                    await break_off(request, headers, writer)
+                    continue
                 if request.get("method") == "subscriptions/listen" and "listen-json" in OPTIONS:
                     await listen_forever(request, reader, writer)
                     return
@@ -118,6 +134,30 @@ async def serve_connection(reader: asyncio.StreamReader, writer: asyncio.StreamW
         pass
     finally:
         writer.close()
+
+
+def chunk(data: bytes) -> bytes:
+    return f"{len(data):x}\r\n".encode() + data + b"\r\n"
+
+
+SSE_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+
+
+async def break_off(request: dict[str, Any], headers: dict[str, str], writer: asyncio.StreamWriter) -> None:
+    """The call runs; its stream gives an event id and a retry time, and ends without the answer."""
+    answered = json.dumps(await answer(request, headers)).encode()
+    event_id = f"{request.get('id')}-1"
+    writer.write(SSE_HEAD + chunk(f"id: {event_id}\nretry: {RETRY_MS}\ndata: \n\n".encode()) + chunk(b""))
+    await writer.drain()
+    broken[event_id] = (time.monotonic(), answered)
+
+
+async def resume_stream(event_id: str, writer: asyncio.StreamWriter) -> None:
+    ended, answered = broken.pop(event_id)
+    resumed.append({"last_event_id": event_id, "after_ms": round((time.monotonic() - ended) * 1000)})
+    writer.write(SSE_HEAD + chunk(b"event: message\nid: " + event_id.encode() + b"-2\ndata: " + answered + b"\n\n"))
+    writer.write(chunk(b""))
+    await writer.drain()
 
 
 async def listen_forever(request: dict[str, Any], reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

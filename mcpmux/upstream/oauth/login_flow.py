@@ -14,6 +14,7 @@ import os
 import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Literal
 from urllib.parse import parse_qs, urljoin, urlsplit
 
 import anyio
@@ -124,14 +125,26 @@ class MemoryTokenStorage:
 
 
 class _Provider(OAuthClientProvider):
-    """The SDK's provider, asking for the configured scopes where some are (it would take the server's)."""
+    """The SDK's provider, asking for the configured scopes where some are (it would take the server's),
+    and sending a pre-registered client's secret the way the authorization server takes it."""
 
     scopes: str | None = None
+    preregistered: bool = False
 
     async def _perform_authorization(self) -> httpx2.Request:
         if self.scopes:
             self.context.client_metadata.scope = self.scopes
+        client, metadata = self.context.client_info, self.context.oauth_metadata
+        if self.preregistered and client is not None and client.client_secret:
+            supported = metadata.token_endpoint_auth_methods_supported if metadata is not None else None
+            client.token_endpoint_auth_method = secret_method(supported)
         return await super()._perform_authorization()
+
+
+def secret_method(supported: list[str] | None) -> Literal["client_secret_basic", "client_secret_post"]:
+    """How a pre-registered client sends its secret to the token endpoint: in the form where the
+    server takes that, else with HTTP Basic (RFC 8414: what a server that names no method supports)."""
+    return "client_secret_post" if supported and "client_secret_post" in supported else "client_secret_basic"
 
 
 async def log_in(
@@ -172,6 +185,7 @@ async def log_in(
                 client_metadata_url=settings.client_metadata_url if settings is not None else None,
             )
             provider.scopes = " ".join(settings.scopes) if settings is not None and settings.scopes else None
+            provider.preregistered = storage.client is not None
             http = httpx2.AsyncClient(headers=dict(server.headers), auth=provider, timeout=30.0)
             transport = streamable_http_client(server.url or "", http_client=http)
             sdk_log = logging.getLogger(OAuthClientProvider.__module__)
@@ -238,7 +252,7 @@ def _preregistered(name: str, server: ServerConfig, redirect_uri: str) -> OAuthC
     return OAuthClientInformationFull(
         client_id=settings.client_id,
         client_secret=secret,
-        token_endpoint_auth_method="client_secret_post" if secret else "none",
+        token_endpoint_auth_method=secret_method(None) if secret else "none",  # the server's metadata may change it
         redirect_uris=[AnyUrl(redirect_uri)],
         grant_types=["authorization_code", "refresh_token"],
     )

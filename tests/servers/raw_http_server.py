@@ -18,7 +18,7 @@ Options:
 Tools: `whoami` (the JSON-RPC id it was called with, what was dropped and run so far, and the
 request's Accept-Encoding), `slow` (answers after 1 s), `vanish` (closes the connection 0.2 s
 into the call, unanswered, as a crashing worker would), `forget` (it forgets its 2025 session, as a
-restarted server does: 404 "Session not found" until a new `initialize`).
+restarted server does: 404 "Session not found" until a new `initialize`), `refuse` (a JSON-RPC error).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import sys
 import time
 from typing import Any
 
-TOOLS = [{"name": name, "inputSchema": {"type": "object"}} for name in ("whoami", "slow", "vanish", "forget")]
+TOOLS = [{"name": name, "inputSchema": {"type": "object"}} for name in ("whoami", "slow", "vanish", "forget", "refuse")]
 INFO = {"name": "rawhttp", "version": "1.0"}
 OPTIONS = set(sys.argv[2:])
 COOKIE = "affinity=node-a"
@@ -72,6 +72,8 @@ async def answer(request: dict[str, Any], headers: dict[str, str]) -> dict[str, 
             raise Vanish
         elif name == "forget":
             sessions["current"] = ""
+        elif name == "refuse":
+            return {"jsonrpc": "2.0", "id": request_id, "error": {"code": -32603, "message": "refused by the server"}}
         seen = {"id": request_id, "dropped": dropped, "ran": ran, "encoding": headers.get("accept-encoding")}
         seen["resumed"] = resumed
         result = {"content": [{"type": "text", "text": json.dumps(seen)}], "isError": False}

@@ -23,6 +23,7 @@ from anyio.abc import SocketStream
 from mcp import Client
 from mcp.client.auth import OAuthClientProvider
 from mcp.client.auth.exceptions import OAuthFlowError
+from mcp.client.auth.utils import union_scopes
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.auth import AuthorizationCodeResult, OAuthClientInformationFull, OAuthClientMetadata, OAuthToken
 from mcp.shared.exceptions import MCPError
@@ -32,6 +33,7 @@ from mcpmux.core.config import ServerConfig
 from mcpmux.errors import MuxError
 from mcpmux.upstream.oauth.stored_login import StoredLogin
 from mcpmux.upstream.oauth.token_store import TokenStore
+from mcpmux.upstream.oauth.upstream_auth import STEP_UP
 
 CALLBACK_PATH = "/callback"
 LOGIN_TIMEOUT = 300.0
@@ -184,7 +186,8 @@ async def log_in(
                 callback_handler=callback.wait,
                 client_metadata_url=settings.client_metadata_url if settings is not None else None,
             )
-            provider.scopes = " ".join(settings.scopes) if settings is not None and settings.scopes else None
+            configured = " ".join(settings.scopes) if settings is not None and settings.scopes else None
+            provider.scopes = union_scopes(configured, _stepped_up(store, name, server))
             provider.preregistered = storage.client is not None
             http = httpx2.AsyncClient(headers=dict(server.headers), auth=provider, timeout=30.0)
             transport = streamable_http_client(server.url or "", http_client=http)
@@ -219,6 +222,12 @@ async def log_in(
     preregistered = settings is not None and settings.client_secret_env is not None
     store.save(name, server.url or "", login.to_record(keep_secret=not preregistered))
     return login
+
+
+def _stepped_up(store: TokenStore, name: str, server: ServerConfig) -> str | None:
+    """The scopes the server asked for beyond the last login's (a 403 `insufficient_scope` while serving)."""
+    record = store.load(name, server.url or "")
+    return str(record[STEP_UP]) if record is not None and record.get(STEP_UP) else None
 
 
 def _worded(name: str, url: str, err: BaseException) -> LoginError | None:

@@ -7,6 +7,7 @@ before it lapses and after a 401, and a `needs login` error when no usable one i
     due to lapse? ── yes ─▶ [store lock] read again: another process refreshed? use it : refresh
         ▼
     sent with its bearer ── 401 ─▶ the same, once; a second 401: needs login
+                         └─ 403 insufficient_scope ─▶ the scope it names kept for the next login: needs login
 
 The interactive login (discovery, registration, PKCE) is `mcpmux login`'s (`login_flow`); `serve`
 never opens a browser. A refresh runs under the store's lock, so several mcpmux processes sharing
@@ -24,6 +25,7 @@ from urllib.parse import quote
 
 import anyio
 import httpx2
+from mcp.client.auth.utils import extract_field_from_www_auth, extract_scope_from_www_auth, union_scopes
 from mcp.shared.auth import OAuthToken
 from pydantic import ValidationError
 
@@ -36,6 +38,9 @@ logger = logging.getLogger(__name__)
 
 STORE_POLL = 1.0
 """Seconds between looks at the token store while an upstream waits for `mcpmux login`."""
+
+STEP_UP = "step_up_scope"
+"""The stored login's key for the scopes a server asked for beyond the ones granted (403 insufficient_scope)."""
 
 _config_file: str | None = None
 
@@ -127,6 +132,8 @@ class UpstreamOAuth(httpx2.Auth):
                         login = self._refreshed(fresh, response)
             request.headers["Authorization"] = f"Bearer {login.token.access_token}"
             response = yield request
+            if response.status_code == 403 and extract_field_from_www_auth(response, "error") == "insufficient_scope":
+                raise self._step_up(login, extract_scope_from_www_auth(response))
             if response.status_code != 401:
                 return
         raise self._refuse("the server refused a freshly refreshed token")
@@ -175,6 +182,14 @@ class UpstreamOAuth(httpx2.Auth):
         self._current()
         logger.info("upstream %r: token refreshed", self.name)
         return login
+
+    def _step_up(self, login: StoredLogin, needed: str | None) -> NeedsLoginError:
+        """The token lacks a scope the server needs: the next `mcpmux login` asks for it too (`STEP_UP`)."""
+        scope = union_scopes(login.token.scope, needed) or ""
+        record = self.store.load(self.name, self.url)
+        if record is not None:
+            self.store.save(self.name, self.url, {**record, STEP_UP: scope})
+        return self._refuse(f"the server needs scope {scope!r}, more than the login granted; log in again to grant it")
 
     def _refuse(self, why: str) -> NeedsLoginError:
         self.needs_login = NeedsLoginError(self.name, why)

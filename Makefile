@@ -9,7 +9,7 @@ NPM_STAMP := $(NPM_DIR)/.installed
 HOST ?= 127.0.0.1
 PORT ?= 8765
 
-.PHONY: setup run test lint fmt bench clean
+.PHONY: setup run test lint fmt bench clean conformance
 
 setup: $(STAMP) $(NPM_STAMP)
 
@@ -35,6 +35,12 @@ $(NPM_STAMP): Makefile
 run: setup
 	$(PY) -c "from mcpmux.inference.models import builtin; builtin.ensure_converted('smollm2-135m')"
 	$(VENV)/bin/mcpmux serve --config examples/mcpmux.toml --transport http --host $(HOST) --port $(PORT)
+
+# The MCP conformance suite (npm @modelcontextprotocol/conformance 0.1.16 and 0.2.0-alpha.12, node 22)
+# against its reference server directly and through mcpmux, and mcpmux as its client; installed on
+# first use into benchmarks/.peers/conformance (docs/conformance.md).
+conformance: setup
+	$(PY) benchmarks/conformance/run.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check mcpmux tests benchmarks examples

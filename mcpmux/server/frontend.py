@@ -373,8 +373,9 @@ class Frontend:
                 self._connections.discard(connection)
 
     async def _relay_log(self, upstream: str, params: types.LoggingMessageNotificationParams) -> None:
-        """Upstream logs go to the clients with a call in flight on that upstream (or every client if none)."""
-        name = params.logger or upstream
+        """Upstream logs go to the clients with a call in flight on that upstream (or every client if none),
+        as the upstream wrote them (its `logger`, or none)."""
+        name = params.logger
         try:
             callers = list(self._callers.get(upstream, {}).items())
             for session, request_id in callers:

@@ -79,6 +79,8 @@ class Mux:
         self.client_requests = ClientRequests()
         self.inference: InferenceService | None = None  # started on entry when [inference] backend != "off"
         self.upstreams: dict[str, Upstream] = {}
+        self.log_level: types.LoggingLevel | None = None
+        """The most verbose level any client asked upstream logs at (`set_log_level`)."""
         self.cache: ResultCache[CachedResult] = ResultCache(
             CachePolicy(max_entries=config.mux.cache_max_entries), name="tool results"
         )
@@ -216,6 +218,7 @@ class Mux:
             task_status=self.tasks.status,
         )
         upstream = Upstream(name, server, self.config.mux, events)
+        upstream.log_level = self.log_level
         self.upstreams[name] = upstream
         self.dispatchers[name] = UpstreamDispatcher(
             upstream, self.cache, lambda: self.config.mux, self.metrics.observe_call
@@ -279,6 +282,13 @@ class Mux:
         upstream = self.upstreams.get(owner)
         if upstream is not None:
             await upstream.unsubscribe(uri)
+
+    async def set_log_level(self, level: types.LoggingLevel) -> None:
+        """Every upstream logs at `level` and above (the most verbose level any client asked for), also
+        those started later; each client still hears only its own level and above."""
+        self.log_level = level
+        for upstream in list(self.upstreams.values()):
+            await upstream.set_log_level(level)
 
     async def roots_changed(self) -> None:
         """A client's roots changed (or a client with roots connected): every upstream is told."""

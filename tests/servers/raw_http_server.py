@@ -19,6 +19,7 @@ Tools: `whoami` (the JSON-RPC id it was called with, what was dropped and run so
 request's Accept-Encoding), `slow` (answers after 1 s), `vanish` (closes the connection 0.2 s
 into the call, unanswered, as a crashing worker would), `forget` (it forgets its 2025 session, as a
 restarted server does: 404 "Session not found" until a new `initialize`), `refuse` (a JSON-RPC error).
+`whoami` also reports the levels `logging/setLevel` asked for (`levels`), in order.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ RETRY_MS = 300
 broken: dict[str, tuple[float, bytes]] = {}
 """Answers whose stream ended first, by the event id it gave: when it ended, and the answer."""
 resumed: list[dict[str, Any]] = []
+levels: list[str] = []
+"""Each `logging/setLevel` level asked, in order."""
 ran: collections.Counter[str] = collections.Counter()
 sessions = {"opened": 0, "current": ""}
 
@@ -59,7 +62,7 @@ async def answer(request: dict[str, Any], headers: dict[str, str]) -> dict[str, 
     elif method == "initialize":
         sessions["opened"] += 1
         sessions["current"] = f"s{sessions['opened']}"
-        result = {"protocolVersion": "2025-11-25", "capabilities": {"tools": {}}, "serverInfo": INFO}
+        result = {"protocolVersion": "2025-11-25", "capabilities": {"tools": {}, "logging": {}}, "serverInfo": INFO}
     elif method == "tools/list":
         result = {"tools": TOOLS, "ttlMs": 60_000, "cacheScope": "public"}
     elif method == "tools/call":
@@ -76,8 +79,12 @@ async def answer(request: dict[str, Any], headers: dict[str, str]) -> dict[str, 
             return {"jsonrpc": "2.0", "id": request_id, "error": {"code": -32603, "message": "refused by the server"}}
         seen = {"id": request_id, "dropped": dropped, "ran": ran, "encoding": headers.get("accept-encoding")}
         seen["resumed"] = resumed
+        seen["levels"] = levels
         result = {"content": [{"type": "text", "text": json.dumps(seen)}], "isError": False}
     elif method == "ping":
+        result = {}
+    elif method == "logging/setLevel":
+        levels.append(params["level"])
         result = {}
     else:
         error = {"code": -32601, "message": f"Method not found: {method}"}

@@ -25,7 +25,7 @@ from mcp.client.auth import OAuthClientProvider
 from mcp.client.auth.exceptions import OAuthFlowError
 from mcp.client.auth.utils import union_scopes
 from mcp.client.streamable_http import streamable_http_client
-from mcp.shared.auth import AuthorizationCodeResult, OAuthClientInformationFull, OAuthClientMetadata, OAuthToken
+from mcp.shared.auth import AuthorizationCodeResult, OAuthClientInformationFull, OAuthClientMetadata
 from mcp.shared.exceptions import MCPError
 from pydantic import AnyUrl
 
@@ -33,7 +33,7 @@ from mcpmux.core.config import ServerConfig
 from mcpmux.errors import MuxError
 from mcpmux.upstream.oauth.stored_login import StoredLogin
 from mcpmux.upstream.oauth.token_store import TokenStore
-from mcpmux.upstream.oauth.upstream_auth import STEP_UP
+from mcpmux.upstream.oauth.upstream_auth import STEP_UP, MemoryTokenStorage
 
 CALLBACK_PATH = "/callback"
 LOGIN_TIMEOUT = 300.0
@@ -104,26 +104,6 @@ class _Callback:
         if self.result is None:
             raise LoginError(f"no answer reached {self.redirect_uri} within {LOGIN_TIMEOUT:g}s; run the login again")
         return self.result
-
-
-class MemoryTokenStorage:
-    """The SDK's `TokenStorage`, in memory: for one login (`log_in` stores the outcome itself)."""
-
-    def __init__(self, client: OAuthClientInformationFull | None = None) -> None:
-        self.tokens: OAuthToken | None = None
-        self.client = client
-
-    async def get_tokens(self) -> OAuthToken | None:
-        return self.tokens
-
-    async def set_tokens(self, tokens: OAuthToken) -> None:
-        self.tokens = tokens
-
-    async def get_client_info(self) -> OAuthClientInformationFull | None:
-        return self.client
-
-    async def set_client_info(self, client_info: OAuthClientInformationFull) -> None:
-        self.client = client_info
 
 
 class _Provider(OAuthClientProvider):

@@ -10,8 +10,10 @@ before it lapses and after a 401, and a `needs login` error when no usable one i
                          └─ 403 insufficient_scope ─▶ the scope it names kept for the next login: needs login
 
 The interactive login (discovery, registration, PKCE) is `mcpmux login`'s (`login_flow`); `serve`
-never opens a browser. A refresh runs under the store's lock, so several mcpmux processes sharing
-a login refresh it once: the others find the new token when the lock is theirs.
+never opens a browser. A refresh runs under the store's lock, so several mcpmux processes sharing a
+login refresh it once: the others find the new token when the lock is theirs. With `grant =
+"client_credentials"` there is no login: `ClientCredentialsOAuth` gets tokens itself as a machine
+client (the SDK's client credentials providers).
 """
 
 from __future__ import annotations
@@ -25,12 +27,18 @@ from urllib.parse import quote
 
 import anyio
 import httpx2
+from mcp.client.auth import OAuthClientProvider
+from mcp.client.auth.extensions.client_credentials import (
+    ClientCredentialsOAuthProvider,
+    PrivateKeyJWTOAuthProvider,
+    SignedJWTParameters,
+)
 from mcp.client.auth.utils import extract_field_from_www_auth, extract_scope_from_www_auth, union_scopes
-from mcp.shared.auth import OAuthToken
+from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
 from pydantic import ValidationError
 
 from mcpmux.core.config import ServerConfig
-from mcpmux.errors import UpstreamUnavailableError
+from mcpmux.errors import ConfigError, UpstreamUnavailableError
 from mcpmux.upstream.oauth.stored_login import StoredLogin
 from mcpmux.upstream.oauth.token_store import TokenStore, default_home
 
@@ -197,10 +205,91 @@ class UpstreamOAuth(httpx2.Auth):
         return self.needs_login
 
 
+class MemoryTokenStorage:
+    """The SDK's `TokenStorage`, in memory: for one login (`log_in` stores the outcome itself)."""
+
+    def __init__(self, client: OAuthClientInformationFull | None = None) -> None:
+        self.tokens: OAuthToken | None = None
+        self.client = client
+
+    async def get_tokens(self) -> OAuthToken | None:
+        return self.tokens
+
+    async def set_tokens(self, tokens: OAuthToken) -> None:
+        self.tokens = tokens
+
+    async def get_client_info(self) -> OAuthClientInformationFull | None:
+        return self.client
+
+    async def set_client_info(self, client_info: OAuthClientInformationFull) -> None:
+        self.client = client_info
+
+
+class ClientCredentialsOAuth(UpstreamOAuth):
+    """`grant = "client_credentials"`: tokens from the authorization server the upstream's 401 names,
+    for the machine client `client_id`, its secret sent with HTTP Basic or a private_key_jwt assertion
+    signed with its key. They live in memory: a lapsed or refused one is fetched again, with no login."""
+
+    def __init__(self, name: str, config: ServerConfig) -> None:
+        super().__init__(name, config)
+        settings = config.oauth
+        assert settings is not None  # the config's validator saw to these
+        assert settings.client_id is not None
+        storage = MemoryTokenStorage()
+        provider: OAuthClientProvider
+        if settings.private_key_env is not None:
+            key = _required_env(name, "private_key_env", settings.private_key_env)
+            signer = SignedJWTParameters(
+                issuer=settings.client_id,
+                subject=settings.client_id,
+                signing_key=key,
+                signing_algorithm=settings.signing_algorithm,
+            )
+            provider = PrivateKeyJWTOAuthProvider(
+                self.url, storage, settings.client_id, signer.create_assertion_provider(), _scope(settings.scopes)
+            )
+        else:
+            secret = _required_env(name, "client_secret_env", settings.client_secret_env or "")
+            provider = ClientCredentialsOAuthProvider(
+                self.url, storage, settings.client_id, secret, "client_secret_basic", _scope(settings.scopes)
+            )
+        self._provider = provider
+
+    @property
+    def active(self) -> bool:
+        return True
+
+    def describe(self) -> str:
+        return "oauth, client credentials"
+
+    async def async_auth_flow(self, request: httpx2.Request) -> AsyncGenerator[httpx2.Request, httpx2.Response]:
+        flow = self._provider.async_auth_flow(request)
+        try:
+            sent = await flow.__anext__()
+            while True:
+                response = yield sent
+                sent = await flow.asend(response)
+        except StopAsyncIteration:
+            return
+
+
+def _required_env(name: str, key: str, variable: str) -> str:
+    value = os.environ.get(variable)
+    if not value:
+        raise ConfigError(f"servers.{name}.oauth.{key}: environment variable {variable} is not set")
+    return value
+
+
+def _scope(scopes: list[str]) -> str | None:
+    return " ".join(scopes) or None
+
+
 def upstream_oauth(name: str, config: ServerConfig) -> UpstreamOAuth | None:
     """The auth of an HTTP upstream that may use OAuth; None for stdio and `auth = "none"`."""
     if config.transport != "http" or config.auth == "none":
         return None
+    if config.oauth is not None and config.oauth.grant == "client_credentials":
+        return ClientCredentialsOAuth(name, config)
     return UpstreamOAuth(name, config)
 
 

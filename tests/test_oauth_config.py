@@ -58,6 +58,10 @@ def test_an_oauth_table_is_read() -> None:
             {"url": URL, "oauth": {"client_id": "mux", "private_key_env": "KEY"}},
             r"servers.docs.oauth: 'private_key_env' is for grant = \"client_credentials\"",
         ),
+        (
+            {"url": URL, "oauth": {"grant": "identity_assertion", "client_id": "mux", "client_secret_env": "S"}},
+            r"servers.docs.oauth: grant = \"identity_assertion\" needs 'client_id', 'client_secret_env', 'issuer'",
+        ),
     ],
 )
 def test_bad_oauth_settings_name_the_key(server: dict[str, object], message: str) -> None:

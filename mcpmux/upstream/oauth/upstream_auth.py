@@ -12,8 +12,8 @@ before it lapses and after a 401, and a `needs login` error when no usable one i
 The interactive login (discovery, registration, PKCE) is `mcpmux login`'s (`login_flow`); `serve`
 never opens a browser. A refresh runs under the store's lock, so several mcpmux processes sharing a
 login refresh it once: the others find the new token when the lock is theirs. With `grant =
-"client_credentials"` there is no login: `ClientCredentialsOAuth` gets tokens itself as a machine
-client (the SDK's client credentials providers).
+"client_credentials"` or `"identity_assertion"` there is no login: mcpmux gets tokens itself as a machine
+client (`MachineOAuth`), or as the user through the identity provider (`identity_assertion`).
 """
 
 from __future__ import annotations
@@ -27,18 +27,19 @@ from urllib.parse import quote
 
 import anyio
 import httpx2
-from mcp.client.auth import OAuthClientProvider
 from mcp.client.auth.extensions.client_credentials import (
     ClientCredentialsOAuthProvider,
     PrivateKeyJWTOAuthProvider,
     SignedJWTParameters,
 )
+from mcp.client.auth.extensions.identity_assertion import IdentityAssertionOAuthProvider
 from mcp.client.auth.utils import extract_field_from_www_auth, extract_scope_from_www_auth, union_scopes
 from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
 from pydantic import ValidationError
 
 from mcpmux.core.config import ServerConfig
 from mcpmux.errors import ConfigError, UpstreamUnavailableError
+from mcpmux.upstream.oauth.id_jag import id_jag_fetcher
 from mcpmux.upstream.oauth.stored_login import StoredLogin
 from mcpmux.upstream.oauth.token_store import TokenStore, default_home
 
@@ -225,10 +226,12 @@ class MemoryTokenStorage:
         self.client = client_info
 
 
-class ClientCredentialsOAuth(UpstreamOAuth):
-    """`grant = "client_credentials"`: tokens from the authorization server the upstream's 401 names,
-    for the machine client `client_id`, its secret sent with HTTP Basic or a private_key_jwt assertion
-    signed with its key. They live in memory: a lapsed or refused one is fetched again, with no login."""
+class MachineOAuth(UpstreamOAuth):
+    """A grant with no person and no login, through the SDK's providers. `client_credentials`: tokens
+    from the authorization server the upstream's 401 names, for the machine client `client_id`, its
+    secret sent with HTTP Basic or a private_key_jwt assertion signed with its key.
+    `identity_assertion`: from the configured `issuer`, for an ID-JAG the identity provider gives
+    for the user's ID token (`id_jag`). Tokens live in memory: a lapsed or refused one is fetched again."""
 
     def __init__(self, name: str, config: ServerConfig) -> None:
         super().__init__(name, config)
@@ -236,8 +239,23 @@ class ClientCredentialsOAuth(UpstreamOAuth):
         assert settings is not None  # the config's validator saw to these
         assert settings.client_id is not None
         storage = MemoryTokenStorage()
-        provider: OAuthClientProvider
-        if settings.private_key_env is not None:
+        provider: httpx2.Auth
+        self._grant = settings.grant
+        if settings.grant == "identity_assertion":
+            assert settings.issuer is not None
+            assert settings.idp_token_endpoint is not None
+            id_token = _required_env(name, "id_token_env", settings.id_token_env or "")
+            provider = IdentityAssertionOAuthProvider(
+                self.url,
+                storage,
+                settings.client_id,
+                _required_env(name, "client_secret_env", settings.client_secret_env or ""),
+                settings.issuer,
+                id_jag_fetcher(settings.idp_token_endpoint, id_token, settings.idp_client_id),
+                _scope(settings.scopes),
+                "client_secret_basic",
+            )
+        elif settings.private_key_env is not None:
             key = _required_env(name, "private_key_env", settings.private_key_env)
             signer = SignedJWTParameters(
                 issuer=settings.client_id,
@@ -260,7 +278,7 @@ class ClientCredentialsOAuth(UpstreamOAuth):
         return True
 
     def describe(self) -> str:
-        return "oauth, client credentials"
+        return f"oauth, {self._grant.replace('_', ' ')}"
 
     async def async_auth_flow(self, request: httpx2.Request) -> AsyncGenerator[httpx2.Request, httpx2.Response]:
         flow = self._provider.async_auth_flow(request)
@@ -288,8 +306,8 @@ def upstream_oauth(name: str, config: ServerConfig) -> UpstreamOAuth | None:
     """The auth of an HTTP upstream that may use OAuth; None for stdio and `auth = "none"`."""
     if config.transport != "http" or config.auth == "none":
         return None
-    if config.oauth is not None and config.oauth.grant == "client_credentials":
-        return ClientCredentialsOAuth(name, config)
+    if config.oauth is not None and config.oauth.grant != "authorization_code":
+        return MachineOAuth(name, config)
     return UpstreamOAuth(name, config)
 
 

@@ -138,13 +138,14 @@ def _reference(commit: str) -> Path:
     return folder
 
 
-def install(version: str) -> Suite:
-    """Suite `version` (one of `SUITES`) and its reference server, installed if need be."""
+def install(version: str, *, reference: bool = True) -> Suite:
+    """Suite `version` (one of `SUITES`) and, with `reference`, its reference server and client,
+    installed if need be (mcpmux as the client needs only the suite, which npm has)."""
     node_bin()
     prefix = HOME / f"suite-{version}"
     _npm_install(prefix, f"@modelcontextprotocol/conformance@{version}")
     conformance = prefix / "node_modules" / "@modelcontextprotocol" / "conformance" / "dist" / "index.js"
-    return Suite(version, conformance, _reference(REFERENCES[version]))
+    return Suite(version, conformance, _reference(REFERENCES[version]) if reference else HOME / "no-reference")
 
 
 def main() -> int:

@@ -24,6 +24,7 @@ import tempfile
 import threading
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx2
 
@@ -50,7 +51,22 @@ def config_for(url: str, scenario: str, context: dict[str, Any]) -> str:
         oauth.append(f"signing_algorithm = {json.dumps(context.get('signing_algorithm') or 'ES256')}")
     if scenario.startswith("auth/client-credentials"):
         oauth.append('grant = "client_credentials"')
+    if context.get("idp_token_endpoint"):  # enterprise-managed authorization (cross-app access)
+        oauth.append('grant = "identity_assertion"')
+        oauth.append(f"issuer = {json.dumps(authorization_server(url))}")
+        oauth.append(f"idp_token_endpoint = {json.dumps(context['idp_token_endpoint'])}")
+        oauth.append(f"idp_client_id = {json.dumps(context.get('idp_client_id', ''))}")
+        oauth.append('id_token_env = "CONFORMANCE_ID_TOKEN"')
     return "\n".join([*lines, *(["", "[servers.s.oauth]", *oauth] if oauth else []), ""])
+
+
+def authorization_server(url: str) -> str:
+    """The MCP server's authorization server, as its protected-resource metadata names it: what a user
+    of enterprise-managed authorization writes into `issuer` (mcpmux never discovers it there)."""
+    parts = urlsplit(url)
+    metadata = f"{parts.scheme}://{parts.netloc}/.well-known/oauth-protected-resource{parts.path}"
+    servers = httpx2.get(metadata, timeout=TIMEOUT).json()["authorization_servers"]
+    return str(servers[0])
 
 
 def log_in(config: Path, env: dict[str, str]) -> int:
@@ -108,7 +124,12 @@ def main() -> int:
         env = dict(os.environ, MCPMUX_HOME=home)
         env["CONFORMANCE_CLIENT_SECRET"] = str(context.get("client_secret", ""))
         env["CONFORMANCE_PRIVATE_KEY"] = str(context.get("private_key_pem", ""))
-        if scenario.startswith("auth/") and "client-credentials" not in scenario:
+        env["CONFORMANCE_ID_TOKEN"] = str(context.get("idp_id_token", ""))
+        if (
+            scenario.startswith("auth/")
+            and "client-credentials" not in scenario
+            and "idp_token_endpoint" not in context
+        ):
             code = log_in(config, env)
             if code != 0:
                 return code

@@ -73,7 +73,7 @@ class Table:
         return head + "\n".join(rows) + totals
 
     def _order(self, name: str) -> int:
-        order = list(self.direct) + [n for n in self.mcpmux if n not in self.direct]
+        order = list(self.mcpmux) + [n for n in self.direct if n not in self.mcpmux]
         return order.index(name)
 
     @staticmethod
@@ -143,11 +143,14 @@ def mcpmux_server(upstream: str, protocol: str, work: Path) -> tuple[str, Abstra
     return f"http://localhost:{port}/mcp", server
 
 
-def selections(suite: Suite) -> list[list[str]]:
-    """0.1.x: every scenario; 0.2: each revision's frozen requirement set, at its own wire."""
+REVISIONS = ("2025-11-25", "2026-07-28")
+
+
+def selections(suite: Suite, revisions: list[str] | None = None) -> list[list[str]]:
+    """0.1.x: every scenario; 0.2: each revision's frozen requirement set (or those of `revisions`), at its own wire."""
     if suite.version.startswith("0.1."):
         return [["--suite", "all"]]
-    return [["--requirements", "2025-11-25"], ["--requirements", "2026-07-28"]]
+    return [["--requirements", revision] for revision in revisions or REVISIONS]
 
 
 def run_suite(suite: Suite, role: str, target: list[str], selection: list[str], out: Path) -> dict[str, Outcome]:
@@ -165,9 +168,9 @@ def run_suite(suite: Suite, role: str, target: list[str], selection: list[str], 
     return outcomes
 
 
-def server_tables(suite: Suite, protocol: str, work: Path) -> list[Table]:
+def server_tables(suite: Suite, protocol: str, work: Path, revisions: list[str] | None) -> list[Table]:
     tables = []
-    for selection in selections(suite):
+    for selection in selections(suite, revisions):
         name = "-".join(part.strip("-") for part in selection)
         folder = work / f"server-{suite.version}-{name}"
         folder.mkdir(parents=True)
@@ -232,17 +235,18 @@ def run_client(suite: Suite, command: list[str], scenario: str, options: list[st
     )
 
 
-def client_tables(suite: Suite, work: Path) -> list[Table]:
+def client_tables(suite: Suite, work: Path, revisions: list[str] | None, direct_too: bool) -> list[Table]:
     tables = []
     ours = [sys.executable, str(HERE / "mcpmux_client.py")]
-    for selection in selections(suite):
+    for selection in selections(suite, revisions):
         name = "-".join(part.strip("-") for part in selection)
         folder = work / f"client-{suite.version}-{name}"
         direct: dict[str, Outcome] = {}
         through: dict[str, Outcome] = {}
         for scenario, options in client_scenarios(suite, selection):
             slug = scenario.replace("/", "-")
-            direct[scenario] = run_client(suite, suite.client(), scenario, options, folder / "direct" / slug)
+            if direct_too:
+                direct[scenario] = run_client(suite, suite.client(), scenario, options, folder / "direct" / slug)
             through[scenario] = run_client(suite, ours, scenario, options, folder / "mcpmux" / slug)
         tables.append(Table("client", suite.version, " ".join(selection), direct, through))
     return tables
@@ -252,7 +256,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--suite", choices=SUITES, action="append", help="suite version (default: all of them)")
     parser.add_argument("--role", choices=["server", "client"], action="append", help="default: both")
+    parser.add_argument("--requirements", choices=REVISIONS, action="append", help="0.2's sets (default: all)")
     parser.add_argument("--protocol", default="auto", choices=["auto", "legacy"], help="mcpmux's upstream protocol")
+    parser.add_argument("--no-direct-client", action="store_true", help="client scenarios: mcpmux only")
     parser.add_argument("--json", type=Path, default=RESULTS, help=f"where the tables go (default {RESULTS})")
     parser.add_argument("--keep", type=Path, default=None, help="keep the suite's results and logs in this folder")
     args = parser.parse_args()
@@ -260,11 +266,12 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="conformance-") as scratch:
         work = args.keep or Path(scratch)
         for version in args.suite or SUITES:
-            suite = install(version)
-            if "server" in (args.role or ["server"]):
-                tables += server_tables(suite, args.protocol, work)
-            if "client" in (args.role or ["client"]):
-                tables += client_tables(suite, work)
+            roles = args.role or ["server", "client"]
+            suite = install(version, reference="server" in roles or not args.no_direct_client)
+            if "server" in roles:
+                tables += server_tables(suite, args.protocol, work, args.requirements)
+            if "client" in roles:
+                tables += client_tables(suite, work, args.requirements, not args.no_direct_client)
     for table in tables:
         print(table.markdown())
     args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,7 @@ import pytest
 
 from tests.e2e.conftest import ROOT
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # minutes of real servers and clients on 2 cores
 
 RUN = ROOT / "benchmarks" / "conformance" / "run.py"
 LATEST = "0.2.0-alpha.12"

@@ -170,42 +170,33 @@ class HttpLane:
 
     def resend(self, request_id: str, data: bytes) -> None:
         """Send a launched request again on a fresh connection: its idle one was closed under it, unread."""
-        if self.closed:
-            return  # the lane fails its calls
-        task = asyncio.get_running_loop().create_task(self._resend(request_id, data))
-        self._resending[request_id] = task
-        task.add_done_callback(lambda _: self._resending.pop(request_id, None))
+        self._send_again(request_id, data)
 
     def resume(self, request_id: str, data: bytes, resumption: Resumption) -> None:
         """Reconnect, after the stream's `retry`, to the event stream of a request whose answer has not come."""
+        delay = (resumption.retry if resumption.retry is not None else DEFAULT_RETRY_MS) / 1000
+        self._send_again(request_id, resumption_request(data, resumption.last_id or ""), resumption, delay)
+
+    def _send_again(self, request_id: str, data: bytes, resumed: Resumption | None = None, delay: float = 0.0) -> None:
+        """Start a task that sends `data` for request `request_id` on a fresh connection after `delay` seconds."""
         if self.closed:
             return  # the lane fails its calls
-        delay = (resumption.retry if resumption.retry is not None else DEFAULT_RETRY_MS) / 1000
-        get = resumption_request(data, resumption.last_id or "")
-        task = asyncio.get_running_loop().create_task(self._resume(request_id, get, resumption, delay))
+        task = asyncio.get_running_loop().create_task(self._fresh(request_id, data, resumed, delay))
         self._resending[request_id] = task
         task.add_done_callback(
             lambda done: self._resending.pop(request_id, None) if self._resending.get(request_id) is done else None
         )
 
-    async def _resume(self, request_id: str, data: bytes, resumption: Resumption, delay: float) -> None:
-        await asyncio.sleep(delay)
+    async def _fresh(self, request_id: str, data: bytes, resumed: Resumption | None, delay: float) -> None:
+        if delay:
+            await asyncio.sleep(delay)
         try:
             connection = await self._connection(fresh=True)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             closed = {"code": CONNECTION_CLOSED, "message": "Connection closed"}
             self.deliver({"jsonrpc": "2.0", "id": request_id, "error": closed})
             return
-        connection.start(request_id, data, resumed=resumption)
-
-    async def _resend(self, request_id: str, data: bytes) -> None:
-        try:
-            connection = await self._connection(fresh=True)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-            closed = {"code": CONNECTION_CLOSED, "message": "Connection closed"}
-            self.deliver({"jsonrpc": "2.0", "id": request_id, "error": closed})
-            return
-        connection.start(request_id, data)
+        connection.start(request_id, data, resumed=resumed)
 
     def _cancelled(self, message: dict[str, Any], stamped: dict[str, str]) -> bool:
         """A 2026 request is cancelled by closing its connection (True: nothing to POST); a 2025 one by the POST."""

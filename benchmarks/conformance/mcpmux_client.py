@@ -31,6 +31,8 @@ import httpx2
 MCPMUX = [sys.executable, "-m", "mcpmux"]
 TIMEOUT = 60.0
 CLIENT_METADATA_URL = "https://conformance-test.local/client-metadata.json"
+LIST_ONLY = {"json-schema-ref-no-deref"}
+"""Scenarios whose server answers only `tools/list` (the suite's own client only lists there)."""
 
 
 def config_for(url: str, scenario: str, context: dict[str, Any]) -> str:
@@ -137,6 +139,8 @@ def main() -> int:
         if listed.returncode != 0:
             return listed.returncode
         tools = [line.split("\t")[0] for line in listed.stdout.splitlines() if line and not line.startswith("#")]
+        if scenario in LIST_ONLY:
+            return 0
         for tool in tools:
             call = [*MCPMUX, "call", "--config", str(config), tool, json.dumps(arguments_for(tool))]
             called = run(call, env)

@@ -18,7 +18,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
 
 from mcpmux.upstream.client_tasks import Answer, ClientTasks, declare
-from mcpmux.upstream.lane import UpstreamLane, session_sender
+from mcpmux.upstream.lane import UpstreamLane, complete_by_default, session_sender
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +80,8 @@ class _WatchedReadStream:
                 if self._lane is not None and self._lane.divert(item):
                     continue
                 message = getattr(item, "message", None)
+                if isinstance(message, types.JSONRPCResponse) and isinstance(message.result, dict):
+                    complete_by_default(message.result)
                 if self._task_status is not None and getattr(message, "method", None) == TASK_STATUS:
                     await self._task_status(getattr(message, "params", None) or {})
                     continue

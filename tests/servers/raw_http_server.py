@@ -18,7 +18,8 @@ Options:
 Tools: `whoami` (the JSON-RPC id it was called with, what was dropped and run so far, and the
 request's Accept-Encoding), `slow` (answers after 1 s), `vanish` (closes the connection 0.2 s
 into the call, unanswered, as a crashing worker would), `forget` (it forgets its 2025 session, as a
-restarted server does: 404 "Session not found" until a new `initialize`), `refuse` (a JSON-RPC error).
+restarted server does: 404 "Session not found" until a new `initialize`), `refuse` (a JSON-RPC error),
+`bare` (a result that names no `resultType`, which SEP-2322 says is complete).
 `whoami` also reports the levels `logging/setLevel` asked for (`levels`), in order.
 """
 
@@ -31,7 +32,10 @@ import sys
 import time
 from typing import Any
 
-TOOLS = [{"name": name, "inputSchema": {"type": "object"}} for name in ("whoami", "slow", "vanish", "forget", "refuse")]
+TOOLS = [
+    {"name": name, "inputSchema": {"type": "object"}}
+    for name in ("whoami", "slow", "vanish", "forget", "refuse", "bare")
+]
 INFO = {"name": "rawhttp", "version": "1.0"}
 OPTIONS = set(sys.argv[2:])
 COOKIE = "affinity=node-a"
@@ -89,7 +93,7 @@ async def answer(request: dict[str, Any], headers: dict[str, str]) -> dict[str, 
     else:
         error = {"code": -32601, "message": f"Method not found: {method}"}
         return {"jsonrpc": "2.0", "id": request_id, "error": error}
-    if "_meta" in params:  # a 2026 request: its results say they are complete
+    if "_meta" in params and params.get("name") != "bare":  # a 2026 request: its results say they are complete
         result["resultType"] = "complete"
     return {"jsonrpc": "2.0", "id": request_id, "result": result}
 

@@ -9,7 +9,7 @@ NPM_STAMP := $(NPM_DIR)/.installed
 HOST ?= 127.0.0.1
 PORT ?= 8765
 
-.PHONY: setup browser run test lint fmt bench clean
+.PHONY: setup browser run test lint fmt bench clean conformance
 
 setup: $(STAMP) $(NPM_STAMP)
 
@@ -67,6 +67,12 @@ if not (folder / "config.json").is_file():
 print("==> run: starting mcpmux", file=sys.stderr, flush=True)
 endef
 export CONVERT_SMOLLM2
+
+# The MCP conformance suite (npm @modelcontextprotocol/conformance 0.1.16 and 0.2.0-alpha.12, node 22)
+# against its reference server directly and through mcpmux, and mcpmux as its client; installed on
+# first use into benchmarks/.peers/conformance (docs/conformance.md).
+conformance: setup
+	$(PY) benchmarks/conformance/run.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check mcpmux tests benchmarks examples

@@ -14,7 +14,8 @@ class MuxError(Exception):
     """Base class of mcpmux's own errors."""
 
     exit_code = 2
-    """The `mcpmux` command's exit status when this error ends it: 2, a usage or configuration error."""
+    """The `mcpmux` command's exit status when this error ends it: 2, a usage or configuration error;
+    1 where the command was right and an upstream failed it."""
 
 
 class ConfigError(MuxError):
@@ -40,13 +41,19 @@ class UpstreamUnavailableError(MuxError):
 class UpstreamTimeoutError(MuxError):
     """The upstream did not answer within its call timeout."""
 
+    exit_code = 1
+
 
 class UpstreamResultError(MuxError):
     """The upstream's result breaks the tool's declared output schema (reported as an `isError` result)."""
 
+    exit_code = 1
+
 
 class UpstreamError(MuxError):
     """The upstream answered with a JSON-RPC error; `code` and `data` are passed through unchanged."""
+
+    exit_code = 1
 
     def __init__(self, message: str, code: int, data: object = None) -> None:
         super().__init__(message)

@@ -50,6 +50,18 @@ def test_an_oauth_table_is_read() -> None:
             {"url": URL, "oauth": {"client_id": "mux", "client_metadata_url": "https://example.com/c.json"}},
             r"servers.docs.oauth: 'client_id' and 'client_metadata_url' each name the client",
         ),
+        (
+            {"url": URL, "oauth": {"grant": "client_credentials", "client_id": "mux"}},
+            r"servers.docs.oauth: grant = \"client_credentials\" needs 'client_id' and one of 'client_secret_env'",
+        ),
+        (
+            {"url": URL, "oauth": {"client_id": "mux", "private_key_env": "KEY"}},
+            r"servers.docs.oauth: 'private_key_env' is for grant = \"client_credentials\"",
+        ),
+        (
+            {"url": URL, "oauth": {"grant": "identity_assertion", "client_id": "mux", "client_secret_env": "S"}},
+            r"servers.docs.oauth: grant = \"identity_assertion\" needs 'client_id', 'client_secret_env', 'issuer'",
+        ),
     ],
 )
 def test_bad_oauth_settings_name_the_key(server: dict[str, object], message: str) -> None:

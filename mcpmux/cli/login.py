@@ -65,6 +65,11 @@ def _oauth_server(config: Config, name: str) -> ServerConfig:
         raise MuxError(f"server {name!r} is a stdio server: OAuth logins are for HTTP servers")
     if server.auth == "none":
         raise MuxError(f'server {name!r} has auth = "none" in {config.source}: set "auto" or "oauth" to log in')
+    if server.oauth is not None and server.oauth.grant != "authorization_code":
+        raise MuxError(
+            f'server {name!r} has grant = "{server.oauth.grant}" in {config.source}: mcpmux gets its tokens '
+            "itself, no login is needed"
+        )
     return server
 
 

@@ -34,6 +34,24 @@ class OAuthSettings(BaseModel):
     """An https URL where a client metadata document for mcpmux is published (OAuth client ID
     metadata documents): the client id with authorization servers that support them; with the
     others mcpmux registers itself."""
+    grant: Literal["authorization_code", "client_credentials", "identity_assertion"] = "authorization_code"
+    """"authorization_code": a person logs in (`mcpmux login`). With no login: "client_credentials",
+    mcpmux as the machine client `client_id`, with its secret (`client_secret_env`, sent with HTTP
+    Basic) or a private key (`private_key_env`, private_key_jwt); "identity_assertion"
+    (enterprise-managed authorization), the user's ID token (`id_token_env`) exchanged at the
+    identity provider (`idp_token_endpoint`) for a grant that `client_id` presents to `issuer`."""
+    private_key_env: str | None = None
+    """NAME of an environment variable holding the client's private key (PEM), for private_key_jwt."""
+    signing_algorithm: str = "RS256"
+    """The JWT algorithm that key signs with (RS256, ES256, ...)."""
+    issuer: str | None = None
+    """identity_assertion: the MCP server's authorization server (configured, never discovered)."""
+    idp_token_endpoint: str | None = None
+    """identity_assertion: the identity provider's token endpoint, where the ID token is exchanged."""
+    idp_client_id: str | None = None
+    """identity_assertion: mcpmux's client id at the identity provider, if it asks for one."""
+    id_token_env: str | None = None
+    """identity_assertion: NAME of an environment variable holding the user's ID token."""
 
     @field_validator("client_metadata_url")
     @classmethod
@@ -43,13 +61,27 @@ class OAuthSettings(BaseModel):
             raise ValueError("must be an https:// URL with a path, e.g. 'https://example.com/mcpmux/client.json'")
         return value
 
-    @field_validator("client_secret_env")
+    @field_validator("client_secret_env", "private_key_env", "id_token_env")
     @classmethod
     def _check_env_name(cls, value: str | None) -> str | None:
         return _env_name(value)
 
     @model_validator(mode="after")
     def _check_secret_has_client(self) -> OAuthSettings:
+        if self.grant == "client_credentials" and (
+            self.client_id is None or (self.client_secret_env is None) == (self.private_key_env is None)
+        ):
+            raise ValueError(
+                "grant = \"client_credentials\" needs 'client_id' and one of 'client_secret_env' and 'private_key_env'"
+            )
+        if self.private_key_env is not None and self.grant != "client_credentials":
+            raise ValueError("'private_key_env' is for grant = \"client_credentials\"")
+        needed = [self.client_id, self.client_secret_env, self.issuer, self.idp_token_endpoint, self.id_token_env]
+        if self.grant == "identity_assertion" and None in needed:
+            raise ValueError(
+                "grant = \"identity_assertion\" needs 'client_id', 'client_secret_env', 'issuer', "
+                "'idp_token_endpoint' and 'id_token_env'"
+            )
         if self.client_secret_env is not None and self.client_id is None:
             raise ValueError("'client_secret_env' needs 'client_id' (the client that secret belongs to)")
         if self.client_metadata_url is not None and self.client_id is not None:

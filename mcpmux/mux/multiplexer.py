@@ -91,6 +91,8 @@ class Mux:
         self.client_requests = ClientRequests()
         self.inference: InferenceService | None = None  # started on entry when [inference] backend != "off"
         self.upstreams: dict[str, Upstream] = {}
+        self.log_level: types.LoggingLevel | None = None
+        """The most verbose level any client asked upstream logs at (`set_log_level`)."""
         self.cache: ResultCache[CachedResult] = ResultCache(
             CachePolicy(max_entries=config.mux.cache_max_entries),
             name="tool results",
@@ -284,6 +286,7 @@ class Mux:
     def _add_upstream(self, name: str, server: ServerConfig) -> None:
         events = self._events_for(name, server)
         upstream = Upstream(name, server, self.config.mux, events)
+        upstream.log_level = self.log_level
         self.upstreams[name] = upstream
         dispatcher = UpstreamDispatcher(upstream, self.cache, lambda: self.config.mux, self.metrics.observe_call)
         self.dispatchers[name] = dispatcher
@@ -317,6 +320,7 @@ class Mux:
         upstream = Upstream(
             name, shared.upstream.config, self.config.mux, events, key=key, owner=owner, extensions=extensions
         )
+        upstream.log_level = self.log_level
         dispatcher = UpstreamDispatcher(
             upstream, self.cache, lambda: self.config.mux, self.metrics.observe_call, gate=shared.gate
         )
@@ -394,6 +398,14 @@ class Mux:
         upstream = self.upstreams.get(owner)
         if upstream is not None:
             await upstream.unsubscribe(own)
+
+    async def set_log_level(self, level: types.LoggingLevel) -> None:
+        """Every upstream logs at `level` and above (the most verbose level any client asked for), also
+        those started later; each client still hears only its own level and above."""
+        self.log_level = level
+        for sessions in list(self.sessions.values()):
+            for upstream, _ in sessions.sessions():
+                await upstream.set_log_level(level)
 
     async def roots_changed(self) -> None:
         """A client's roots changed (or a client with roots connected): every upstream session is told

@@ -474,9 +474,11 @@ class Frontend:
     # -- logging levels and roots (2025 sessions) ------------------------------------------------
 
     async def _set_log_level(self, ctx: Any, params: types.SetLevelRequestParams) -> types.EmptyResult:
-        """`logging/setLevel`: this client hears upstream logs at `level` and above (each client its own)."""
+        """`logging/setLevel`: this client hears upstream logs at `level` and above (each client its own);
+        the upstreams log at the most verbose level any client asked for."""
         self._seen(ctx)
         self._log_levels[ctx.session._connection] = params.level
+        await self.mux.set_log_level(min(self._log_levels.values(), key=_LOG_ORDER.index))
         return types.EmptyResult()
 
     def _hears(self, connection: Connection | None, level: types.LoggingLevel) -> bool:

@@ -2,7 +2,9 @@
 
 A `Connection` carries one request at a time (no pipelining) and turns its response into JSON-RPC
 messages, handed to its `Pool` as they arrive; an error the response stands for is worded as the
-SDK's streamable HTTP transport words it.
+SDK's streamable HTTP transport words it. An event stream that ends before its answer, having given
+an event id, is resumed (SEP-1699): the pool reconnects with `Last-Event-ID` after the stream's
+`retry`, and the request itself is never sent again (the server has it).
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from mcpmux.wire.http_response import Event, EventStream, Head, HttpWireError, R
 LINGER = 1.0
 """Seconds a connection whose call is answered waits for the rest of its event stream before it is closed."""
 MAX_EVENT_SIZE = 1024 * 1024  # as the SDK's transport
+MAX_RESUMPTIONS = 2
+"""Reconnections in a row that bring no new event before a call's stream is given up on (as the SDK's)."""
 RESEND_WINDOW = 0.05
 """A reused connection that ends this soon after a request went out on it, before any byte of answer
 and not closed by mcpmux, was closed idle by the server as the request crossed it: the server read
@@ -40,17 +44,43 @@ class Pool(Protocol):
     def rest(self, connection: Connection) -> None: ...
     def forget(self, connection: Connection) -> None: ...
     def resend(self, request_id: str, data: bytes) -> None: ...
+    def resume(self, request_id: str, data: bytes, resumption: Resumption) -> None: ...
+
+
+class Resumption:
+    """Where a request's event stream broke off: the last event id it gave, its `retry`, and how many
+    reconnections in a row have brought nothing new."""
+
+    __slots__ = ("failures", "last_id", "retry")
+
+    def __init__(self, last_id: str | None = None, retry: int | None = None, failures: int = 0) -> None:
+        self.last_id = last_id
+        self.retry = retry
+        self.failures = failures
 
 
 class Exchange:
     """One request on a connection and what has arrived of its response."""
 
-    __slots__ = ("answered", "body", "data", "events", "head", "request_id", "resend", "sent_at", "unread")
+    __slots__ = (
+        "answered",
+        "body",
+        "data",
+        "events",
+        "head",
+        "request_id",
+        "resend",
+        "resumed",
+        "sent_at",
+        "unread",
+    )
 
-    def __init__(self, request_id: str | None, data: bytes, resend: bool) -> None:
+    def __init__(self, request_id: str | None, data: bytes, resend: bool, resumed: Resumption | None) -> None:
         self.request_id = request_id
         self.data = data
         self.resend = resend
+        self.resumed = resumed or Resumption()
+        """Where the stream this request reconnects to broke off (a fresh `Resumption` for a first send)."""
         """Whether the pool sends it again itself if it went unread (nobody awaits `unread`)."""
         self.sent_at = time.monotonic()
         self.unread: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
@@ -74,9 +104,11 @@ class Connection(asyncio.Protocol):
         self._arrived: list[tuple[dict[str, Any], str | None]] | None = None
         """While a read is parsed: the messages it carried, handed to the pool once it is (`data_received`)."""
 
-    def start(self, request_id: str | None, data: bytes, *, resend: bool = False) -> Exchange:
+    def start(
+        self, request_id: str | None, data: bytes, *, resend: bool = False, resumed: Resumption | None = None
+    ) -> Exchange:
         assert self.transport is not None
-        self.exchange = exchange = Exchange(request_id, data, resend)
+        self.exchange = exchange = Exchange(request_id, data, resend, resumed)
         self.used += 1
         self.reader.expect_next()
         if request_id is not None:
@@ -141,7 +173,7 @@ class Connection(asyncio.Protocol):
             and not exchange.answered
             and time.monotonic() - exchange.sent_at < RESEND_WINDOW
         )
-        if not unread:
+        if not unread and not self._resumed(exchange):
             self._fail("Connection closed")
         self._finish(exchange)
         if not exchange.unread.done():
@@ -190,7 +222,7 @@ class Connection(asyncio.Protocol):
                 if message is not None:
                     exchange.answered = True
                     self._deliver(message)
-            else:
+            elif not self._resumed(exchange):
                 self._fail("SSE stream ended without a response")
         self._finish(exchange)
         if head is not None and head.keep_alive and not self.dropped:
@@ -211,6 +243,25 @@ class Connection(asyncio.Protocol):
             exchange.answered = True
             self._linger = asyncio.get_running_loop().call_later(LINGER, self._overstayed)
         self._deliver(message)
+
+    def _resumed(self, exchange: Exchange) -> bool:
+        """Whether the pool reconnects to the broken-off event stream of `exchange`'s unanswered request:
+        the stream gave an event id, and mcpmux did not close it (a cancellation, shutdown)."""
+        events = exchange.events
+        if exchange.answered or exchange.request_id is None or events is None or self.dropped:
+            return False
+        before = exchange.resumed
+        last_id = events.last_id or before.last_id
+        if last_id is None:
+            return False
+        failures = 0 if events.last_id not in (None, before.last_id) else before.failures + 1
+        if failures >= MAX_RESUMPTIONS:
+            self._fail("SSE stream ended and reconnection attempts were exhausted")
+            return True
+        exchange.answered = True  # by the stream the pool reconnects to, not by this connection
+        retry = events.retry if events.retry is not None else before.retry
+        self.pool.resume(exchange.request_id, exchange.data, Resumption(last_id, retry, failures))
+        return True
 
     def _parsed(self, data: str | bytes, what: str) -> dict[str, Any] | None:
         """A JSON-RPC message as raw JSON; None (and the request failed, as the SDK words it) if it is none."""

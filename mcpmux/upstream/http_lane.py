@@ -20,8 +20,10 @@ inbound call whose stream it came on (`mcpmux.core.inbound`). A
 `notifications/cancelled`. Errors read as the SDK's transport words them. At most
 `MAX_CONNECTIONS` connections, as httpx's pool; idle ones are reused for `IDLE_REUSE` seconds.
 Left to the SDK's client (`raw_lane_allowed`): an upstream behind a proxy, or with credentials in
-its URL. Not done: resuming a broken event stream with `Last-Event-ID` (such a call fails as
-"Connection closed", as one without event ids does on the SDK's client).
+its URL. A call's event stream that ends before its answer, having given an event id, is resumed
+as the SDK's client resumes it (SEP-1699): a `GET` with `Last-Event-ID` after the stream's `retry`
+(1 s if it gave none), never the call sent again; a stream without event ids fails its call as
+"SSE stream ended without a response" or "Connection closed", as on the SDK's client.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from mcp_types.jsonrpc import CONNECTION_CLOSED
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from mcpmux.core.inbound import InboundCall
-from mcpmux.upstream.http_connection import Connection
+from mcpmux.upstream.http_connection import Connection, Resumption
 from mcpmux.upstream.lane import Send, UpstreamLane, is_lane_id
 from mcpmux.wire.json_bytes import dumps
 
@@ -54,10 +56,21 @@ CONNECT_TIMEOUT = 30.0  # as the SDK's httpx client for upstreams
 IDLE_REUSE = 1.5
 """Seconds an idle connection is reused within; some servers close theirs after 2 (gunicorn), most after 5."""
 MAX_CONNECTIONS = 100  # as httpx's pool
+DEFAULT_RETRY_MS = 1000  # as the SDK's transport, for a stream that named no `retry`
 MAX_IDLE = 64
 
 PassOn = Callable[[dict[str, Any], InboundCall | None], None]
 """Hands a message that is not the lane's to the session, with the inbound call whose stream it came on."""
+
+
+def resumption_request(sent: bytes, last_id: str) -> bytes:
+    """The `GET` that resumes the event stream of request `sent` (a POST, or an earlier such GET):
+    its target and headers (session, protocol version, authorization), asking for the events after `last_id`."""
+    head = sent.split(b"\r\n\r\n", 1)[0].decode("utf-8").split("\r\n")
+    replaced = ("content-length", "content-type", "accept", "last-event-id")
+    kept = [line for line in head[1:] if line.partition(":")[0].strip().lower() not in replaced]
+    request = [f"GET {head[0].split(' ')[1]} HTTP/1.1", *kept, "accept: text/event-stream", f"last-event-id: {last_id}"]
+    return ("\r\n".join(request) + "\r\n\r\n").encode("utf-8")
 
 
 def raw_lane_allowed(url: str) -> bool:
@@ -160,20 +173,33 @@ class HttpLane:
 
     def resend(self, request_id: str, data: bytes) -> None:
         """Send a launched request again on a fresh connection: its idle one was closed under it, unread."""
+        self._send_again(request_id, data)
+
+    def resume(self, request_id: str, data: bytes, resumption: Resumption) -> None:
+        """Reconnect, after the stream's `retry`, to the event stream of a request whose answer has not come."""
+        delay = (resumption.retry if resumption.retry is not None else DEFAULT_RETRY_MS) / 1000
+        self._send_again(request_id, resumption_request(data, resumption.last_id or ""), resumption, delay)
+
+    def _send_again(self, request_id: str, data: bytes, resumed: Resumption | None = None, delay: float = 0.0) -> None:
+        """Start a task that sends `data` for request `request_id` on a fresh connection after `delay` seconds."""
         if self.closed:
             return  # the lane fails its calls
-        task = asyncio.get_running_loop().create_task(self._resend(request_id, data))
+        task = asyncio.get_running_loop().create_task(self._fresh(request_id, data, resumed, delay))
         self._resending[request_id] = task
-        task.add_done_callback(lambda _: self._resending.pop(request_id, None))
+        task.add_done_callback(
+            lambda done: self._resending.pop(request_id, None) if self._resending.get(request_id) is done else None
+        )
 
-    async def _resend(self, request_id: str, data: bytes) -> None:
+    async def _fresh(self, request_id: str, data: bytes, resumed: Resumption | None, delay: float) -> None:
+        if delay:
+            await asyncio.sleep(delay)
         try:
             connection = await self._connection(fresh=True)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             closed = {"code": CONNECTION_CLOSED, "message": "Connection closed"}
             self.deliver({"jsonrpc": "2.0", "id": request_id, "error": closed})
             return
-        connection.start(request_id, data)
+        connection.start(request_id, data, resumed=resumed)
 
     def _cancelled(self, message: dict[str, Any], stamped: dict[str, str]) -> bool:
         """A 2026 request is cancelled by closing its connection (True: nothing to POST); a 2025 one by the POST."""

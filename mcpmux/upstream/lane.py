@@ -273,6 +273,8 @@ class UpstreamLane:
         outcomes = self._pending.pop(request_id, None) if isinstance(request_id, str) else None
         if outcomes is None:
             return False
+        if isinstance(outcome, dict):
+            complete_by_default(outcome)
         if self._behind:
             self._held.append((outcomes, outcome))
         else:
@@ -418,3 +420,10 @@ class UpstreamLane:
             contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError),
         ):
             await send(note, opts.get("headers"))
+
+
+def complete_by_default(result: dict[str, Any]) -> None:
+    """A result that names no `resultType` is complete (SEP-2322: a client MUST assume so); the SDK's
+    2026 models require the field, so it is written in where results enter mcpmux. A 2025 result
+    reads it as the models' own default."""
+    result.setdefault("resultType", "complete")

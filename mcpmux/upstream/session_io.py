@@ -18,7 +18,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
 
 from mcpmux.upstream.client_tasks import Answer, ClientTasks, declare
-from mcpmux.upstream.lane import UpstreamLane, session_sender
+from mcpmux.upstream.lane import UpstreamLane, complete_by_default, session_sender
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +80,8 @@ class _WatchedReadStream:
                 if self._lane is not None and self._lane.divert(item):
                     continue
                 message = getattr(item, "message", None)
+                if isinstance(message, types.JSONRPCResponse) and isinstance(message.result, dict):
+                    complete_by_default(message.result)
                 if self._task_status is not None and getattr(message, "method", None) == TASK_STATUS:
                     await self._task_status(getattr(message, "params", None) or {})
                     continue
@@ -240,27 +242,47 @@ async def fetch_listing(client: Client) -> Listing:
     )
 
 
+ACK_WAIT = 2.0
+"""Seconds an upstream's readiness waits for its `subscriptions/listen` acknowledgement."""
+
+
 async def listen_for_changes(
     client: Client, refresh: Callable[[], Awaitable[None]], *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
 ) -> None:
     """On a 2026-07-28 session, list changes arrive on a `subscriptions/listen` stream.
 
     Reports started once the server acknowledged the subscription (or refused it), so a listing
-    fetched after that cannot miss a change.
+    fetched after that cannot miss a change; but never later than `ACK_WAIT` seconds: an answer that
+    never arrives (a server that writes its acknowledgement into an `application/json` body it never
+    finishes) must not hold the upstream's readiness. An acknowledgement that comes after that
+    refreshes the listing once, for the change that may have fallen between the two.
     """
-    started = False
+    acknowledged, gave_up = anyio.Event(), anyio.Event()
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(_listen, client, refresh, acknowledged, gave_up)
+        with anyio.move_on_after(ACK_WAIT):
+            await acknowledged.wait()
+        if not acknowledged.is_set():
+            gave_up.set()
+            logger.debug("upstream has not acknowledged subscriptions/listen in %gs; going on without it", ACK_WAIT)
+        task_status.started()
+
+
+async def _listen(
+    client: Client, refresh: Callable[[], Awaitable[None]], acknowledged: anyio.Event, gave_up: anyio.Event
+) -> None:
     try:
         async with client.listen(
             tools_list_changed=True, prompts_list_changed=True, resources_list_changed=True
         ) as subscription:
-            task_status.started()
-            started = True
+            acknowledged.set()
+            if gave_up.is_set():
+                await refresh()
             events: AsyncIterator[Any] = subscription.__aiter__()
             async for _event in events:
                 await refresh()
-    except (MCPError, RuntimeError) as err:
+    except (MCPError, RuntimeError, TimeoutError) as err:
         # Servers that do not implement listen simply never announce changes; that is their right.
         logger.debug("upstream does not offer subscriptions/listen: %s", err)
     finally:
-        if not started:
-            task_status.started()
+        acknowledged.set()

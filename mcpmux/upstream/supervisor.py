@@ -154,6 +154,8 @@ class Upstream:
         self.stderr = ChildStderr(name)
         """A stdio upstream's stderr: passed on labelled with its name; the last lines kept (`down` reasons)."""
         self.subscriptions: set[str] = set()
+        self.log_level: types.LoggingLevel | None = None
+        """The level clients asked upstream logs at (`logging/setLevel`), sent again on every new connection."""
         """Resource URIs mcpmux's clients subscribed to (2025 `resources/subscribe`): renewed on every connection."""
 
     @property
@@ -231,6 +233,8 @@ class Upstream:
                 await tasks.start(listen_for_changes, client, self._refresh)
             self.listing = await fetch_listing(client)
             await self._resubscribe(client)
+            if self.log_level is not None:
+                await _send_log_level(self.name, client, self.log_level)
             self.state = UpstreamState.READY
             self.last_error = None
             self._set_client(client)
@@ -443,6 +447,13 @@ class Upstream:
             except MCPError as err:  # a URI the restarted server no longer has: its clients hear nothing
                 logger.warning("upstream %r: could not subscribe to %s again: %s", self.name, uri, err.error.message)
 
+    async def set_log_level(self, level: types.LoggingLevel) -> None:
+        """Ask the server for its logs at `level` and above, now and on every later connection."""
+        self.log_level = level
+        client = self._client
+        if client is not None:
+            await _send_log_level(self.name, client, level)
+
     async def roots_changed(self) -> None:
         """Tell the server the roots mcpmux answers `roots/list` with may have changed (best effort)."""
         client = self._client
@@ -566,6 +577,23 @@ async def _subscription(client: Client, uri: str, *, subscribe: bool) -> types.E
         request = types.UnsubscribeRequest(params=types.UnsubscribeRequestParams(uri=uri))
     result: types.EmptyResult = await client.session.send_request(request, types.EmptyResult)
     return result
+
+
+async def _send_log_level(name: str, client: Client, level: types.LoggingLevel) -> None:
+    """`logging/setLevel` on a 2025 session whose server declared logging (2026-07-28 asks per request).
+    Best effort: a server that refuses or is slow keeps its own level, and its clients still hear only
+    their own levels and above."""
+    if client.protocol_version in MODERN_PROTOCOL_VERSIONS or client.server_capabilities.logging is None:
+        return
+    request = types.SetLevelRequest(params=types.SetLevelRequestParams(level=level))
+    try:
+        with anyio.fail_after(SET_LEVEL_TIMEOUT):
+            await client.session.send_request(request, types.EmptyResult)
+    except (MCPError, TimeoutError) as err:
+        logger.debug("upstream %r: logging/setLevel %s not taken: %s", name, level, err)
+
+
+SET_LEVEL_TIMEOUT = 5.0
 
 
 def _offer(listing: Listing) -> tuple[object, ...]:

@@ -137,7 +137,9 @@ class Event:
 class EventStream:
     """Cuts a `text/event-stream` body into events (the WHATWG rules), handing each to `on_event`.
 
-    Raises `HttpWireError` when one event grows past `max_size` bytes.
+    Keeps what a reconnection needs (SEP-1699): the last event id the stream set (`last_id`) and the
+    reconnection time in milliseconds its `retry` field last gave (`retry`). Raises `HttpWireError`
+    when one event grows past `max_size` bytes.
     """
 
     def __init__(self, on_event: Callable[[Event], None], max_size: int) -> None:
@@ -149,6 +151,12 @@ class EventStream:
         self._id: str | None = None
         self._size = 0
         self._after_cr = False
+        self.retry: int | None = None
+
+    @property
+    def last_id(self) -> str | None:
+        """The last event id the stream set (an empty `id:` clears it), whether or not its event carried data."""
+        return self._id or None
 
     def feed(self, chunk: bytes) -> None:
         """Take the next piece of the body; lines end with CRLF, LF or CR, as the spec allows."""
@@ -186,6 +194,8 @@ class EventStream:
             self._event = value
         elif name == "id" and "\0" not in value:
             self._id = value
+        elif name == "retry" and value.isascii() and value.isdigit():
+            self.retry = int(value)
 
 
 def _line_end(data: bytearray, start: int) -> int:

@@ -190,3 +190,20 @@ def test_a_port_in_use_is_one_line_before_any_upstream_starts(tmp_path: Path) ->
         "(or [http] port), or stop what holds that one"
     )
     assert under_make.stderr.strip().endswith(f"(under `make run`: PORT={port + 1} make run)")
+
+
+def test_a_call_the_upstream_fails_exits_1_never_the_usage_status(tmp_path: Path) -> None:
+    """2 says the command was wrong; an upstream that timed out, broke its connection or answered
+    with a JSON-RPC error is not that."""
+    from tests.e2e.test_http_lane import raw_http_server
+
+    with raw_http_server() as url:
+        config = write_config(tmp_path / "c.json", {"raw": {"url": url, "timeout": 0.5}})
+        for tool, says in [
+            ("raw__slow", "did not answer tool 'slow' within 0.5s"),
+            ("raw__vanish", "lost its connection during tool 'vanish', before answering"),
+            ("raw__refuse", "refused by the server"),
+        ]:
+            called = run("call", "--config", str(config), tool, "{}")
+            assert called.returncode == 1, called.stderr
+            assert says in called.stderr

@@ -171,3 +171,16 @@ async def test_a_session_the_upstream_forgot_is_opened_again_under_a_call_sent_a
                 result = await client.call_tool("raw__whoami", {})
                 assert not result.is_error, text_of(result)
                 assert str(json.loads(text_of(result))["id"]).startswith("mux.") == fast_path
+
+
+@pytest.mark.parametrize("fast_path", [True, False], ids=["lane", "sdk"])
+async def test_a_2026_result_that_names_no_result_type_is_complete(tmp_path: Path, fast_path: bool) -> None:
+    """SEP-2322: a client MUST assume `complete` where a result names no `resultType` (the SDK's 2026
+    models require the field: mcpmux answered such a call "with an invalid result")."""
+    with raw_http_server() as url:
+        config = write_config(tmp_path / "mux.json", {"raw": {"url": url}}, fast_path=fast_path)
+        for calls, mode in enumerate(("auto", "legacy"), start=1):
+            async with mux_over_stdio(config, mode=mode) as client:
+                result = await client.call_tool("raw__bare", {})
+                assert not result.is_error, text_of(result)
+                assert json.loads(text_of(result))["ran"]["bare"] == calls

@@ -7,12 +7,20 @@ Options:
   unanswered, as a server whose idle timeout fires just as a request goes out does;
 - `cookie`: it sets a cookie when its session opens, and answers 404 "Session not found" to any
   later request without it (a load balancer's affinity);
-- `vhost`: it serves only requests whose Host header is `mcp.example` (404 otherwise).
+- `vhost`: it serves only requests whose Host header is `mcp.example` (404 otherwise);
+- `sse-break`: it answers every `tools/call` on an event stream that gives an event id and
+  `retry: 300`, then ends before the answer; a `GET` with that id in `Last-Event-ID` gets the
+  answer (SEP-1699). `whoami` reports each such reconnection (`resumed`: the id, and the
+  milliseconds since the stream ended);
+- `listen-json`: it answers `subscriptions/listen` as the suite's 2026 reference server does, with
+  its acknowledgement as a line of an `application/json` body that it never finishes.
 
 Tools: `whoami` (the JSON-RPC id it was called with, what was dropped and run so far, and the
 request's Accept-Encoding), `slow` (answers after 1 s), `vanish` (closes the connection 0.2 s
 into the call, unanswered, as a crashing worker would), `forget` (it forgets its 2025 session, as a
-restarted server does: 404 "Session not found" until a new `initialize`).
+restarted server does: 404 "Session not found" until a new `initialize`), `refuse` (a JSON-RPC error),
+`bare` (a result that names no `resultType`, which SEP-2322 says is complete).
+`whoami` also reports the levels `logging/setLevel` asked for (`levels`), in order.
 """
 
 from __future__ import annotations
@@ -21,9 +29,13 @@ import asyncio
 import collections
 import json
 import sys
+import time
 from typing import Any
 
-TOOLS = [{"name": name, "inputSchema": {"type": "object"}} for name in ("whoami", "slow", "vanish", "forget")]
+TOOLS = [
+    {"name": name, "inputSchema": {"type": "object"}}
+    for name in ("whoami", "slow", "vanish", "forget", "refuse", "bare")
+]
 INFO = {"name": "rawhttp", "version": "1.0"}
 OPTIONS = set(sys.argv[2:])
 COOKIE = "affinity=node-a"
@@ -32,6 +44,12 @@ REFUSED = (
     json.dumps({"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": "Session not found"}}).encode(),
 )
 dropped = 0
+RETRY_MS = 300
+broken: dict[str, tuple[float, bytes]] = {}
+"""Answers whose stream ended first, by the event id it gave: when it ended, and the answer."""
+resumed: list[dict[str, Any]] = []
+levels: list[str] = []
+"""Each `logging/setLevel` level asked, in order."""
 ran: collections.Counter[str] = collections.Counter()
 sessions = {"opened": 0, "current": ""}
 
@@ -48,7 +66,7 @@ async def answer(request: dict[str, Any], headers: dict[str, str]) -> dict[str, 
     elif method == "initialize":
         sessions["opened"] += 1
         sessions["current"] = f"s{sessions['opened']}"
-        result = {"protocolVersion": "2025-11-25", "capabilities": {"tools": {}}, "serverInfo": INFO}
+        result = {"protocolVersion": "2025-11-25", "capabilities": {"tools": {}, "logging": {}}, "serverInfo": INFO}
     elif method == "tools/list":
         result = {"tools": TOOLS, "ttlMs": 60_000, "cacheScope": "public"}
     elif method == "tools/call":
@@ -61,14 +79,21 @@ async def answer(request: dict[str, Any], headers: dict[str, str]) -> dict[str, 
             raise Vanish
         elif name == "forget":
             sessions["current"] = ""
+        elif name == "refuse":
+            return {"jsonrpc": "2.0", "id": request_id, "error": {"code": -32603, "message": "refused by the server"}}
         seen = {"id": request_id, "dropped": dropped, "ran": ran, "encoding": headers.get("accept-encoding")}
+        seen["resumed"] = resumed
+        seen["levels"] = levels
         result = {"content": [{"type": "text", "text": json.dumps(seen)}], "isError": False}
     elif method == "ping":
+        result = {}
+    elif method == "logging/setLevel":
+        levels.append(params["level"])
         result = {}
     else:
         error = {"code": -32601, "message": f"Method not found: {method}"}
         return {"jsonrpc": "2.0", "id": request_id, "error": error}
-    if "_meta" in params:  # a 2026 request: its results say they are complete
+    if "_meta" in params and params.get("name") != "bare":  # a 2026 request: its results say they are complete
         result["resultType"] = "complete"
     return {"jsonrpc": "2.0", "id": request_id, "result": result}
 
@@ -92,8 +117,17 @@ async def serve_connection(reader: asyncio.StreamReader, writer: asyncio.StreamW
                 or ("cookie" in OPTIONS and not opening and COOKIE not in headers.get("cookie", ""))
             ):
                 status, payload = REFUSED
+            elif method == "GET" and "sse-break" in OPTIONS and headers.get("last-event-id") in broken:
+                await resume_stream(headers["last-event-id"], writer)
+                continue
             elif method == "POST":
                 request = json.loads(body)
+                if request.get("method") == "tools/call" and "sse-break" in OPTIONS:
+                    await break_off(request, headers, writer)
+                    continue
+                if request.get("method") == "subscriptions/listen" and "listen-json" in OPTIONS:
+                    await listen_forever(request, reader, writer)
+                    return
                 if request.get("method") == "tools/call":
                     calls += 1
                     if "drop" in OPTIONS and calls > 1:
@@ -113,6 +147,41 @@ async def serve_connection(reader: asyncio.StreamReader, writer: asyncio.StreamW
         pass
     finally:
         writer.close()
+
+
+def chunk(data: bytes) -> bytes:
+    return f"{len(data):x}\r\n".encode() + data + b"\r\n"
+
+
+SSE_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+
+
+async def break_off(request: dict[str, Any], headers: dict[str, str], writer: asyncio.StreamWriter) -> None:
+    """The call runs; its stream gives an event id and a retry time, and ends without the answer."""
+    answered = json.dumps(await answer(request, headers)).encode()
+    event_id = f"{request.get('id')}-1"
+    writer.write(SSE_HEAD + chunk(f"id: {event_id}\nretry: {RETRY_MS}\ndata: \n\n".encode()) + chunk(b""))
+    await writer.drain()
+    broken[event_id] = (time.monotonic(), answered)
+
+
+async def resume_stream(event_id: str, writer: asyncio.StreamWriter) -> None:
+    ended, answered = broken.pop(event_id)
+    resumed.append({"last_event_id": event_id, "after_ms": round((time.monotonic() - ended) * 1000)})
+    writer.write(SSE_HEAD + chunk(b"event: message\nid: " + event_id.encode() + b"-2\ndata: " + answered + b"\n\n"))
+    writer.write(chunk(b""))
+    await writer.drain()
+
+
+async def listen_forever(request: dict[str, Any], reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """The acknowledgement, then nothing: the body stays open until the client goes."""
+    ack = {"jsonrpc": "2.0", "method": "notifications/subscriptions/acknowledged", "params": {"notifications": {}}}
+    ack["params"]["_meta"] = {"io.modelcontextprotocol/subscriptionId": str(request.get("id"))}
+    line = json.dumps(ack).encode() + b"\n"
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n"
+    writer.write(head + f"{len(line):x}\r\n".encode() + line + b"\r\n")
+    await writer.drain()
+    await reader.read()  # b"" once the client closed the connection
 
 
 async def main() -> None:

@@ -14,6 +14,7 @@ import os
 import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Literal
 from urllib.parse import parse_qs, urljoin, urlsplit
 
 import anyio
@@ -22,8 +23,9 @@ from anyio.abc import SocketStream
 from mcp import Client
 from mcp.client.auth import OAuthClientProvider
 from mcp.client.auth.exceptions import OAuthFlowError
+from mcp.client.auth.utils import union_scopes
 from mcp.client.streamable_http import streamable_http_client
-from mcp.shared.auth import AuthorizationCodeResult, OAuthClientInformationFull, OAuthClientMetadata, OAuthToken
+from mcp.shared.auth import AuthorizationCodeResult, OAuthClientInformationFull, OAuthClientMetadata
 from mcp.shared.exceptions import MCPError
 from pydantic import AnyUrl
 
@@ -31,6 +33,7 @@ from mcpmux.core.config import ServerConfig
 from mcpmux.errors import MuxError
 from mcpmux.upstream.oauth.stored_login import StoredLogin
 from mcpmux.upstream.oauth.token_store import TokenStore
+from mcpmux.upstream.oauth.upstream_auth import STEP_UP, MemoryTokenStorage
 
 CALLBACK_PATH = "/callback"
 LOGIN_TIMEOUT = 300.0
@@ -103,35 +106,27 @@ class _Callback:
         return self.result
 
 
-class MemoryTokenStorage:
-    """The SDK's `TokenStorage`, in memory: for one login (`log_in` stores the outcome itself)."""
-
-    def __init__(self, client: OAuthClientInformationFull | None = None) -> None:
-        self.tokens: OAuthToken | None = None
-        self.client = client
-
-    async def get_tokens(self) -> OAuthToken | None:
-        return self.tokens
-
-    async def set_tokens(self, tokens: OAuthToken) -> None:
-        self.tokens = tokens
-
-    async def get_client_info(self) -> OAuthClientInformationFull | None:
-        return self.client
-
-    async def set_client_info(self, client_info: OAuthClientInformationFull) -> None:
-        self.client = client_info
-
-
 class _Provider(OAuthClientProvider):
-    """The SDK's provider, asking for the configured scopes where some are (it would take the server's)."""
+    """The SDK's provider, asking for the configured scopes where some are (it would take the server's),
+    and sending a pre-registered client's secret the way the authorization server takes it."""
 
     scopes: str | None = None
+    preregistered: bool = False
 
     async def _perform_authorization(self) -> httpx2.Request:
         if self.scopes:
             self.context.client_metadata.scope = self.scopes
+        client, metadata = self.context.client_info, self.context.oauth_metadata
+        if self.preregistered and client is not None and client.client_secret:
+            supported = metadata.token_endpoint_auth_methods_supported if metadata is not None else None
+            client.token_endpoint_auth_method = secret_method(supported)
         return await super()._perform_authorization()
+
+
+def secret_method(supported: list[str] | None) -> Literal["client_secret_basic", "client_secret_post"]:
+    """How a pre-registered client sends its secret to the token endpoint: in the form where the
+    server takes that, else with HTTP Basic (RFC 8414: what a server that names no method supports)."""
+    return "client_secret_post" if supported and "client_secret_post" in supported else "client_secret_basic"
 
 
 async def log_in(
@@ -171,7 +166,9 @@ async def log_in(
                 callback_handler=callback.wait,
                 client_metadata_url=settings.client_metadata_url if settings is not None else None,
             )
-            provider.scopes = " ".join(settings.scopes) if settings is not None and settings.scopes else None
+            configured = " ".join(settings.scopes) if settings is not None and settings.scopes else None
+            provider.scopes = union_scopes(configured, _stepped_up(store, name, server))
+            provider.preregistered = storage.client is not None
             http = httpx2.AsyncClient(headers=dict(server.headers), auth=provider, timeout=30.0)
             transport = streamable_http_client(server.url or "", http_client=http)
             sdk_log = logging.getLogger(OAuthClientProvider.__module__)
@@ -207,6 +204,12 @@ async def log_in(
     return login
 
 
+def _stepped_up(store: TokenStore, name: str, server: ServerConfig) -> str | None:
+    """The scopes the server asked for beyond the last login's (a 403 `insufficient_scope` while serving)."""
+    record = store.load(name, server.url or "")
+    return str(record[STEP_UP]) if record is not None and record.get(STEP_UP) else None
+
+
 def _worded(name: str, url: str, err: BaseException) -> LoginError | None:
     """A failed login, in words the person can act on; None for a bug (it is raised as it is)."""
     while isinstance(err, BaseExceptionGroup) and len(err.exceptions) == 1:
@@ -238,7 +241,7 @@ def _preregistered(name: str, server: ServerConfig, redirect_uri: str) -> OAuthC
     return OAuthClientInformationFull(
         client_id=settings.client_id,
         client_secret=secret,
-        token_endpoint_auth_method="client_secret_post" if secret else "none",
+        token_endpoint_auth_method=secret_method(None) if secret else "none",  # the server's metadata may change it
         redirect_uris=[AnyUrl(redirect_uri)],
         grant_types=["authorization_code", "refresh_token"],
     )

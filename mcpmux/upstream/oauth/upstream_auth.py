@@ -7,10 +7,13 @@ before it lapses and after a 401, and a `needs login` error when no usable one i
     due to lapse? ── yes ─▶ [store lock] read again: another process refreshed? use it : refresh
         ▼
     sent with its bearer ── 401 ─▶ the same, once; a second 401: needs login
+                         └─ 403 insufficient_scope ─▶ the scope it names kept for the next login: needs login
 
 The interactive login (discovery, registration, PKCE) is `mcpmux login`'s (`login_flow`); `serve`
-never opens a browser. A refresh runs under the store's lock, so several mcpmux processes sharing
-a login refresh it once: the others find the new token when the lock is theirs.
+never opens a browser. A refresh runs under the store's lock, so several mcpmux processes sharing a
+login refresh it once: the others find the new token when the lock is theirs. With `grant =
+"client_credentials"` or `"identity_assertion"` there is no login: mcpmux gets tokens itself as a machine
+client (`MachineOAuth`), or as the user through the identity provider (`identity_assertion`).
 """
 
 from __future__ import annotations
@@ -24,11 +27,19 @@ from urllib.parse import quote
 
 import anyio
 import httpx2
-from mcp.shared.auth import OAuthToken
+from mcp.client.auth.extensions.client_credentials import (
+    ClientCredentialsOAuthProvider,
+    PrivateKeyJWTOAuthProvider,
+    SignedJWTParameters,
+)
+from mcp.client.auth.extensions.identity_assertion import IdentityAssertionOAuthProvider
+from mcp.client.auth.utils import extract_field_from_www_auth, extract_scope_from_www_auth, union_scopes
+from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
 from pydantic import ValidationError
 
 from mcpmux.core.config import ServerConfig
-from mcpmux.errors import UpstreamUnavailableError
+from mcpmux.errors import ConfigError, UpstreamUnavailableError
+from mcpmux.upstream.oauth.id_jag import id_jag_fetcher
 from mcpmux.upstream.oauth.stored_login import StoredLogin
 from mcpmux.upstream.oauth.token_store import TokenStore, default_home
 
@@ -36,6 +47,9 @@ logger = logging.getLogger(__name__)
 
 STORE_POLL = 1.0
 """Seconds between looks at the token store while an upstream waits for `mcpmux login`."""
+
+STEP_UP = "step_up_scope"
+"""The stored login's key for the scopes a server asked for beyond the ones granted (403 insufficient_scope)."""
 
 _config_file: str | None = None
 
@@ -127,6 +141,8 @@ class UpstreamOAuth(httpx2.Auth):
                         login = self._refreshed(fresh, response)
             request.headers["Authorization"] = f"Bearer {login.token.access_token}"
             response = yield request
+            if response.status_code == 403 and extract_field_from_www_auth(response, "error") == "insufficient_scope":
+                raise self._step_up(login, extract_scope_from_www_auth(response))
             if response.status_code != 401:
                 return
         raise self._refuse("the server refused a freshly refreshed token")
@@ -176,16 +192,122 @@ class UpstreamOAuth(httpx2.Auth):
         logger.info("upstream %r: token refreshed", self.name)
         return login
 
+    def _step_up(self, login: StoredLogin, needed: str | None) -> NeedsLoginError:
+        """The token lacks a scope the server needs: the next `mcpmux login` asks for it too (`STEP_UP`)."""
+        scope = union_scopes(login.token.scope, needed) or ""
+        record = self.store.load(self.name, self.url)
+        if record is not None:
+            self.store.save(self.name, self.url, {**record, STEP_UP: scope})
+        return self._refuse(f"the server needs scope {scope!r}, more than the login granted; log in again to grant it")
+
     def _refuse(self, why: str) -> NeedsLoginError:
         self.needs_login = NeedsLoginError(self.name, why)
         logger.debug("upstream %r needs login: %s", self.name, why)
         return self.needs_login
 
 
+class MemoryTokenStorage:
+    """The SDK's `TokenStorage`, in memory: for one login (`log_in` stores the outcome itself)."""
+
+    def __init__(self, client: OAuthClientInformationFull | None = None) -> None:
+        self.tokens: OAuthToken | None = None
+        self.client = client
+
+    async def get_tokens(self) -> OAuthToken | None:
+        return self.tokens
+
+    async def set_tokens(self, tokens: OAuthToken) -> None:
+        self.tokens = tokens
+
+    async def get_client_info(self) -> OAuthClientInformationFull | None:
+        return self.client
+
+    async def set_client_info(self, client_info: OAuthClientInformationFull) -> None:
+        self.client = client_info
+
+
+class MachineOAuth(UpstreamOAuth):
+    """A grant with no person and no login, through the SDK's providers. `client_credentials`: tokens
+    from the authorization server the upstream's 401 names, for the machine client `client_id`, its
+    secret sent with HTTP Basic or a private_key_jwt assertion signed with its key.
+    `identity_assertion`: from the configured `issuer`, for an ID-JAG the identity provider gives
+    for the user's ID token (`id_jag`). Tokens live in memory: a lapsed or refused one is fetched again."""
+
+    def __init__(self, name: str, config: ServerConfig) -> None:
+        super().__init__(name, config)
+        settings = config.oauth
+        assert settings is not None  # the config's validator saw to these
+        assert settings.client_id is not None
+        storage = MemoryTokenStorage()
+        provider: httpx2.Auth
+        self._grant = settings.grant
+        if settings.grant == "identity_assertion":
+            assert settings.issuer is not None
+            assert settings.idp_token_endpoint is not None
+            id_token = _required_env(name, "id_token_env", settings.id_token_env or "")
+            provider = IdentityAssertionOAuthProvider(
+                self.url,
+                storage,
+                settings.client_id,
+                _required_env(name, "client_secret_env", settings.client_secret_env or ""),
+                settings.issuer,
+                id_jag_fetcher(settings.idp_token_endpoint, id_token, settings.idp_client_id),
+                _scope(settings.scopes),
+                "client_secret_basic",
+            )
+        elif settings.private_key_env is not None:
+            key = _required_env(name, "private_key_env", settings.private_key_env)
+            signer = SignedJWTParameters(
+                issuer=settings.client_id,
+                subject=settings.client_id,
+                signing_key=key,
+                signing_algorithm=settings.signing_algorithm,
+            )
+            provider = PrivateKeyJWTOAuthProvider(
+                self.url, storage, settings.client_id, signer.create_assertion_provider(), _scope(settings.scopes)
+            )
+        else:
+            secret = _required_env(name, "client_secret_env", settings.client_secret_env or "")
+            provider = ClientCredentialsOAuthProvider(
+                self.url, storage, settings.client_id, secret, "client_secret_basic", _scope(settings.scopes)
+            )
+        self._provider = provider
+
+    @property
+    def active(self) -> bool:
+        return True
+
+    def describe(self) -> str:
+        return f"oauth, {self._grant.replace('_', ' ')}"
+
+    async def async_auth_flow(self, request: httpx2.Request) -> AsyncGenerator[httpx2.Request, httpx2.Response]:
+        flow = self._provider.async_auth_flow(request)
+        try:
+            sent = await flow.__anext__()
+            while True:
+                response = yield sent
+                sent = await flow.asend(response)
+        except StopAsyncIteration:
+            return
+
+
+def _required_env(name: str, key: str, variable: str) -> str:
+    value = os.environ.get(variable)
+    if not value:
+        raise ConfigError(f"servers.{name}.oauth.{key}: environment variable {variable} is not set")
+    return value
+
+
+def _scope(scopes: list[str]) -> str | None:
+    return " ".join(scopes) or None
+
+
 def upstream_oauth(name: str, config: ServerConfig) -> UpstreamOAuth | None:
     """The auth of an HTTP upstream that may use OAuth; None for stdio and `auth = "none"`."""
     if config.transport != "http" or config.auth == "none":
         return None
+    if config.oauth is not None and config.oauth.grant != "authorization_code":
+        return MachineOAuth(name, config)
     return UpstreamOAuth(name, config)
 
 

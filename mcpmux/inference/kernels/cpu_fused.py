@@ -5,10 +5,10 @@ and the greedy argmax, in float32 or bfloat16; and the bfloat16 product on AMX t
 On CPU a decode step of a small model is a few large products and, around them, dozens of small
 operators per layer, each paying torch's dispatch and a pass over memory; at one sequence those are
 a third of the step. The kernels here (C++ in `cpu_fused_source`) do each group in one call and
-one pass. They are compiled once per machine with `torch.utils.cpp_extension.load_inline` (gcc and
-ninja; about a minute, then cached under torch's extensions folder) in a background thread started
-by :func:`enable`, so a step never waits for the compiler: until the build is done, and wherever it
-fails, the torch reference runs. :func:`ops` is the built module, or None.
+one pass. They are compiled once per machine and torch install (`jit_build`: gcc and ninja, about a
+minute, then cached) in a background thread started by :func:`enable`, so a step never waits for
+the compiler: until the build is done, and wherever it fails, the torch reference runs. :func:`ops`
+is the built module, or None.
 
 `MCPMUX_CPU_KERNELS`: ``auto`` (default: fused for the builtin models, see :func:`wanted`),
 ``fused`` (every float32 or bfloat16 CPU model) or ``torch`` (never).
@@ -16,7 +16,6 @@ fails, the torch reference runs. :func:`ops` is the built module, or None.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import shutil
@@ -28,6 +27,7 @@ from types import ModuleType
 import torch
 
 from mcpmux.inference.errors import InvalidSettingError
+from mcpmux.inference.kernels import jit_build
 from mcpmux.inference.kernels.cpu_amx_source import SOURCE as AMX_SOURCE
 from mcpmux.inference.kernels.cpu_fused_source import SOURCE
 
@@ -118,22 +118,12 @@ def _build() -> None:
     global _module
     start = time.monotonic()
     try:
-        # Imported here: the extension tooling is only needed where the kernels are built.
-        from torch.utils.cpp_extension import load_inline
-
         _find_ninja()
-
-        # Named by the CPU's instruction set (`-march=native` code must not be loaded on another CPU)
-        # and by the source and flags, so that processes running different versions of mcpmux never
-        # build into, or load from, each other's folder.
+        # Named by the CPU's instruction set (`-march=native` code must not be loaded on another CPU);
+        # `jit_build` adds the source, flags, torch, Python and compiler to the name.
         capability = torch.backends.cpu.get_cpu_capability().lower() + ("_amx" if amx_tiles() else "")
         sources = [AMX_SOURCE, SOURCE]  # the AMX product first: SOURCE's `linear` calls it
-        digest = hashlib.sha256(repr((sources, _CFLAGS)).encode()).hexdigest()[:12]
-        module = load_inline(
-            f"mcpmux_cpu_fused_{capability}_{digest}",
-            cpp_sources=sources,
-            extra_cflags=_CFLAGS,
-        )
+        module = jit_build.load(f"mcpmux_cpu_fused_{capability}", sources, _CFLAGS)
     except Exception as err:  # no compiler, no ninja, no headers: the torch reference serves
         logger.warning(
             "fused CPU kernels could not be built (%s); the torch kernels run (%s=torch skips the build)",

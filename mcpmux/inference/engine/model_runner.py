@@ -10,6 +10,7 @@ import torch
 from mcpmux.inference.engine.cuda_graphs import DecodeGraphs
 from mcpmux.inference.engine.sampler import SampleRequest, TokenLogprob, sample
 from mcpmux.inference.engine.scheduler import ScheduledSeq
+from mcpmux.inference.kernels import cpu_fused
 from mcpmux.inference.models.forward_batch import ForwardBatch
 from mcpmux.inference.models.loader import LoadedModel
 
@@ -67,6 +68,24 @@ class ModelRunner:
                 self.graphs = DecodeGraphs(loaded, self.kv_caches, block_size, max_num_seqs)
             except RuntimeError as err:  # out of memory too: serving goes on, eagerly
                 log.warning("CUDA graphs could not be captured (%s); decode steps run eagerly", err)
+        # A model the fused CPU kernels run waits for them before its first step where they keep greedy
+        # answers batch-invariant: the torch kernels would answer otherwise until the build is done.
+        self._await_kernels = loaded.device.type == "cpu" and cpu_fused.enabled() and cpu_fused.batch_invariant()
+
+    def _kernels_ready(self) -> None:
+        self._await_kernels = False
+        if cpu_fused.ops() is not None:
+            return
+        log.info(
+            "waiting for the fused CPU kernels' build before the first step (once per install, a minute or "
+            "two), so that greedy answers do not change when it completes; %s=0 serves at once",
+            cpu_fused.INVARIANT_ENV_VAR,
+        )
+        if cpu_fused.wait() is None:
+            log.warning(
+                "the fused CPU kernels are not available: the torch kernels serve, and greedy answers may "
+                "differ with the batch a request shares"
+            )
 
     def prepare(self, scheduled: list[ScheduledSeq]) -> ForwardBatch:
         """Concatenate every scheduled sequence's new tokens into one padding-free batch."""
@@ -104,6 +123,8 @@ class ModelRunner:
 
     def run(self, scheduled: list[ScheduledSeq], requests: list[SampleRequest]) -> StepResult:
         """Run one step. `requests` has one entry per scheduled sequence that samples, in order."""
+        if self._await_kernels:
+            self._kernels_ready()
         batch = self.prepare(scheduled)
         with torch.inference_mode():
             logits = self.graphs.forward(batch) if self.graphs is not None else None

@@ -6,12 +6,23 @@ On CPU a decode step of a small model is a few large products and, around them, 
 operators per layer, each paying torch's dispatch and a pass over memory; at one sequence those are
 a third of the step. The kernels here (C++ in `cpu_fused_source`) do each group in one call and
 one pass. They are compiled once per machine and torch install (`jit_build`: gcc and ninja, about a
-minute, then cached) in a background thread started by :func:`enable`, so a step never waits for
-the compiler: until the build is done, and wherever it fails, the torch reference runs. :func:`ops`
-is the built module, or None.
+minute, then cached) in a background thread started by :func:`enable`; until the build is done, and
+wherever it fails, the torch reference runs (but see batch invariance below). :func:`ops` is the
+built module, or None.
 
 `MCPMUX_CPU_KERNELS`: ``auto`` (default: fused for the builtin models, see :func:`wanted`),
 ``fused`` (every float32 or bfloat16 CPU model) or ``torch`` (never).
+
+**Batch invariance** (`MCPMUX_BATCH_INVARIANT`, on unless set to ``0``; :func:`batch_invariant`): every
+kernel here computes a row from that row alone, in an order fixed by its position and width, whatever
+else shares the step, how many threads split it, and whether the row is decoded, prefilled whole or in
+chunks, or extended after a prefix-cache hit. Where they run every part of a step (the attention of
+long prefills and the float32 products of any number of rows too, not only up to the sizes where
+they are the fastest), greedy decoding gives the same tokens for a prompt whatever the batch. The
+torch kernels round differently, so a model that runs these kernels waits for their first build
+before its first step (`ModelRunner`) instead of answering with the torch kernels meanwhile: its
+answers never change when the build completes. With ``0``, steps run the torch kernels until the
+build is done, and longer prefills take SDPA and MKL.
 """
 
 from __future__ import annotations
@@ -35,6 +46,7 @@ logger = logging.getLogger(__name__)
 
 ENV_VAR = "MCPMUX_CPU_KERNELS"
 _MODES = ("auto", "fused", "torch")
+INVARIANT_ENV_VAR = "MCPMUX_BATCH_INVARIANT"
 
 _lock = threading.Lock()
 _module: ModuleType | None = None
@@ -63,6 +75,15 @@ def disable() -> None:
 # libgomp would start a second team, whose threads torch's thread setting does not reach), and
 # `at::parallel_for` applies torch's thread count on whichever thread calls it.
 _CFLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"]
+
+
+@cache
+def batch_invariant() -> bool:
+    """Whether every step runs on these kernels alone once they are enabled (module docstring); read once."""
+    value = os.environ.get(INVARIANT_ENV_VAR, "1").strip().lower()
+    if value not in ("0", "1", "true", "false", "on", "off"):
+        raise InvalidSettingError(f"{INVARIANT_ENV_VAR}={value!r}: expected 1 (the default) or 0")
+    return value in ("1", "true", "on")
 
 
 def wanted(*, builtin: bool) -> bool:

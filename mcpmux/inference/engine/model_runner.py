@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from mcpmux.inference.engine.cpu_threads import ThreadGovernor
 from mcpmux.inference.engine.cuda_graphs import DecodeGraphs
 from mcpmux.inference.engine.sampler import SampleRequest, TokenLogprob, sample
 from mcpmux.inference.engine.scheduler import ScheduledSeq
@@ -42,8 +43,10 @@ class ModelRunner:
         *,
         cuda_graphs: bool = False,
         max_num_seqs: int = 64,
+        cpu_threads: int = 0,
     ) -> None:
-        """`cuda_graphs`: replay decode steps from captured CUDA graphs where the model allows it."""
+        """`cuda_graphs`: replay decode steps from captured CUDA graphs where the model allows it.
+        `cpu_threads`: on CPU, the intra-op threads of a step (0: from the free cores, `cpu_threads`)."""
         self.loaded = loaded
         self.block_size = block_size
         self.num_blocks = num_blocks
@@ -71,6 +74,7 @@ class ModelRunner:
         # A model the fused CPU kernels run waits for them before its first step where they keep greedy
         # answers batch-invariant: the torch kernels would answer otherwise until the build is done.
         self._await_kernels = loaded.device.type == "cpu" and cpu_fused.enabled() and cpu_fused.batch_invariant()
+        self.governor = ThreadGovernor(cpu_threads) if loaded.device.type == "cpu" else None
 
     def _kernels_ready(self) -> None:
         self._await_kernels = False
@@ -125,6 +129,8 @@ class ModelRunner:
         """Run one step. `requests` has one entry per scheduled sequence that samples, in order."""
         if self._await_kernels:
             self._kernels_ready()
+        if self.governor is not None:
+            self.governor.check()
         batch = self.prepare(scheduled)
         with torch.inference_mode():
             logits = self.graphs.forward(batch) if self.graphs is not None else None

@@ -16,13 +16,15 @@ built module, or None.
 **Batch invariance** (`MCPMUX_BATCH_INVARIANT`, on unless set to ``0``; :func:`batch_invariant`): every
 kernel here computes a row from that row alone, in an order fixed by its position and width, whatever
 else shares the step, how many threads split it, and whether the row is decoded, prefilled whole or in
-chunks, or extended after a prefix-cache hit. Where they run every part of a step (the attention of
-long prefills and the float32 products of any number of rows too, not only up to the sizes where
-they are the fastest), greedy decoding gives the same tokens for a prompt whatever the batch. The
-torch kernels round differently, so a model that runs these kernels waits for their first build
-before its first step (`ModelRunner`) instead of answering with the torch kernels meanwhile: its
-answers never change when the build completes. With ``0``, steps run the torch kernels until the
-build is done, and longer prefills take SDPA and MKL.
+chunks, or extended after a prefix-cache hit. In bfloat16 on AMX (the builtin models' default there)
+they run every part of a step once long prefills' attention stays in them too (`kernels.direct_pairs`),
+so greedy decoding gives the same tokens for a prompt whatever the batch. float32 keeps MKL for
+products above `FUSED_ROWS` rows and SDPA for long prefills: the dot product on every row cost
+1.4-2x there (docs/perf.md), and float32's contract is equality with Hugging Face's output. The torch
+kernels round differently, so a model that runs these kernels waits for their first build before its
+first step (`ModelRunner`) instead of answering with the torch kernels meanwhile: its answers never
+change when the build completes. With ``0``, steps run the torch kernels until the build is done, and
+long bfloat16 prefills take SDPA.
 """
 
 from __future__ import annotations

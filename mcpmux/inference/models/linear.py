@@ -65,8 +65,8 @@ VOCAB_SLICE = 2048
 # The product size oneDNN's weight layout is chosen for: decode steps of a few dozen sequences,
 # where the packing pays most (any row count runs on it, and gives the same result).
 PACK_ROWS = 32
-# Up to this many float32 rows the fused kernels' dot product multiplies (prefill chunks go to ATen), unless
-# batch invariance has it multiply every row (`fused_rows`).
+# Up to this many float32 rows the fused kernels' dot product multiplies (prefill chunks go to ATen: batch
+# invariance does not extend to float32, where the dot product on every row cost 1.4-2x, docs/perf.md).
 FUSED_ROWS = 64
 
 # An AMX weight's tile side: its rows and columns must be multiples of it.
@@ -133,18 +133,11 @@ def in_features(weight: Tensor) -> int:
     return weight.shape[1] * AMX_BLOCK if is_amx(weight) else weight.shape[1]
 
 
-def fused_rows() -> int:
-    """The most float32 rows the fused kernels' dot product multiplies: `FUSED_ROWS`, or any number with batch
-    invariance (`cpu_fused.batch_invariant`), so that a row's product is the same in a decode step and in a
-    prefill chunk of any size."""
-    return 2**62 if cpu_fused.batch_invariant() else FUSED_ROWS
-
-
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``F.linear(x, weight, bias)`` for a 2-D `x`, row-major like it, with `weight` from `prepare`."""
     fused = cpu_fused.ops() if x.device.type == "cpu" else None
     if fused is not None:
-        return fused.linear(x, weight, bias, fused_rows())
+        return fused.linear(x, weight, bias, FUSED_ROWS)
     if is_amx(weight):  # the kernels are still being built
         return F.linear(x, amx_unpack(weight), bias)
     if weight.is_mkldnn:
@@ -156,7 +149,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
 
 def vocab_linear(x: Tensor, weight: Tensor) -> Tensor:
     """``F.linear(x, weight)`` for a large output head, with `weight` from `prepare`."""
-    if weight.is_mkldnn or is_amx(weight) or (x.shape[0] <= fused_rows() and cpu_fused.ops() is not None):
+    if weight.is_mkldnn or is_amx(weight) or (x.shape[0] <= FUSED_ROWS and cpu_fused.ops() is not None):
         return linear(x, weight)
     if x.device.type != "cpu" or weight.shape[0] <= VOCAB_SLICE:
         return F.linear(x, weight)
@@ -264,19 +257,12 @@ def fastest_cpu_dtype() -> torch.dtype:
 
 
 def _by_capability() -> torch.dtype | None:
-    """The dtype where the fused kernels decide it, without timing (a measurement on a busy host could pick
-    float32 on one start and bfloat16 on the next, and the two give different greedy answers): bfloat16 where
-    they multiply it on AMX tiles (2-4x float32's products there); float32 elsewhere under batch invariance,
-    as only the AMX product and the float32 dot product compute each row alone (oneDNN's bfloat16 product
-    does not). None: measure."""
-    if _matmul_setting() != "auto" or not cpu_fused.enabled():
-        return None
-    if cpu_fused.amx_tiles():
+    """bfloat16 where the fused kernels multiply it on AMX tiles (2-4x float32's products there), decided without
+    timing: a measurement on a busy host could pick float32 on one start and bfloat16 on the next, and the two
+    give different greedy answers. None: measure."""
+    if _matmul_setting() == "auto" and cpu_fused.enabled() and cpu_fused.amx_tiles():
         logger.info("CPU dtype: bfloat16 (this CPU multiplies it on AMX tiles)")
         return torch.bfloat16
-    if cpu_fused.batch_invariant():
-        logger.info("CPU dtype: float32 (no AMX tiles; %s=0 lets bfloat16 be measured)", cpu_fused.INVARIANT_ENV_VAR)
-        return torch.float32
     return None
 
 

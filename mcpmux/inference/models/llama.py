@@ -20,7 +20,7 @@ from transformers.activations import ACT2FN
 
 from mcpmux.inference import kernels
 from mcpmux.inference.models.forward_batch import ForwardBatch
-from mcpmux.inference.models.linear import fused_rows, linear, prepare, vocab_linear
+from mcpmux.inference.models.linear import FUSED_ROWS, linear, prepare, vocab_linear
 from mcpmux.inference.models.rope import build_cos_sin_cache, head_dim_of
 
 
@@ -192,7 +192,8 @@ class LlamaCausalLM(nn.Module):
             )
         hidden = F.embedding(batch.input_ids, self.embed)
         # Every sequence's attention in the fused kernel (decode rows, short prefills): one call for all layers.
-        direct = batch.max_query_len == 1 or batch.max_query_len * batch.max_seq_len <= kernels.direct_pairs()
+        pairs = batch.max_query_len * batch.max_seq_len
+        direct = batch.max_query_len == 1 or pairs <= kernels.direct_pairs(hidden.dtype)
         decoder = self._fused_decoder(hidden) if direct else None
         residual: Tensor | None = None
         if decoder is not None:
@@ -224,8 +225,8 @@ class LlamaCausalLM(nn.Module):
             first = layers[0]
             weights = [layer.fused_weights() for layer in layers]
             decoder = ops.Decoder(
-                weights, first.num_heads, first.num_kv_heads, first.head_dim, first.eps, first.scale, fused_rows(),
-                kernels.direct_pairs(),
+                weights, first.num_heads, first.num_kv_heads, first.head_dim, first.eps, first.scale, FUSED_ROWS,
+                kernels.direct_pairs(hidden.dtype),
             )  # fmt: skip
             self._decoder = (ops, decoder)
         return self._decoder[1]

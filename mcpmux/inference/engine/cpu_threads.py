@@ -4,7 +4,8 @@ A step's parallel operators split their work over an OpenMP team and wait for it
 a core that another process holds, a team thread runs only when the OS gives it a slice, so every
 operator of the step waits for that slice, hundreds of times a step: with other work on one of two
 cores, a two-thread engine ran 3-4x slower than with one thread (docs/perf.md). So before a step, at
-most every `INTERVAL_SECONDS`, the step thread reads how much CPU time the machine spent outside this
+most every `INTERVAL_SECONDS` (the first time a quarter of a second after the engine starts), the step
+thread reads how much CPU time the machine spent outside this
 process on the cores it may run on (`/proc/stat` less this process's own time) and sizes its team to
 the cores left: fewer threads as soon as other work takes a core, more again once it has been gone
 for two checks in a row. Each change is logged.
@@ -31,6 +32,10 @@ log = logging.getLogger(__name__)
 INTERVAL_SECONDS = 1.0
 """How often the free cores are measured (a read of /proc/stat, about 50 us)."""
 
+FIRST_INTERVAL_SECONDS = 0.25
+"""The first measurement's span, from the governor's creation (engine start): a two-thread team on a busy
+host ran 10x slower than one thread (docs/perf.md), so the first steps should not wait a whole interval."""
+
 _HZ = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
@@ -51,9 +56,10 @@ class ThreadGovernor:
         self.most = threads or most or torch.get_num_threads()
         self.fixed = threads > 0 or not sys.platform.startswith("linux") or self.most <= 1
         self.threads = self.most
-        self._last: _Sample | None = None
         self._wants_more = 0
         self._applied = False
+        self._last = None if self.fixed else self._sample(time.monotonic())
+        self._interval = FIRST_INTERVAL_SECONDS
 
     def check(self) -> int:
         """The team size for the next step, applied to this thread; measures at most every `INTERVAL_SECONDS`."""
@@ -63,13 +69,14 @@ class ThreadGovernor:
         if self.fixed:
             return self.threads
         now = time.monotonic()
-        if self._last is not None and now - self._last.at < INTERVAL_SECONDS:
+        if self._last is not None and now - self._last.at < self._interval:
             return self.threads
         sample = self._sample(now)
         if sample is None:
             self.fixed = True
             return self.threads
         last, self._last = self._last, sample
+        self._interval = INTERVAL_SECONDS
         if last is not None:
             elapsed = sample.at - last.at
             others = max(0.0, (sample.busy - last.busy) - (sample.own - last.own)) / elapsed

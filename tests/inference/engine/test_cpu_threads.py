@@ -43,6 +43,7 @@ def test_a_process_burning_every_other_core_makes_the_step_thread_back_off(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(cpu_threads, "INTERVAL_SECONDS", 0.3)
+    monkeypatch.setattr(cpu_threads, "FIRST_INTERVAL_SECONDS", 0.3)
     cores = len(os.sched_getaffinity(0))
     burners = [
         subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(cores - 1)

@@ -11,8 +11,8 @@ the cores left: fewer threads as soon as other work takes a core, more again onc
 for two checks in a row. Each change is logged.
 
 The OpenMP wait policy stays libgomp's (spin briefly, then sleep): it is read once, when torch loads,
-and a team no larger than the free cores spins only on cores nobody else wants; sleeping at once
-instead costs a wake-up per operator (several milliseconds a step here).
+so it could not follow the load, and a team no larger than the free cores spins only on cores nobody
+else wants.
 
 Only on Linux (elsewhere the count is left as torch set it); `threads` fixes the count instead.
 """

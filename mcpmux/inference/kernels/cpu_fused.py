@@ -40,9 +40,9 @@ from types import ModuleType
 import torch
 
 from mcpmux.inference.errors import InvalidSettingError
-from mcpmux.inference.kernels import jit_build
 from mcpmux.inference.kernels.cpu_amx_source import SOURCE as AMX_SOURCE
 from mcpmux.inference.kernels.cpu_fused_source import SOURCE
+from mcpmux.inference.kernels.jit_build import load as build_and_load
 
 logger = logging.getLogger(__name__)
 
@@ -146,7 +146,7 @@ def _build() -> None:
         # `jit_build` adds the source, flags, torch, Python and compiler to the name.
         capability = torch.backends.cpu.get_cpu_capability().lower() + ("_amx" if amx_tiles() else "")
         sources = [AMX_SOURCE, SOURCE]  # the AMX product first: SOURCE's `linear` calls it
-        module = jit_build.load(f"mcpmux_cpu_fused_{capability}", sources, _CFLAGS)
+        module = build_and_load(f"mcpmux_cpu_fused_{capability}", sources, _CFLAGS)
     except Exception as err:  # no compiler, no ninja, no headers: the torch reference serves
         logger.warning(
             "fused CPU kernels could not be built (%s); the torch kernels run (%s=torch skips the build)",

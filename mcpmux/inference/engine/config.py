@@ -84,6 +84,8 @@ class EngineConfig:
     levels above it after `k * aging_interval` steps. On CUDA, decode steps replay captured CUDA
     graphs (`mcpmux.inference.engine.cuda_graphs`) unless `cuda_graphs` is False. With
     `jump_forward`, tokens a request's grammar forces are appended without sampling them (`engine.grammar`).
+    On CPU a step runs on `cpu_threads` intra-op threads; 0 (the default) chooses them before steps from
+    the cores other processes leave free, up to torch's thread count (`engine.cpu_threads`).
     """
 
     model: str
@@ -101,6 +103,7 @@ class EngineConfig:
     max_model_len: int | None = None
     cuda_graphs: bool = True
     jump_forward: bool = True
+    cpu_threads: int = 0
 
     def __post_init__(self) -> None:
         _check(self.block_size >= 1, f"block_size must be >= 1, got {self.block_size}")
@@ -116,6 +119,7 @@ class EngineConfig:
         )
         _check(self.prefill_chunk_size >= 1, f"prefill_chunk_size must be >= 1, got {self.prefill_chunk_size}")
         _check(self.max_waiting >= 1, f"max_waiting must be >= 1, got {self.max_waiting}")
+        _check(self.cpu_threads >= 0, f"cpu_threads must be >= 0 (0: from the free cores), got {self.cpu_threads}")
         _check(self.aging_interval >= 1, f"aging_interval must be >= 1 step, got {self.aging_interval}")
         _check(
             self.max_model_len is None or self.max_model_len >= 2,

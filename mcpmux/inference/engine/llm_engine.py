@@ -64,7 +64,12 @@ class LLMEngine:
         )
         max_len = min(config.max_model_len or self.loaded.max_position, self.loaded.max_position)
         self.runner = ModelRunner(
-            self.loaded, config.block_size, num_blocks, cuda_graphs=config.cuda_graphs, max_num_seqs=config.max_num_seqs
+            self.loaded,
+            config.block_size,
+            num_blocks,
+            cuda_graphs=config.cuda_graphs,
+            max_num_seqs=config.max_num_seqs,
+            cpu_threads=config.cpu_threads,
         )
         self.scheduler = Scheduler(config, num_blocks, self.loaded.eos_token_ids, max_len)
         self.stats_collector = StatsCollector()

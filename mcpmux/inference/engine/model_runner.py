@@ -7,9 +7,11 @@ from dataclasses import dataclass
 
 import torch
 
+from mcpmux.inference.engine.cpu_threads import ThreadGovernor
 from mcpmux.inference.engine.cuda_graphs import DecodeGraphs
 from mcpmux.inference.engine.sampler import SampleRequest, TokenLogprob, sample
 from mcpmux.inference.engine.scheduler import ScheduledSeq
+from mcpmux.inference.kernels import cpu_fused
 from mcpmux.inference.models.forward_batch import ForwardBatch
 from mcpmux.inference.models.loader import LoadedModel
 
@@ -41,8 +43,10 @@ class ModelRunner:
         *,
         cuda_graphs: bool = False,
         max_num_seqs: int = 64,
+        cpu_threads: int = 0,
     ) -> None:
-        """`cuda_graphs`: replay decode steps from captured CUDA graphs where the model allows it."""
+        """`cuda_graphs`: replay decode steps from captured CUDA graphs where the model allows it.
+        `cpu_threads`: on CPU, the intra-op threads of a step (0: from the free cores, `cpu_threads`)."""
         self.loaded = loaded
         self.block_size = block_size
         self.num_blocks = num_blocks
@@ -67,6 +71,25 @@ class ModelRunner:
                 self.graphs = DecodeGraphs(loaded, self.kv_caches, block_size, max_num_seqs)
             except RuntimeError as err:  # out of memory too: serving goes on, eagerly
                 log.warning("CUDA graphs could not be captured (%s); decode steps run eagerly", err)
+        # A model the fused CPU kernels run waits for them before its first step where they keep greedy
+        # answers batch-invariant: the torch kernels would answer otherwise until the build is done.
+        self._await_kernels = loaded.device.type == "cpu" and cpu_fused.enabled() and cpu_fused.batch_invariant()
+        self.governor = ThreadGovernor(cpu_threads) if loaded.device.type == "cpu" else None
+
+    def _kernels_ready(self) -> None:
+        self._await_kernels = False
+        if cpu_fused.ops() is not None:
+            return
+        log.info(
+            "waiting for the fused CPU kernels' build before the first step (once per install, a minute or "
+            "two), so that greedy answers do not change when it completes; %s=0 serves at once",
+            cpu_fused.INVARIANT_ENV_VAR,
+        )
+        if cpu_fused.wait() is None:
+            log.warning(
+                "the fused CPU kernels are not available: the torch kernels serve, and greedy answers may "
+                "differ with the batch a request shares"
+            )
 
     def prepare(self, scheduled: list[ScheduledSeq]) -> ForwardBatch:
         """Concatenate every scheduled sequence's new tokens into one padding-free batch."""
@@ -104,6 +127,10 @@ class ModelRunner:
 
     def run(self, scheduled: list[ScheduledSeq], requests: list[SampleRequest]) -> StepResult:
         """Run one step. `requests` has one entry per scheduled sequence that samples, in order."""
+        if self._await_kernels:
+            self._kernels_ready()
+        if self.governor is not None:
+            self.governor.check()
         batch = self.prepare(scheduled)
         with torch.inference_mode():
             logits = self.graphs.forward(batch) if self.graphs is not None else None

@@ -20,6 +20,7 @@ __all__ = [
     "DIRECT_PAIRS",
     "argmax",
     "backend",
+    "direct_pairs",
     "fused_ops",
     "paged_attention",
     "rms_norm",
@@ -35,7 +36,17 @@ DIRECT_PAIRS = 256 * 256
 """A prefill or extend of q_len query tokens over seq_len keys whose q_len * seq_len is at most this is
 attended by the fused CPU kernel, row by row; a longer one by SDPA, whose blocked products win there
 (2 cores of an AMX Xeon, 2 threads: the kernel 2-6x faster for a 512-token step of 16-128-token
-prompts, even with SDPA for one 256-token prompt, 1.1-1.4x slower at 384-512, 1.7-2.1x at 1,024)."""
+prompts, even with SDPA for one 256-token prompt, 1.1-1.4x slower at 384-512, 1.7-2.1x at 1,024).
+With batch invariance (`cpu_fused.batch_invariant`) the kernel attends every bfloat16 row: see `direct_pairs`."""
+
+_EVERY_PAIR = 2**62
+
+
+def direct_pairs(dtype: torch.dtype) -> int:
+    """The largest q_len * seq_len the fused kernel attends in `dtype`: `DIRECT_PAIRS`, or every one in bfloat16
+    under batch invariance, so that a row's arithmetic is the same whether it is a decode row or part of a
+    prefill of any length (float32 keeps SDPA for long prefills, as it keeps MKL for their products)."""
+    return _EVERY_PAIR if dtype == torch.bfloat16 and cpu_fused.batch_invariant() else DIRECT_PAIRS
 
 
 def fused_ops(tensor: Tensor) -> ModuleType | None:
@@ -114,9 +125,10 @@ def paged_attention(
     if out is None:
         out = torch.empty_like(q)
     step = (block_tables, seq_lens, query_start_loc)
-    fused.paged_attention_(q, k_cache, v_cache, *step, scale, DIRECT_PAIRS, out)
-    if max_query_len * max_seq_len > DIRECT_PAIRS:
-        reference.paged_attention(q, k_cache, v_cache, *step, scale, out, longer_than=DIRECT_PAIRS)
+    pairs = direct_pairs(q.dtype)
+    fused.paged_attention_(q, k_cache, v_cache, *step, scale, pairs, out)
+    if max_query_len * max_seq_len > pairs:
+        reference.paged_attention(q, k_cache, v_cache, *step, scale, out, longer_than=pairs)
     return out
 
 

@@ -5,18 +5,30 @@ and the greedy argmax, in float32 or bfloat16; and the bfloat16 product on AMX t
 On CPU a decode step of a small model is a few large products and, around them, dozens of small
 operators per layer, each paying torch's dispatch and a pass over memory; at one sequence those are
 a third of the step. The kernels here (C++ in `cpu_fused_source`) do each group in one call and
-one pass. They are compiled once per machine with `torch.utils.cpp_extension.load_inline` (gcc and
-ninja; about a minute, then cached under torch's extensions folder) in a background thread started
-by :func:`enable`, so a step never waits for the compiler: until the build is done, and wherever it
-fails, the torch reference runs. :func:`ops` is the built module, or None.
+one pass. They are compiled once per machine and torch install (`jit_build`: gcc and ninja, about a
+minute, then cached) in a background thread started by :func:`enable`; until the build is done, and
+wherever it fails, the torch reference runs (but see batch invariance below). :func:`ops` is the
+built module, or None.
 
 `MCPMUX_CPU_KERNELS`: ``auto`` (default: fused for the builtin models, see :func:`wanted`),
 ``fused`` (every float32 or bfloat16 CPU model) or ``torch`` (never).
+
+**Batch invariance** (`MCPMUX_BATCH_INVARIANT`, on unless set to ``0``; :func:`batch_invariant`): every
+kernel here computes a row from that row alone, in an order fixed by its position and width, whatever
+else shares the step, how many threads split it, and whether the row is decoded, prefilled whole or in
+chunks, or extended after a prefix-cache hit. In bfloat16 on AMX (the builtin models' default there)
+they run every part of a step once long prefills' attention stays in them too (`kernels.direct_pairs`),
+so greedy decoding gives the same tokens for a prompt whatever the batch. float32 keeps MKL for
+products above `FUSED_ROWS` rows and SDPA for long prefills: the dot product on every row cost
+1.4-2x there (docs/perf.md), and float32's contract is equality with Hugging Face's output. The torch
+kernels round differently, so a model that runs these kernels waits for their first build before its
+first step (`ModelRunner`) instead of answering with the torch kernels meanwhile: its answers never
+change when the build completes. With ``0``, steps run the torch kernels until the build is done, and
+long bfloat16 prefills take SDPA.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import shutil
@@ -30,11 +42,13 @@ import torch
 from mcpmux.inference.errors import InvalidSettingError
 from mcpmux.inference.kernels.cpu_amx_source import SOURCE as AMX_SOURCE
 from mcpmux.inference.kernels.cpu_fused_source import SOURCE
+from mcpmux.inference.kernels.jit_build import load as build_and_load
 
 logger = logging.getLogger(__name__)
 
 ENV_VAR = "MCPMUX_CPU_KERNELS"
 _MODES = ("auto", "fused", "torch")
+INVARIANT_ENV_VAR = "MCPMUX_BATCH_INVARIANT"
 
 _lock = threading.Lock()
 _module: ModuleType | None = None
@@ -63,6 +77,15 @@ def disable() -> None:
 # libgomp would start a second team, whose threads torch's thread setting does not reach), and
 # `at::parallel_for` applies torch's thread count on whichever thread calls it.
 _CFLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"]
+
+
+@cache
+def batch_invariant() -> bool:
+    """Whether every step runs on these kernels alone once they are enabled (module docstring); read once."""
+    value = os.environ.get(INVARIANT_ENV_VAR, "1").strip().lower()
+    if value not in ("0", "1", "true", "false", "on", "off"):
+        raise InvalidSettingError(f"{INVARIANT_ENV_VAR}={value!r}: expected 1 (the default) or 0")
+    return value in ("1", "true", "on")
 
 
 def wanted(*, builtin: bool) -> bool:
@@ -118,22 +141,12 @@ def _build() -> None:
     global _module
     start = time.monotonic()
     try:
-        # Imported here: the extension tooling is only needed where the kernels are built.
-        from torch.utils.cpp_extension import load_inline
-
         _find_ninja()
-
-        # Named by the CPU's instruction set (`-march=native` code must not be loaded on another CPU)
-        # and by the source and flags, so that processes running different versions of mcpmux never
-        # build into, or load from, each other's folder.
+        # Named by the CPU's instruction set (`-march=native` code must not be loaded on another CPU);
+        # `jit_build` adds the source, flags, torch, Python and compiler to the name.
         capability = torch.backends.cpu.get_cpu_capability().lower() + ("_amx" if amx_tiles() else "")
         sources = [AMX_SOURCE, SOURCE]  # the AMX product first: SOURCE's `linear` calls it
-        digest = hashlib.sha256(repr((sources, _CFLAGS)).encode()).hexdigest()[:12]
-        module = load_inline(
-            f"mcpmux_cpu_fused_{capability}_{digest}",
-            cpp_sources=sources,
-            extra_cflags=_CFLAGS,
-        )
+        module = build_and_load(f"mcpmux_cpu_fused_{capability}", sources, _CFLAGS)
     except Exception as err:  # no compiler, no ninja, no headers: the torch reference serves
         logger.warning(
             "fused CPU kernels could not be built (%s); the torch kernels run (%s=torch skips the build)",

@@ -65,7 +65,8 @@ VOCAB_SLICE = 2048
 # The product size oneDNN's weight layout is chosen for: decode steps of a few dozen sequences,
 # where the packing pays most (any row count runs on it, and gives the same result).
 PACK_ROWS = 32
-# Up to this many float32 rows the fused kernels' dot product multiplies (prefill chunks go to ATen).
+# Up to this many float32 rows the fused kernels' dot product multiplies (prefill chunks go to ATen: batch
+# invariance does not extend to float32, where the dot product on every row cost 1.4-2x, docs/perf.md).
 FUSED_ROWS = 64
 
 # An AMX weight's tile side: its rows and columns must be multiples of it.
@@ -245,13 +246,24 @@ def fastest_cpu_dtype() -> torch.dtype:
 
     Decided once per process (concurrent loads wait for the first), as a decode step multiplies: each
     dtype's weights as `prepare` leaves them, 16 of them (read from memory, as a step reads them), at 1
-    and `PACK_ROWS` rows; interleaved rounds, the fastest of each.
+    and `PACK_ROWS` rows; interleaved rounds, the fastest of each. Where the fused kernels multiply on AMX
+    tiles it is bfloat16 without measuring (`_by_capability`).
     """
     global _fastest_dtype
     with _choosing_dtype:
         if _fastest_dtype is None:
-            _fastest_dtype = _measure_dtypes()
+            _fastest_dtype = _by_capability() or _measure_dtypes()
         return _fastest_dtype
+
+
+def _by_capability() -> torch.dtype | None:
+    """bfloat16 where the fused kernels multiply it on AMX tiles (2-4x float32's products there), decided without
+    timing: a measurement on a busy host could pick float32 on one start and bfloat16 on the next, and the two
+    give different greedy answers. None: measure."""
+    if _matmul_setting() == "auto" and cpu_fused.enabled() and cpu_fused.amx_tiles():
+        logger.info("CPU dtype: bfloat16 (this CPU multiplies it on AMX tiles)")
+        return torch.bfloat16
+    return None
 
 
 _choosing_dtype = threading.Lock()

@@ -192,7 +192,8 @@ class LlamaCausalLM(nn.Module):
             )
         hidden = F.embedding(batch.input_ids, self.embed)
         # Every sequence's attention in the fused kernel (decode rows, short prefills): one call for all layers.
-        direct = batch.max_query_len == 1 or batch.max_query_len * batch.max_seq_len <= kernels.DIRECT_PAIRS
+        pairs = batch.max_query_len * batch.max_seq_len
+        direct = batch.max_query_len == 1 or pairs <= kernels.direct_pairs(hidden.dtype)
         decoder = self._fused_decoder(hidden) if direct else None
         residual: Tensor | None = None
         if decoder is not None:
@@ -225,7 +226,7 @@ class LlamaCausalLM(nn.Module):
             weights = [layer.fused_weights() for layer in layers]
             decoder = ops.Decoder(
                 weights, first.num_heads, first.num_kv_heads, first.head_dim, first.eps, first.scale, FUSED_ROWS,
-                kernels.DIRECT_PAIRS,
+                kernels.direct_pairs(hidden.dtype),
             )  # fmt: skip
             self._decoder = (ops, decoder)
         return self._decoder[1]

@@ -1,0 +1,119 @@
+"""Intra-op threads for CPU steps, chosen from the cores other processes leave free and re-checked while serving.
+
+A step's parallel operators split their work over an OpenMP team and wait for its slowest thread. On
+a core that another process holds, a team thread runs only when the OS gives it a slice, so every
+operator of the step waits for that slice, hundreds of times a step: with other work on one of two
+cores, a two-thread engine ran 3-4x slower than with one thread (docs/perf.md). So before a step, at
+most every `INTERVAL_SECONDS` (the first time a quarter of a second after the engine starts), the step
+thread reads how much CPU time the machine spent outside this
+process on the cores it may run on (`/proc/stat` less this process's own time) and sizes its team to
+the cores left: fewer threads as soon as other work takes a core, more again once it has been gone
+for two checks in a row. Each change is logged.
+
+The OpenMP wait policy stays libgomp's (spin briefly, then sleep): it is read once, when torch loads,
+so it could not follow the load, and a team no larger than the free cores spins only on cores nobody
+else wants.
+
+Only on Linux (elsewhere the count is left as torch set it); `threads` fixes the count instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+
+log = logging.getLogger(__name__)
+
+INTERVAL_SECONDS = 1.0
+"""How often the free cores are measured (a read of /proc/stat, about 50 us)."""
+
+FIRST_INTERVAL_SECONDS = 0.25
+"""The first measurement's span, from the governor's creation (engine start): a two-thread team on a busy
+host ran 10x slower than one thread (docs/perf.md), so the first steps should not wait a whole interval."""
+
+_HZ = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+@dataclass(slots=True)
+class _Sample:
+    at: float  # time.monotonic()
+    busy: float  # CPU seconds the machine spent busy on our cores, since boot
+    own: float  # CPU seconds of this process
+
+
+class ThreadGovernor:
+    """Sizes the calling thread's intra-op team before each step (call `check` from the thread that steps)."""
+
+    def __init__(self, threads: int = 0, *, most: int | None = None) -> None:
+        """`threads`: 0 chooses from the free cores, up to `most` (default: torch's count at start); N always
+        runs N."""
+        self.cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+        self.most = threads or most or torch.get_num_threads()
+        self.fixed = threads > 0 or not sys.platform.startswith("linux") or self.most <= 1
+        self.threads = self.most
+        self._wants_more = 0
+        self._applied = False
+        self._last = None if self.fixed else self._sample(time.monotonic())
+        self._interval = FIRST_INTERVAL_SECONDS
+
+    def check(self) -> int:
+        """The team size for the next step, applied to this thread; measures at most every `INTERVAL_SECONDS`."""
+        if not self._applied:
+            torch.set_num_threads(self.threads)
+            self._applied = True
+        if self.fixed:
+            return self.threads
+        now = time.monotonic()
+        if self._last is not None and now - self._last.at < self._interval:
+            return self.threads
+        sample = self._sample(now)
+        if sample is None:
+            self.fixed = True
+            return self.threads
+        last, self._last = self._last, sample
+        self._interval = INTERVAL_SECONDS
+        if last is not None:
+            elapsed = sample.at - last.at
+            others = max(0.0, (sample.busy - last.busy) - (sample.own - last.own)) / elapsed
+            self._resize(others)
+        return self.threads
+
+    def _resize(self, others: float) -> None:
+        free = len(self.cpus) - others
+        want = max(1, min(self.most, int(free + 0.5)))
+        if want > self.threads:
+            self._wants_more += 1
+            if self._wants_more < 2:  # once more before growing: a short lull is not a free core
+                return
+        self._wants_more = 0
+        if want == self.threads:
+            return
+        verb = "backing off to" if want < self.threads else "back up to"
+        log.info(
+            "other processes use %.1f of %d cores: %s %d intra-op thread%s (most %d)",
+            others, len(self.cpus), verb, want, "" if want == 1 else "s", self.most,
+        )  # fmt: skip
+        self.threads = want
+        torch.set_num_threads(want)
+
+    def _sample(self, now: float) -> _Sample | None:
+        try:
+            with open("/proc/stat") as stat:
+                lines = stat.read().splitlines()
+        except OSError:
+            return None
+        wanted = {f"cpu{n}" for n in self.cpus}
+        busy = 0
+        for line in lines:
+            name, _, rest = line.partition(" ")
+            if name in wanted:
+                # user nice system idle iowait irq softirq steal ...: all but idle and iowait are taken
+                fields = [int(v) for v in rest.split()]
+                busy += sum(fields[:8]) - fields[3] - fields[4]
+        times = os.times()
+        return _Sample(now, busy / _HZ, times.user + times.system)

@@ -39,6 +39,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from typing import Any
 
 import mcp_types as types
@@ -76,6 +77,25 @@ _PARAM_KEYS = frozenset({"name", "arguments", "_meta"})
 _PROTOCOL_VERSION = "io.modelcontextprotocol/protocolVersion"
 _CLIENT_CAPABILITIES = "io.modelcontextprotocol/clientCapabilities"
 _LOG_LEVEL = "io.modelcontextprotocol/logLevel"
+
+
+class ToSdk(StrEnum):
+    """Why a request is left to the SDK path: a request the SDK words the refusal of, or what the
+    direct mode does not serve (each reason a feature to move into it, never one to add)."""
+
+    NOT_A_CALL = "not a tools/call request"
+    MALFORMED = "malformed: the SDK words the refusal"
+    MORE_PARAMS = "params besides name, arguments and _meta (a 2026 retry's inputResponses)"
+    LOGS = "a 2026 request that asked for the upstream's logs"
+    NO_REVISION = "no protocol revision known for the request"
+    NOT_AN_UPSTREAM_TOOL = "a local tool, or a name no connected upstream lists (the SDK path words it)"
+    SESSION = "the client's own upstream session is to be started, or its call takes turns on the shared one"
+    NOT_CONNECTED = "its upstream is not connected"
+    PLAN = "its call plan (a list form, a tool run only as a task, a per-client cache, Mcp-Param headers)"
+    ASKS_CLIENT = "the upstream may ask this very client (2026: in input-required rounds)"
+    TASK = "a 2026 call that declared the tasks extension, to an upstream that offers it"
+    DUPLICATE_ID = "a request id already in flight"
+    FRONT = "the front's transport needs the SDK (HTTP: progress, a 2025 session it does not hold, headers)"
 
 
 @dataclass(slots=True)
@@ -202,8 +222,8 @@ class FastPath:
         declares_sampling: bool = False,
         headers: Mapping[str, str] | None = None,
         owner: str | None = None,
-    ) -> FastCall | None:
-        """The `FastCall` for a parsed JSON-RPC message, or None when the SDK path must serve it.
+    ) -> FastCall | ToSdk:
+        """The `FastCall` for a parsed JSON-RPC message, or why the SDK path must serve it.
 
         `caller`: who sent it (a 2026 request's capabilities are read off its envelope here).
         `legacy_version` is what a 2025 client negotiated on its session (None if unknown); a 2026
@@ -212,36 +232,36 @@ class FastPath:
         `owner`: who the client is, for the tasks it creates (a task-augmented call needs one).
         """
         if not isinstance(message, dict) or message.get("method") != "tools/call" or "id" not in message:
-            return None
+            return ToSdk.NOT_A_CALL
         if message.get("jsonrpc") != "2.0":
-            return None  # the SDK path refuses it
+            return ToSdk.MALFORMED  # the SDK path refuses it
         params = message.get("params")
         if not isinstance(params, dict) or not _PARAM_KEYS.issuperset(params.keys() - {"task"}):
-            return None
+            return ToSdk.MORE_PARAMS
         task = params.get("task")
         if task is not None and (not isinstance(task, dict) or owner is None):
-            return None
+            return ToSdk.MALFORMED
         name, arguments, meta = params.get("name"), params.get("arguments", {}), params.get("_meta") or {}
         if not isinstance(name, str) or not isinstance(arguments, dict) or not isinstance(meta, dict):
-            return None
+            return ToSdk.MALFORMED
         if _LOG_LEVEL in meta:
-            return None  # the SDK path relays the upstream's logs on this request (2026 logging is per request)
+            return ToSdk.LOGS  # the SDK path relays the upstream's logs on this request (2026 logging is per request)
         version = meta.get(_PROTOCOL_VERSION)
         capabilities = None
         if version in MODERN_PROTOCOL_VERSIONS:
             if isinstance(classify_inbound_request(message, headers=headers), InboundLadderRejection):
-                return None  # a malformed envelope: the SDK words the refusal
+                return ToSdk.MALFORMED  # a malformed envelope: the SDK words the refusal
             capabilities = meta.get(_CLIENT_CAPABILITIES)
             declares_sampling = sampling_declared(capabilities)
         elif version is None and legacy_version is not None:
             version = legacy_version
         else:
-            return None
+            return ToSdk.NO_REVISION
         if task is not None and version in MODERN_PROTOCOL_VERSIONS:
-            return None  # tasks are 2025-11-25's
+            return ToSdk.MALFORMED  # tasks are 2025-11-25's
         upstream = self._upstream_for(name)
         if upstream is None:
-            return None
+            return ToSdk.NOT_AN_UPSTREAM_TOOL
         plan = self._eligible[name].plan
         assert plan is not None  # an upstream was found for it
         if isinstance(capabilities, dict) and "extensions" in capabilities:
@@ -249,26 +269,32 @@ class FastPath:
         sessions = self.mux.sessions.get(upstream.name)
         session = sessions.find(caller) if sessions is not None else None
         if session is None:
-            return None  # its own session is to be started first: the SDK path does that
+            return ToSdk.SESSION  # its own session is to be started first, or its call takes turns
         upstream, dispatcher = session
         if upstream.lane is None or upstream.state != UpstreamState.READY:
-            return None
+            return ToSdk.NOT_CONNECTED
         if sessions is not None and upstream is not sessions.shared[0]:
             plan = dispatcher.plan(plan.tool)  # as the caller's own session lists the tool
         if plan.slow is not None and task is None:
-            return None  # the upstream runs it only as a task: the SDK path creates and awaits one
+            return ToSdk.PLAN  # e.g. the upstream runs it only as a task: the SDK path creates and awaits one
         if declares_sampling and plan.asks_client:
-            return None  # the upstream may want this very client to sample: `Frontend` tracks that
+            return ToSdk.ASKS_CLIENT  # the upstream may want this very client to sample
         if isinstance(capabilities, dict) and declares_tasks(capabilities) and offers_tasks(upstream.client):
-            return None  # a 2026 call that may be answered with a task: the SDK path's task front relays it
+            return ToSdk.TASK  # a 2026 call that may be answered with a task: the SDK path's task front relays it
         request_id = message["id"]
         if not isinstance(request_id, str | int) or isinstance(request_id, bool):
-            return None
+            return ToSdk.MALFORMED
         inbound = InboundCall(caller, request_id, version)
         progress_token = meta.get("progressToken")
         return FastCall(
             request_id, version, inbound, upstream, dispatcher, plan, arguments, progress_token, task, owner
         )
+
+    def to_sdk(self, reason: ToSdk) -> None:
+        """A `tools/call` goes to the SDK path for `reason`: counted (`mcpmux_sdk_path_calls_total`)."""
+        if reason is not ToSdk.NOT_A_CALL:
+            counts, key = self.mux.to_sdk, reason.name.lower()
+            counts[key] = counts.get(key, 0) + 1
 
     def _upstream_for(self, name: str) -> Upstream | None:
         """The upstream of a fast-path tool, decided once per listing of its upstream."""

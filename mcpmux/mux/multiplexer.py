@@ -105,6 +105,9 @@ class Mux:
         """Whole results of the calls cut to their plan's `result_limit`, read back as `mcpmux://results/...`."""
         self.metrics = MuxMetrics(self)  # Prometheus /metrics; its collectors read the parts at scrape time
         self.dispatchers: dict[str, UpstreamDispatcher] = {}
+        self.to_sdk: dict[str, int] = {}
+        """`tools/call` requests the fast path left to the SDK path, by reason (`mcpmux.mux.fast_path.ToSdk`'s
+        names, lower-case)."""
         self.sessions: dict[str, ServerSessions] = {}
         """Per server, its shared session and clients' own (`[servers.X] sessions`)."""
         self._caller_views: dict[tuple[str | None, str], tuple[tuple[object, ...], CatalogView]] = {}

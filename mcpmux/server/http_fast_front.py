@@ -131,8 +131,8 @@ class HttpFastFront:
         scope, body = cast(Scope, cycle.scope), bytes(cycle.body)
         self.edge.enter(scope)  # its profile (its token's), which `route` reads
         call = self.middleware.route(scope, body, self._askable)
-        if call is None:
-            return False
+        if not isinstance(call, FastCall):
+            return False  # the middleware decides again, below ASGI, and counts why
         session = session_of(scope)
         key = (session, id_key(call.request_id)) if session is not None else None
         if key in self.middleware.running:

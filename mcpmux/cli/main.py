@@ -28,8 +28,8 @@ from mcpmux.core.logs import configure_logging
 from mcpmux.errors import MuxError
 from mcpmux.mux.multiplexer import Mux
 from mcpmux.mux.reload import ConfigReloader
-from mcpmux.server.edge_policy import prepare_edge
 from mcpmux.server.frontend import Frontend, bind
+from mcpmux.server.http.edge_policy import prepare_edge
 from mcpmux.upstream import children
 from mcpmux.upstream.oauth.upstream_auth import name_config_file
 
@@ -221,7 +221,7 @@ async def _serve_openai_only(args: argparse.Namespace, config: Config) -> int:
         raise MuxError(f'--openai-only needs [inference] backend = "local" or "openai" in {config.source}')
     host = args.host or config.http.host
     edge = prepare_edge(config, host, args.allow_unauthenticated_remote)
-    from mcpmux.server.openai_only import serve_openai_only
+    from mcpmux.server.http.openai_only import serve_openai_only
 
     async with anyio.create_task_group() as tasks:
         stop = anyio.Event()

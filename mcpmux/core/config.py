@@ -209,7 +209,7 @@ class HttpSettings(_Model):
     """Whether `/metrics` needs a bearer token like everything else (false: scrapers need none)."""
     idle_connections_per_client: int = Field(default=8, ge=0)
     """Idle keep-alive connections one client address may hold; past it (the longest idle for 0.25 s),
-    a fast-path response closes its connection (`Connection: close`, mcpmux.server.http_keepalive). 0: no limit."""
+    a fast-path response closes its connection (`Connection: close`, mcpmux.server.http.keepalive). 0: no limit."""
     oauth: ResourceServerSettings | None = None
     """`[http.oauth]`: accept OAuth access tokens issued for this server too (docs/guide/security.md)."""
 

@@ -51,18 +51,18 @@ from mcpmux.mux.fast_path import FastPath
 from mcpmux.mux.multiplexer import Mux
 from mcpmux.server.client_channels import ask_on, by_rounds, on_session
 from mcpmux.server.client_relay import ClientRelay
-from mcpmux.server.dashboard import dashboard_routes
-from mcpmux.server.edge_policy import EdgePolicy
 from mcpmux.server.found_tools import FoundTools
-from mcpmux.server.http_batch import BatchArrayMiddleware
-from mcpmux.server.http_edge import PROFILE_SCOPE, HttpEdge
-from mcpmux.server.http_fast import FastPathMiddleware, task_owner
-from mcpmux.server.http_fast_front import HttpFastFront, protocol_class
+from mcpmux.server.http.batch import BatchArrayMiddleware
+from mcpmux.server.http.dashboard import dashboard_routes
+from mcpmux.server.http.edge import PROFILE_SCOPE, HttpEdge
+from mcpmux.server.http.edge_policy import EdgePolicy
+from mcpmux.server.http.fast import FastPathMiddleware, task_owner
+from mcpmux.server.http.fast_front import HttpFastFront, protocol_class
+from mcpmux.server.http.standalone_stream import StandaloneStreamWatch
 from mcpmux.server.input_rounds import InputRounds, ParkedCall, parks
 from mcpmux.server.resource_subscriptions import ResourceSubscriptions
-from mcpmux.server.standalone_stream import StandaloneStreamWatch
-from mcpmux.server.stdio_batch import StdioBatchEdge, claimed_stdio
-from mcpmux.server.stdio_fast import TASK_OWNER_STDIO, StdioFastFront
+from mcpmux.server.stdio.batch import StdioBatchEdge, claimed_stdio
+from mcpmux.server.stdio.fast import TASK_OWNER_STDIO, StdioFastFront
 from mcpmux.server.task_front import TaskFront
 from mcpmux.upstream.supervisor import Upstream
 
@@ -73,7 +73,7 @@ KEEP_ALIVE_TIMEOUT = 75
 """Seconds an idle HTTP connection stays open (nginx's default). Longer than the clients' own idle
 expiry (httpx, under the SDK's client: 5 s), so that they close first: a server that closes an idle
 connection as a client reuses it fails that request. Surplus idle connections are retired sooner, on
-an answer (`mcpmux.server.http_keepalive`)."""
+an answer (`mcpmux.server.http.keepalive`)."""
 
 
 class _MuxServer(Server[Any]):
@@ -566,7 +566,7 @@ class Frontend:
 
     def http_app(self, host: str, policy: EdgePolicy, path: str = "/mcp") -> tuple[ASGIApp, HttpFastFront | None]:
         """The streamable HTTP app behind the `HttpEdge` security checks (2025-03-26 batch arrays too),
-        and the fast path's front below ASGI (`mcpmux.server.http_fast_front`; None with the fast path off)."""
+        and the fast path's front below ASGI (`mcpmux.server.http.fast_front`; None with the fast path off)."""
         # The edge checks Host/Origin on every route; the SDK's own check (/mcp only, loopback names only)
         # would refuse the hosts `[http] allowed_hosts` adds.
         unchecked = TransportSecuritySettings(enable_dns_rebinding_protection=False)

@@ -47,9 +47,9 @@ from mcpmux.errors import (
 from mcpmux.mux.client_requests import ClientAsker
 from mcpmux.mux.dispatcher import UpstreamDispatcher
 from mcpmux.mux.multiplexer import Mux
-from mcpmux.server.http_edge import PROFILE_SCOPE
-from mcpmux.server.http_fast import task_owner
-from mcpmux.server.stdio_fast import TASK_OWNER_STDIO
+from mcpmux.server.http.edge import PROFILE_SCOPE
+from mcpmux.server.http.fast import task_owner
+from mcpmux.server.stdio.fast import TASK_OWNER_STDIO
 from mcpmux.upstream import task_extension as wire
 from mcpmux.upstream.supervisor import Upstream
 

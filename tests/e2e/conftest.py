@@ -22,8 +22,8 @@ from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
 from mcpmux.mux.multiplexer import Mux
-from mcpmux.server.edge_policy import EdgePolicy
 from mcpmux.server.frontend import Frontend, bind
+from mcpmux.server.http.edge_policy import EdgePolicy
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "tests" / "servers" / "demo_server.py"

@@ -77,7 +77,11 @@ class RawStdio:
         self.process.stdin.flush()
 
     def receive(self, timeout: float = 60.0) -> Any:
-        return json.loads(self.lines.get(timeout=timeout))
+        """The next response, past the list_changed notifications an upstream coming up sends meanwhile."""
+        while True:
+            message = json.loads(self.lines.get(timeout=timeout))
+            if not (isinstance(message, dict) and str(message.get("method", "")).endswith("/list_changed")):
+                return message
 
     def start(self, version: str) -> None:
         self.send(_initialize(version))

@@ -30,7 +30,7 @@ from mcpmux.core.inbound import Caller, InboundCall
 from mcpmux.mux.call_sink import ServedCall, noted, serve
 from mcpmux.mux.fast_path import FastCall, FastPath, ToSdk, decode, sampling_declared
 from mcpmux.server.client_channels import Hears, ask_on
-from mcpmux.server.stdio_batch import StdioBatchEdge
+from mcpmux.server.stdio.batch import StdioBatchEdge
 from mcpmux.upstream.lane import ProgressFn
 from mcpmux.wire.batch_array import id_key
 from mcpmux.wire.json_bytes import line

@@ -34,7 +34,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from mcpmux.core.inbound import Caller, serving
 from mcpmux.errors import ConfigError
 from mcpmux.mux.fast_path import FastCall, FastPath, ToSdk, decode, sampling_declared
-from mcpmux.server.http_edge import PROFILE_SCOPE
+from mcpmux.server.http.edge import PROFILE_SCOPE
 from mcpmux.wire.batch_array import id_key
 from mcpmux.wire.json_bytes import dumps
 
@@ -72,7 +72,7 @@ class FastPathMiddleware:
         """Per 2025 session id: whether its client declared sampling in `initialize`."""
         self.running: dict[tuple[str, str], Cancellable] = {}
         """2025 sessions' fast-path calls in flight, by (session id, request id key); also those
-        `mcpmux.server.http_fast_front` serves below ASGI."""
+        `mcpmux.server.http.fast_front` serves below ASGI."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (

@@ -50,9 +50,10 @@ def tables(folder: Path, *options: str) -> list[dict[str, Any]]:
 
 
 def test_every_server_scenario_the_reference_passes_passes_through_mcpmux(tmp_path: Path) -> None:
-    """With `protocol = "auto"`, except the 2025-11-25 set, run as `protocol = "legacy"`: the reference
-    server's 2026 results lack `resultType` (it fails its own tools-call scenarios on that wire), and
-    mcpmux, like the SDK's client, refuses them; spoken to in 2025, it passes every one."""
+    """With `protocol = "auto"`, except the 2025-11-25 set, run as `protocol = "legacy"`: spoken to in
+    2026-07-28, the reference server asks for sampling and elicitation in input-required rounds,
+    which a 2025 client's calls through mcpmux do not complete yet (docs/conformance.md); spoken to
+    in 2025, it passes every one."""
     found = tables(
         tmp_path / "2025", "--role", "server", "--suite", LATEST, "--requirements", "2025-11-25", "--protocol", "legacy"
     )

@@ -68,7 +68,7 @@ class ServerConfig(_Model):
     protocol: Literal["auto", "legacy"] = "auto"
     """`auto` probes for 2026-07-28 and falls back; `legacy` forces the 2025 initialize handshake."""
     sessions: Literal["auto", "shared", "per-client"] = "auto"
-    """Whether clients share one session with this server or each has its own (mcpmux.mux.client_sessions)."""
+    """Whether clients share one session with this server or each has its own (mcpmux.mux.sessions)."""
     limits: LimitSettings = Field(default_factory=LimitSettings)
     priorities: dict[str, int] = Field(default_factory=dict)
     cache: CacheSettings = Field(default_factory=CacheSettings)

@@ -65,7 +65,7 @@ from mcpmux.errors import (
 )
 from mcpmux.mux.dispatcher import RawResult, Shared, UpstreamDispatcher, created_task
 from mcpmux.mux.multiplexer import Mux
-from mcpmux.upstream.lane import LaneFlight, ProgressFn
+from mcpmux.upstream.lane import LaneRequest, ProgressFn
 from mcpmux.upstream.supervisor import Upstream, UpstreamState
 from mcpmux.upstream.task_extension import declared as declares_tasks
 from mcpmux.upstream.task_extension import offered as offers_tasks
@@ -135,7 +135,7 @@ Escalate = Callable[[], None]
 
 
 @dataclass(slots=True)
-class Flight:
+class Launched:
     """A call `FastPath.launch` took on: sent, or waiting in the gate's line to be sent. It ends at once
     when its result is answered the moment it is read; anything else (`wake`) has a task finish it,
     with `answer(..., flight=)`."""
@@ -149,7 +149,7 @@ class Flight:
     escalate: Escalate
     held: Held | None = None
     """Its place in the gate's line while it waits there; None once admitted."""
-    sent: LaneFlight | None = None
+    sent: LaneRequest | None = None
     """Its request, once written at once; None while it waits, or when its task must send it."""
     escalated: bool = False
     """Whether a task finishes it (else it ended at once, or is still out)."""
@@ -320,7 +320,7 @@ class FastPath:
             return _Eligibility(upstream.listing, None)
         return _Eligibility(upstream.listing, upstream, plan)  # a tool run as a task: for task-augmented calls
 
-    def launch(self, call: FastCall, deliver_now: DeliverNow, escalate: Escalate) -> Flight | None:
+    def launch(self, call: FastCall, deliver_now: DeliverNow, escalate: Escalate) -> Launched | None:
         """Admit `call` and write its request to the upstream right now, from synchronous code; None
         (nothing done) where anything would have to wait or refuse: a rate limit or a full queue at
         the gate, a busy wire, an upstream reconnecting, shutdown; or off asyncio (the timeout's
@@ -332,7 +332,7 @@ class FastPath:
         Anything else (progress, an error, a result not answered at once, the connection's end, a
         cancellation by mcpmux, the timeout, a wire that could not take the request once admitted)
         calls `escalate`, once, which must start a task that runs `answer(call, ..., flight=)`; so
-        must the caller's own reasons (`Flight.wake`: the client cancelled, the caller shuts down).
+        must the caller's own reasons (`Launched.wake`: the client cancelled, the caller shuts down).
         """
         try:
             loop = asyncio.get_running_loop()
@@ -356,7 +356,7 @@ class FastPath:
                 return None  # an identical call is under way: a task waits for its answer
         gate = dispatcher.gate
         tracked = calls.track(upstream.name, call.inbound, upstream)
-        flight = Flight(tracked, gate, time.perf_counter(), loop.time() + upstream.timeout, escalate)
+        flight = Launched(tracked, gate, time.perf_counter(), loop.time() + upstream.timeout, escalate)
         flight.lead = lead
         if lead is not None:
             flight.arguments_key = arguments
@@ -386,7 +386,7 @@ class FastPath:
         flight.timer = loop.call_at(flight.deadline, flight.wake)
         return flight
 
-    def _send_now(self, call: FastCall, flight: Flight, deliver_now: DeliverNow) -> bool:
+    def _send_now(self, call: FastCall, flight: Launched, deliver_now: DeliverNow) -> bool:
         """Write the admitted call's request at once (`UpstreamLane.launch`); False (nothing sent) if it would wait."""
         upstream = call.upstream
         lane, client = upstream.lane, upstream.client
@@ -424,7 +424,7 @@ class FastPath:
         )
         return flight.sent is not None
 
-    def _admitted_held(self, call: FastCall, flight: Flight, deliver_now: DeliverNow) -> None:
+    def _admitted_held(self, call: FastCall, flight: Launched, deliver_now: DeliverNow) -> None:
         """The gate admitted a call waiting in its line (called by whoever released the slot): its
         request goes out now, its timeout running from here; or its task sends it."""
         flight.held = None
@@ -443,7 +443,7 @@ class FastPath:
             return
         flight.timer = loop.call_at(flight.deadline, flight.wake)
 
-    def abandon(self, call: FastCall, flight: Flight) -> None:
+    def abandon(self, call: FastCall, flight: Launched) -> None:
         """End a launched call no task can finish (its caller is gone): out of the gate's line or
         forgotten by the lane, books kept."""
         if flight.sent is not None:
@@ -451,7 +451,7 @@ class FastPath:
         flight.outcome = "cancelled"
         self._ended_at_once(call, flight)
 
-    def _ended_at_once(self, call: FastCall, flight: Flight) -> None:
+    def _ended_at_once(self, call: FastCall, flight: Launched) -> None:
         """The books of a call that ended without a task (answered the moment its result was read,
         or abandoned), as `answer` keeps them."""
         flight.stop_timer()
@@ -470,7 +470,7 @@ class FastPath:
         call: FastCall,
         progress: ProgressFn | None = None,
         deliver: Deliver | None = None,
-        flight: Flight | None = None,
+        flight: Launched | None = None,
     ) -> dict[str, Any]:
         """Serve `call` (sent already when `flight`); the JSON-RPC response (result or error), with the client's id.
 
@@ -525,7 +525,7 @@ class FastPath:
                 flight.unlink()
 
     @asynccontextmanager
-    async def _admitted(self, flight: Flight) -> AsyncIterator[None]:
+    async def _admitted(self, flight: Launched) -> AsyncIterator[None]:
         """A launched call's admission through its upstream's gate for the body: had already, or
         waited for now where it stands in the gate's line."""
         if flight.held is not None:
@@ -536,7 +536,7 @@ class FastPath:
         finally:
             flight.gate.release()
 
-    def _from_cache(self, call: FastCall, arguments: str, deliver_now: DeliverNow) -> Flight | None:
+    def _from_cache(self, call: FastCall, arguments: str, deliver_now: DeliverNow) -> Launched | None:
         """A launched call answered from the cache at once: an ended flight; None when there is no
         fresh entry, or the client could not take the answer now (its task serves it)."""
         started = time.perf_counter()
@@ -547,11 +547,11 @@ class FastPath:
         if not deliver_now(response):
             return None
         tracked, gate = self.mux.calls.track(call.upstream.name, call.inbound, call.upstream), call.dispatcher.gate
-        flight = Flight(tracked, gate, started, 0.0, _nothing, escalated=True, response=response, outcome=outcome)
+        flight = Launched(tracked, gate, started, 0.0, _nothing, escalated=True, response=response, outcome=outcome)
         self.mux.metrics.observe_call(call.upstream.name, call.tool, time.perf_counter() - started, outcome)
         return flight
 
-    def _share(self, call: FastCall, flight: Flight, raw: Any, version: str | None) -> None:
+    def _share(self, call: FastCall, flight: Launched, raw: Any, version: str | None) -> None:
         """A launched call's raw result, read: cached where the plan says so, and given to the
         identical calls that wait for it (a copy of their own, as this call's answer is shaped in place)."""
         lead = flight.lead
@@ -563,7 +563,7 @@ class FastPath:
             call.dispatcher.keep(call.plan, flight.arguments_key, None, raw, version)
         lead.finish((copy.deepcopy(raw), version, personal) if lead.waiting else (raw, version, personal))
 
-    async def _led(self, call: FastCall, progress: ProgressFn | None, flight: Flight) -> RawResult:
+    async def _led(self, call: FastCall, progress: ProgressFn | None, flight: Launched) -> RawResult:
         """`_call`; a launched call that others may share gives them its result, or its error."""
         lead = flight.lead
         if lead is None:
@@ -577,7 +577,7 @@ class FastPath:
         return raw, version
 
     async def _respond(
-        self, call: FastCall, fetch: Awaitable[tuple[Any, str | None]], flight: Flight | None
+        self, call: FastCall, fetch: Awaitable[tuple[Any, str | None]], flight: Launched | None
     ) -> tuple[dict[str, Any], str]:
         """The response to `call` and the outcome to count, from `fetch` (the raw result and its revision)."""
         try:
@@ -607,7 +607,7 @@ class FastPath:
         self.mux.catalog.name_raw_result(call.upstream.name, result)  # its `ui://` URIs, as clients see them
         return {"jsonrpc": "2.0", "id": call.request_id, "result": result}, "error" if result.get("isError") else "ok"
 
-    async def _call(self, call: FastCall, progress: ProgressFn | None, flight: Flight) -> RawResult:
+    async def _call(self, call: FastCall, progress: ProgressFn | None, flight: Launched) -> RawResult:
         """A launched call's raw result and its protocol revision, as `UpstreamDispatcher.send` gives it
         (the same checks; `UpstreamResultError` for a result that breaks the tool's output schema)."""
         dispatcher = call.dispatcher
@@ -659,7 +659,7 @@ class FastPath:
         return result
 
 
-async def _wait(sent: LaneFlight, progress: ProgressFn | None) -> tuple[Any, str | None]:
+async def _wait(sent: LaneRequest, progress: ProgressFn | None) -> tuple[Any, str | None]:
     return await sent.wait(progress), sent.client.protocol_version
 
 
@@ -673,7 +673,7 @@ def _give_up(lead: Lead[Shared] | None) -> None:
         lead.abandon()
 
 
-def _answered(flight: Flight | None) -> bool:
+def _answered(flight: Launched | None) -> bool:
     return flight is not None and flight.answered
 
 

@@ -46,13 +46,13 @@ from mcpmux.errors import (
     error_result,
 )
 from mcpmux.inference.serving.sampling_bridge import SamplingBridge
+from mcpmux.mux.ask_policies import ClientRequests
 from mcpmux.mux.catalog import Catalog, CatalogView, Route
-from mcpmux.mux.client_requests import ClientRequests
-from mcpmux.mux.client_sessions import ServerSessions, Session, reap_forever
 from mcpmux.mux.dispatcher import CachedResult, UpstreamDispatcher
 from mcpmux.mux.lifetime import UpstreamLifetime
 from mcpmux.mux.reload import ReloadReport, ServerDiff, log_reload, plan_reload
 from mcpmux.mux.result_store import ResultStore
+from mcpmux.mux.sessions import ServerSessions, Session, reap_forever
 from mcpmux.mux.task_relay import TaskRelay
 from mcpmux.tools.base import LocalTool
 from mcpmux.upstream.lane import ProgressFn
@@ -303,7 +303,7 @@ class Mux:
     async def _start_own_session(
         self, name: str, key: str, owner: str | None, extensions: dict[str, dict[str, Any]]
     ) -> tuple[Upstream, UpstreamDispatcher, UpstreamLifetime]:
-        """Start a session of clients' own with server `name` (`mcpmux.mux.client_sessions`), in the
+        """Start a session of clients' own with server `name` (`mcpmux.mux.sessions`), in the
         Mux's task group; its first listing is no news to other clients, a later change is."""
         assert self._tasks is not None, "Mux was not entered"
         shared = self.dispatchers[name]

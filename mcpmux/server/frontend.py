@@ -49,7 +49,6 @@ from mcpmux.core.metrics import metrics_route
 from mcpmux.errors import MuxError, UnknownToolError, UpstreamError
 from mcpmux.mux.fast_path import FastPath
 from mcpmux.mux.multiplexer import Mux
-from mcpmux.server.client_channels import ask_on, by_rounds, on_session
 from mcpmux.server.client_relay import ClientRelay
 from mcpmux.server.found_tools import FoundTools
 from mcpmux.server.http.batch import BatchArrayMiddleware
@@ -60,8 +59,9 @@ from mcpmux.server.http.fast import FastPathMiddleware, task_owner
 from mcpmux.server.http.fast_front import HttpFastFront, protocol_class
 from mcpmux.server.http.standalone_stream import StandaloneStreamWatch
 from mcpmux.server.input_rounds import InputRounds, ParkedCall, parks
+from mcpmux.server.reach import ask_on, by_rounds, on_session
 from mcpmux.server.resource_subscriptions import ResourceSubscriptions
-from mcpmux.server.stdio.batch import StdioBatchEdge, claimed_stdio
+from mcpmux.server.stdio.batch import StdioClientWire, claimed_stdio
 from mcpmux.server.stdio.fast import TASK_OWNER_STDIO, StdioFastFront
 from mcpmux.server.task_front import TaskFront
 from mcpmux.upstream.supervisor import Upstream
@@ -548,7 +548,7 @@ class Frontend:
         """Serve one client on this process's stdin/stdout until stdin closes (2025-03-26 batch arrays too)."""
         self._stdio_client = uuid.uuid4().hex
         with claimed_stdio() as (wire_in, wire_out):
-            edge = StdioBatchEdge(wire_in, wire_out)
+            edge = StdioClientWire(wire_in, wire_out)
             async with anyio.create_task_group() as fast_calls:
                 front = None
                 if self.mux.config.mux.fast_path:

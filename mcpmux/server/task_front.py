@@ -44,7 +44,7 @@ from mcpmux.errors import (
     UpstreamUnavailableError,
     error_result,
 )
-from mcpmux.mux.client_requests import ClientAsker
+from mcpmux.mux.ask_policies import ClientAsker
 from mcpmux.mux.dispatcher import UpstreamDispatcher
 from mcpmux.mux.multiplexer import Mux
 from mcpmux.server.http.edge import PROFILE_SCOPE

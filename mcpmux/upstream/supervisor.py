@@ -38,12 +38,12 @@ from mcpmux.core.config import MuxSettings, ServerConfig
 from mcpmux.core.output_schema import result_error, sdk_problem
 from mcpmux.errors import UpstreamError, UpstreamTimeoutError, UpstreamUnavailableError
 from mcpmux.upstream.child_stderr import ChildStderr
-from mcpmux.upstream.client_tasks import TaskFailed
 from mcpmux.upstream.http_transport import http_transport
 from mcpmux.upstream.lane import UpstreamLane
 from mcpmux.upstream.oauth.upstream_auth import NeedsLoginError, needs_login, upstream_oauth
 from mcpmux.upstream.session_io import Listing, WatchedTransport, fetch_listing, listen_for_changes
 from mcpmux.upstream.stdio_transport import stdio_transport
+from mcpmux.upstream.task_receiver import TaskFailed
 
 logger = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ from mcp.shared.exceptions import MCPError
 if __name__ != "__main__":
     from mcpmux import Mux
     from mcpmux.core.inbound import Caller
-    from mcpmux.mux.fast_path import FastCall, FastPath, Flight
+    from mcpmux.mux.fast_path import FastCall, FastPath, Launched
     from tests.e2e.conftest import (
         free_port,
         mux_over_http,
@@ -386,7 +386,7 @@ async def test_fast_path_calls_leave_nothing_for_the_cycle_collector(tmp_path: P
                 with anyio.fail_after(20):
                     await done.wait()
             gc.collect()
-            left = [type(thing).__name__ for thing in gc.garbage if isinstance(thing, Flight | FastCall)]
+            left = [type(thing).__name__ for thing in gc.garbage if isinstance(thing, Launched | FastCall)]
         finally:
             gc.set_debug(0)
             gc.garbage.clear()

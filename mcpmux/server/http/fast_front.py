@@ -36,10 +36,10 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from mcpmux.core.inbound import InboundCall
 from mcpmux.mux.call_sink import ServedCall, noted, serve
 from mcpmux.mux.fast_path import FastCall, FastPath
-from mcpmux.server.client_channels import Hears, ask_on
 from mcpmux.server.http.edge import HttpEdge
 from mcpmux.server.http.fast import CANCELLED_ERROR, FastPathMiddleware, http_status, session_of
 from mcpmux.server.http.keepalive import IdleConnections
+from mcpmux.server.reach import Hears, ask_on
 from mcpmux.upstream.lane import ProgressFn
 from mcpmux.wire.batch_array import id_key
 from mcpmux.wire.json_bytes import dumps

@@ -41,6 +41,8 @@ CC_ALPHA = 0.7
 """Weight of the embedding's cosine in the fused score (the rest is BM25's)."""
 CC_FLOOR = 10.0
 """A BM25 score this high counts as a full keyword match; the query's top score normalizes only above it."""
+CC_MIN = 0.3
+"""A query whose best fused score is below this matches nothing (nonsense, or a task no server offers)."""
 RRF_K = 60
 """Reciprocal rank fusion's usual constant (Cormack et al. 2009), for `fusion="rrf"`."""
 DENSE_DEPTH = 50
@@ -94,6 +96,8 @@ class ToolDoc:
     title: str
     description: str
     input_schema: dict[str, Any]
+    meta: dict[str, Any] | None = None
+    """The tool's `_meta`, handed back with each result (MCP Apps read `_meta.ui` from it)."""
 
     @property
     def arguments(self) -> list[tuple[str, str]]:
@@ -287,8 +291,10 @@ class ToolIndex:
         if fusion == "cc":
             allowed_keyword = np.where(mask, keyword, 0.0)
             top = max(float(allowed_keyword.max()), CC_FLOOR)
-            fused_cc = CC_ALPHA * dense + (1 - CC_ALPHA) * allowed_keyword / top
-            return self._top(np.where(mask, fused_cc, -np.inf), limit)
+            fused_cc = np.where(mask, CC_ALPHA * dense + (1 - CC_ALPHA) * allowed_keyword / top, -np.inf)
+            if float(fused_cc.max()) < CC_MIN:  # nothing is close: an empty answer says "search again"
+                return []
+            return self._top(fused_cc, limit)
         fused = np.zeros(len(self.docs), dtype=np.float64)
         for ranking in (
             _ranking(np.where(mask & (keyword > 0), keyword, -np.inf)),

@@ -30,6 +30,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -41,44 +42,19 @@ import anyio
 import anyio.to_thread
 import numpy as np
 import torch
+from tool_search_data import QUERIES, grouped, grown, load_docs, load_queries, rank_in
 
-from mcpmux.inference.serving.bert_encoder import matmul_dtype, pack
+from mcpmux.inference.serving.bert_encoder import matmul_dtype
 from mcpmux.inference.serving.embeddings import Embedder
 from mcpmux.inference.serving.encoder import EmbeddingModel
 from mcpmux.inference.serving.settings import EmbeddingSettings
 from mcpmux.tools.meta_schemas import BATCH_TOOL, PARALLEL_TOOL, PIPELINE_TOOL
 from mcpmux.tools.search import CALL_TOOL, SEARCH_TOOL
-from mcpmux.tools.search_index import RRF_K, EmbeddingCache, ToolDoc, ToolIndex
+from mcpmux.tools.search_index import RRF_K, EmbeddingCache, ToolIndex
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "builtin:all-minilm-l6-v2"
-CATALOGS = ROOT / "tests" / "data" / "tool_catalogs.json"
-QUERIES = ROOT / "tests" / "data" / "tool_search_queries.json"
-
-
-def load_docs(copies: int = 1) -> list[ToolDoc]:
-    catalogs: dict[str, list[dict[str, Any]]] = json.loads(CATALOGS.read_text())
-    docs = []
-    for copy in range(copies):
-        for server, tools in catalogs.items():
-            name = server if copy == 0 else f"{server}{copy}"
-            for tool in tools:
-                docs.append(
-                    ToolDoc(
-                        f"{name}__{tool['name']}",
-                        name,
-                        tool["name"],
-                        tool.get("title") or "",
-                        tool.get("description") or "",
-                        tool.get("inputSchema") or {},
-                    )
-                )
-    return docs
-
-
-def grown(size: int) -> list[ToolDoc]:
-    base = len(load_docs())
-    return load_docs(-(-size // base))[:size]
+STARTUP = ROOT / "benchmarks" / "tool_search_startup.py"
 
 
 class Model:
@@ -111,44 +87,31 @@ def convex(keyword: np.ndarray, dense: np.ndarray, alpha: float = 0.6, floor: fl
     return alpha * dense + (1 - alpha) * normed
 
 
-def metrics(ranks: list[int]) -> dict[str, float]:
-    """`ranks`: 1-based rank of the right tool per query (0: not found)."""
-    n = len(ranks)
-    return {
-        "R@1": sum(1 for r in ranks if r == 1) / n,
-        "R@5": sum(1 for r in ranks if 0 < r <= 5) / n,
-        "MRR": sum(1 / r for r in ranks if r > 0) / n,
-        "n": n,
-    }
-
-
-def rank_of(scores: np.ndarray, names: list[str], right: str, valid: np.ndarray | None = None) -> int:
+def rank_of(scores: np.ndarray, names: list[str], right: frozenset[str], valid: np.ndarray | None = None) -> int:
     if valid is not None:
         scores = np.where(valid, scores, -np.inf)
     order = np.argsort(-scores, kind="stable")
     for position, index in enumerate(order[:50], 1):
         if not np.isfinite(scores[index]):
             return 0
-        if names[index] == right:
+        if names[index] in right:
             return position
     return 0
 
 
 async def quality(embed: Callable[[list[str]], Any], only: tuple[str, ...] = ()) -> dict[str, Any]:
-    """R@1, R@5, MRR per method and query group; `only`: these methods alone."""
+    """R@1, R@5, MRR per method, split and query kind over the whole catalog; `only`: these methods alone."""
     docs = load_docs()
     index = ToolIndex()
     index.update(docs)
     await index.embed_missing(embed)
     names = [doc.name for doc in docs]
-    queries = json.loads(QUERIES.read_text())
-    vectors = await embed([item["query"] for item in queries])
+    queries = load_queries()
+    vectors = await embed([query.text for query in queries])
     methods: dict[str, Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray | None]]] = {
         "bm25": lambda kw, de: (kw, kw > 0),
         "dense": lambda kw, de: (de, None),
         "rrf k=60": lambda kw, de: (rrf(kw, de), None),
-        "rrf k=60 dense x2": lambda kw, de: (rrf(kw, de, dense_weight=2.0), None),
-        "rrf k=10": lambda kw, de: (rrf(kw, de, k=10), None),
     }
     for alpha in (0.5, 0.6, 0.7, 0.8):
         for floor in (0.0, 5.0, 10.0):
@@ -157,23 +120,20 @@ async def quality(embed: Callable[[list[str]], Any], only: tuple[str, ...] = ())
     for method, score in methods.items():
         if only and method not in only:
             continue
-        per: dict[str, list[int]] = {}
-        for item, vector in zip(queries, vectors, strict=True):
-            keyword = index.keyword_scores(item["query"])
-            dense = index.dense_scores(vector)
-            assert dense is not None
-            scores, valid = score(keyword, dense)
-            rank = rank_of(scores, names, item["tool"], valid)
-            for group in (item["split"], f"{item['split']}/{item['kind']}"):
-                per.setdefault(group, []).append(rank)
-        results[method] = {group: metrics(ranks) for group, ranks in sorted(per.items())}
-    per = {}
-    for item, vector in zip(queries, vectors, strict=True):  # what mux_search_tools answers
-        hits = [hit.doc.name for hit in index.search(item["query"], 50, vector)]  # fusion="cc"
-        rank = hits.index(item["tool"]) + 1 if item["tool"] in hits else 0
-        for group in (item["split"], f"{item['split']}/{item['kind']}"):
-            per.setdefault(group, []).append(rank)
-    results["shipped (ToolIndex.search)"] = {group: metrics(ranks) for group, ranks in sorted(per.items())}
+        ranks = []
+        for query, vector in zip(queries, vectors, strict=True):
+            scores, valid = score(index.keyword_scores(query.text), np.asarray(index.dense_scores(vector)))
+            ranks.append(rank_of(scores, names, query.right, valid))
+        results[method] = grouped(queries, ranks)
+    # What mux_search_tools answers (the threshold included): a nonsense query is right when nothing comes back.
+    answers = [[hit.doc.name for hit in index.search(q.text, 50, v)] for q, v in zip(queries, vectors, strict=True)]
+    shipped = grouped(queries, [rank_in(answer, q.right) for q, answer in zip(queries, answers, strict=True)])
+    for split in ("tune", "heldout"):
+        nonsense = [
+            not answer for q, answer in zip(queries, answers, strict=True) if q.kind == "nonsense" and q.split == split
+        ]
+        shipped[f"{split}/nonsense answered empty"] = {"share": sum(nonsense) / len(nonsense), "n": len(nonsense)}
+    results["shipped (ToolIndex.search)"] = shipped
     return results
 
 
@@ -242,6 +202,42 @@ async def latency(
     }
 
 
+def startup(runs: int = 1) -> list[dict[str, Any]]:
+    """A cold start (empty embedding cache), then `runs` warm ones (every vector on disk), each in a new
+    process: torch's import and the model's load are part of what a start costs."""
+    rows = []
+    with tempfile.TemporaryDirectory() as home:
+        for run in range(1 + runs):
+            done = subprocess.run(
+                [sys.executable, str(STARTUP), home], capture_output=True, text=True, check=True, cwd=ROOT
+            )
+            row = json.loads(done.stdout.strip().splitlines()[-1])
+            row["cache"] = "cold" if run == 0 else "warm"
+            rows.append(row)
+            sys.stdout.write(_startup_line(row) + "\n")
+            sys.stdout.flush()
+    return rows
+
+
+def _startup_line(row: dict[str, Any]) -> str:
+    early = row["first_answer_s"] - row["listed_s"]
+    why = f" ({row['first_answer_why']})" if row["first_answer_why"] else ""
+    lines = [
+        f"start ({row['cache']} vector cache, {row['servers']} servers, {row['tools']} tools): listed at "
+        f"{row['listed_s']:.1f} s; a search sent then answered at {row['first_answer_s']:.1f} s ({early:.1f} s "
+        f"after the listing) by {row['first_answer_ranking']}{why}; rankings of the searches that followed: "
+        f"{', '.join(row['rankings_at_once'])} {row['why_at_once'] or ''}"
+    ]
+    for client in ("at_once", "waited"):
+        for split in ("tune", "heldout"):
+            cell = row[client].get(split, {})
+            lines.append(
+                f"  {client:8} {split:8} R@1 {cell.get('R@1', 0):.3f} R@5 {cell.get('R@5', 0):.3f} "
+                f"MRR {cell.get('MRR', 0):.3f}"
+            )
+    return "\n".join(lines)
+
+
 def _pct(values: list[float], pct: int) -> float:
     return float(np.percentile(values, pct)) if len(values) > 1 else statistics.fmean(values)
 
@@ -267,24 +263,28 @@ async def main() -> None:
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--pause", type=float, default=0.0, help="seconds of idle before each timed search")
     parser.add_argument("--cold-max", type=int, default=10_000, help="time the cold build only up to this many tools")
+    parser.add_argument("--parts", nargs="*", choices=PARTS, default=list(PARTS), help="what to measure")
+    parser.add_argument("--warm-starts", type=int, default=1, help="warm starts after the cold one (--parts startup)")
     args = parser.parse_args()
-    loaded = await anyio.to_thread.run_sync(EmbeddingModel, MODEL, "cpu")
-    float32 = await anyio.to_thread.run_sync(EmbeddingModel, MODEL, "cpu")
-    float32.packed = pack(float32.model, torch.float32)
     report: dict[str, Any] = {"matmul_dtype": str(matmul_dtype()), "cpu": _cpu()}
     sys.stdout.write(f"CPU: {report['cpu']}; the query forward's linear layers: {report['matmul_dtype']}\n")
+    if "startup" in args.parts:  # first: its processes must not share the host with this one's model
+        report["startup"] = await anyio.to_thread.run_sync(startup, args.warm_starts)
+    loaded = await anyio.to_thread.run_sync(EmbeddingModel, MODEL, "cpu")
+    float32 = await anyio.to_thread.run_sync(lambda: EmbeddingModel(MODEL, "cpu", weights=torch.float32))
     settings = EmbeddingSettings(model=MODEL)
     async with Embedder(settings, model=loaded) as embedder, Embedder(settings, model=float32) as embedder32:
         model = Model(embedder, embedder32)
-        report["quality"] = await quality(model.embed)
-        if loaded.packed is not None and loaded.packed.dtype != torch.float32:
-            same = await quality(model.embed_float32, ("dense", "shipped (ToolIndex.search)"))
-            report["quality"] |= {f"{method}, float32": groups for method, groups in same.items()}
-        report["listing"] = listing_size()
-        sys.stdout.write(_table(report))
-        sys.stdout.flush()
+        if "quality" in args.parts:
+            report["quality"] = await quality(model.embed)
+            if loaded.packed is not None and loaded.packed.dtype != torch.float32:
+                same = await quality(model.embed_float32, ("dense", "shipped (ToolIndex.search)"))
+                report["quality"] |= {f"{method}, float32": groups for method, groups in same.items()}
+            report["listing"] = listing_size()
+            sys.stdout.write(_table(report))
+            sys.stdout.flush()
         report["latency"] = []
-        for size in args.sizes:
+        for size in args.sizes if "latency" in args.parts else []:
             report["latency"].append(await latency(model, size, args.rounds, args.cold_max, args.pause))
             sys.stdout.write(_latency_line(report["latency"][-1]) + "\n")
             sys.stdout.flush()
@@ -292,14 +292,26 @@ async def main() -> None:
         args.json.write_text(json.dumps(report, indent=1))
 
 
+PARTS = ("quality", "latency", "startup")
+
+
 def _table(report: dict[str, Any]) -> str:
-    lines = ["method                       | tune R@1 R@5  MRR  | held-out R@1 R@5  MRR"]
+    kinds = ("keyword", "paraphrase", "similar-tools")
+    lines = [
+        "method                        split    | all R@1 R@5  MRR  | "
+        + " | ".join(f"{kind[:10]:10} R@1 R@5  MRR" for kind in kinds)
+    ]
     for method, groups in report["quality"].items():
-        tune, held = groups["tune"], groups["heldout"]
-        lines.append(
-            f"{method:28} | {tune['R@1']:.2f} {tune['R@5']:.2f} {tune['MRR']:.2f} | "
-            f"{held['R@1']:.2f} {held['R@5']:.2f} {held['MRR']:.2f}"
-        )
+        for split in ("tune", "heldout"):
+            cells = [groups[split], *(groups.get(f"{split}/{kind}") for kind in kinds)]
+            row = " | ".join(
+                f"{'':10} {cell['R@1']:.2f} {cell['R@5']:.2f} {cell['MRR']:.2f}" if cell else " " * 25 for cell in cells
+            )
+            lines.append(f"{method[:29]:29} {split:8} | {row.strip()}")
+        for split in ("tune", "heldout"):
+            empty = groups.get(f"{split}/nonsense answered empty")
+            if empty:
+                lines.append(f"{'':29} {split:8} | nonsense queries answered with nothing: {empty['share']:.2f}")
     listing = report["listing"]
     lines.append(
         f"listing: {listing['search_mode_tokens']:.0f} tokens in search mode vs {listing['full_tokens']:.0f} for "

@@ -46,8 +46,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 MAX_RESULTS = 50
-QUERY_EMBED_TIMEOUT = 2.0
-"""Seconds a search waits for its query's embedding before ranking by BM25 alone."""
+QUERY_EMBED_TIMEOUT = 10.0
+"""Seconds a search waits for its query's embedding (a hung remote server, a host too busy to run the
+model) before it ranks by BM25 alone and says so. A query takes milliseconds on an idle core; many
+clients at once on a busy 2-core host took several seconds."""
 READY_WAIT = 30.0
 """Seconds a search waits for the catalog's embeddings (the model loading, new tools embedded) before
 it ranks by BM25 alone and says so. A warm start is ready in a few seconds; a cold one embeds every

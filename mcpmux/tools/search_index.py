@@ -41,7 +41,7 @@ CC_ALPHA = 0.7
 """Weight of the embedding's cosine in the fused score (the rest is BM25's)."""
 CC_FLOOR = 10.0
 """A BM25 score this high counts as a full keyword match; the query's top score normalizes only above it."""
-CC_MIN = 0.3
+CC_MIN = 0.21
 """A query whose best fused score is below this matches nothing (nonsense, or a task no server offers)."""
 RRF_K = 60
 """Reciprocal rank fusion's usual constant (Cormack et al. 2009), for `fusion="rrf"`."""

@@ -157,6 +157,16 @@ class EmbeddingModel:
         self.padding = PaddingCounter()
         self.forward_passes = 0
 
+    def warm_up(self) -> None:
+        """One forward of a short text, uncounted: the first product of each shape sets up its oneDNN
+        kernels (a second on a busy host), which would otherwise fall on the first search's query."""
+        ids = torch.tensor([self.tokenize(["warm up"])[0]], device=self.device)
+        with torch.inference_mode():
+            if self.packed is not None:
+                self.packed(ids, None)
+            else:
+                self.model(input_ids=ids, attention_mask=torch.ones_like(ids))
+
     def tokenize(self, texts: list[str]) -> list[list[int]]:
         """Token ids per text, truncated to the model's max sequence length."""
         return self._tokenizer.encode(texts)

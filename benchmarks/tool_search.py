@@ -152,13 +152,15 @@ async def latency(
         cold = time.perf_counter() - started if size <= cold_max else float("nan")
         if size > cold_max:
             copied = {
-                doc.short + doc.server.rstrip("0123456789"): cache.get(cache.key(doc.dense_text()))
+                (doc.short, doc.server.rstrip("0123456789"), view): cache.get(cache.key(text))
                 for doc in cold_index.docs
+                for view, text in enumerate(doc.dense_texts())
             }
             for doc in docs[cold_max:]:
-                vector = copied.get(doc.short + doc.server.rstrip("0123456789"))
-                if vector is not None:
-                    cache.put(cache.key(doc.dense_text()), vector)
+                for view, text in enumerate(doc.dense_texts()):
+                    vector = copied.get((doc.short, doc.server.rstrip("0123456789"), view))
+                    if vector is not None:
+                        cache.put(cache.key(text), vector)
         warm_index = ToolIndex(EmbeddingCache(Path(folder), "bench"))
         started = time.perf_counter()
         warm_index.update(docs)

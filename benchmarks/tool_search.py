@@ -1,27 +1,36 @@
-"""Tool search quality, latency, index build time and listing size (issue 26).
+"""Tool search quality, latency, start-up, index build time and listing size (issues 26 and 38).
 
-    python benchmarks/tool_search.py [--sizes 200 2000] [--rounds N] [--cold-max N] [--pause S] [--json OUT]
+    python benchmarks/tool_search.py [--parts quality latency startup] [--sizes 200 2000] [--rounds N]
+                                     [--cold-max N] [--pause S] [--warm-starts N] [--json OUT]
 
-Data: `tests/data/tool_catalogs.json` (the tool lists of 11 real servers, stored by
-`benchmarks/tool_catalogs.py`) and `tests/data/tool_search_queries.json` (152 labeled queries, each
-naming the one right tool; kinds: keyword, paraphrase (worded away from the description),
-similar-tools (two servers offer the same tool; the query names which); every third query is
-held out and never used to choose a method or a parameter).
+Data: `tests/data/tool_catalogs.json` (the tool lists of 43 real servers from npm and PyPI, stored
+by `benchmarks/tool_catalogs.py`; 489 tools), `tests/data/tool_servers.json` (each server's package,
+instructions and split) and two query sets, each query naming its right tool (and its aliases):
+`tool_search_dev_queries.json`, 265 queries over the 32 servers added for issue 38, written from the
+tool lists before any ranking was run, plus 18 nonsense queries; and `tool_search_queries.json`, the
+first set's 152 over the first 11 servers. The split is by server: queries whose right tool is on
+one of the 15 held-out servers are `heldout`; those servers were never looked at while choosing a
+method or a parameter. Every query searches the whole catalog. Kinds: keyword, paraphrase (worded
+away from the description), similar-tools (two servers offer the same tool; the query names which),
+nonsense (right when nothing comes back).
 
-Reports R@1, R@5 and MRR for BM25 alone, embeddings alone and the fusions, on the tuning and the
-held-out part apart; search latency p50/p99 (ranking alone and with the query's embedding) at
-each catalog size, grown synthetically by copying the real servers under new names; index build
-time cold (empty embedding cache) and warm (every vector on disk); and the listing's size in
-search mode against the full catalog (tokens estimated as JSON characters / 4).
+`quality`: R@1, R@5 and MRR for BM25 alone, embeddings alone (one view of each tool or three) and
+the fusions, per split and kind; the shipped ranking (`ToolIndex.search`, threshold included) with
+its share of nonsense queries answered with nothing. `latency`: search latency p50/p99 (ranking
+alone and with the query's embedding) at each catalog size, grown by copying the real servers under
+new names, and the index build cold (empty embedding cache) and warm (every vector on disk).
+`startup`: mcpmux in front of every stored server (`catalog_server.py` replays each), started in a
+new process cold, then warm: when the listing is complete, when a search sent at that moment is
+answered and by which ranking, and R@1/R@5/MRR of a client that searches from the listing on and of
+one that waits for the index (`tool_search_startup.py`). Also the listing's size in search mode
+against the full catalog (tokens estimated as JSON characters / 4).
 
 Every embedding goes through the serving `Embedder` with default settings, as `mux_search_tools`
 does: its linear layers run in bfloat16 where the CPU has the instructions (`matmul_dtype`). A
-second `Embedder` holds the same model with float32 weights (what every CPU ran before), and the
-quality table's embedding rows are repeated with its vectors. Latency rounds alternate between the
-two in blocks, so both see the same load; the host's load average is printed with each row.
-Searches run back to back unless `--pause S` waits S seconds before each one, as a client that
-searches now and then does: the first forward after a pause finds less of the model in the CPU's
-caches.
+second `Embedder` holds the same model with float32 weights, and the quality table's embedding rows
+are repeated with its vectors. Latency rounds alternate between the two in blocks, so both see the
+same load; the host's load average is printed with each row. Searches run back to back unless
+`--pause S` waits S seconds before each one.
 """
 
 from __future__ import annotations
@@ -108,21 +117,27 @@ async def quality(embed: Callable[[list[str]], Any], only: tuple[str, ...] = ())
     names = [doc.name for doc in docs]
     queries = load_queries()
     vectors = await embed([query.text for query in queries])
-    methods: dict[str, Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray | None]]] = {
-        "bm25": lambda kw, de: (kw, kw > 0),
-        "dense": lambda kw, de: (de, None),
-        "rrf k=60": lambda kw, de: (rrf(kw, de), None),
+    Score = Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray | None]]
+    methods: dict[str, Score] = {
+        "bm25": lambda kw, views: (kw, kw > 0),
+        "dense, one view (whole tool)": lambda kw, views: (views[:, 0], None),
+        "dense, three views": lambda kw, views: (views.max(axis=1), None),
+        "rrf k=60": lambda kw, views: (rrf(kw, views.max(axis=1)), None),
+        "cc a=0.7 floor=10, one view": lambda kw, views: (convex(kw, views[:, 0], 0.7, 10.0), None),
     }
     for alpha in (0.5, 0.6, 0.7, 0.8):
-        for floor in (0.0, 5.0, 10.0):
-            methods[f"cc a={alpha} floor={floor:g}"] = lambda kw, de, a=alpha, f=floor: (convex(kw, de, a, f), None)
+        for floor in (0.0, 5.0, 10.0, 15.0):
+            methods[f"cc a={alpha} floor={floor:g}"] = lambda kw, views, a=alpha, f=floor: (
+                convex(kw, views.max(axis=1), a, f),
+                None,
+            )
     results: dict[str, Any] = {}
     for method, score in methods.items():
         if only and method not in only:
             continue
         ranks = []
         for query, vector in zip(queries, vectors, strict=True):
-            scores, valid = score(index.keyword_scores(query.text), np.asarray(index.dense_scores(vector)))
+            scores, valid = score(index.keyword_scores(query.text), np.asarray(index.view_scores(vector)))
             ranks.append(rank_of(scores, names, query.right, valid))
         results[method] = grouped(queries, ranks)
     # What mux_search_tools answers (the threshold included): a nonsense query is right when nothing comes back.
@@ -280,7 +295,7 @@ async def main() -> None:
         if "quality" in args.parts:
             report["quality"] = await quality(model.embed)
             if loaded.packed is not None and loaded.packed.dtype != torch.float32:
-                same = await quality(model.embed_float32, ("dense", "shipped (ToolIndex.search)"))
+                same = await quality(model.embed_float32, ("dense, three views", "shipped (ToolIndex.search)"))
                 report["quality"] |= {f"{method}, float32": groups for method, groups in same.items()}
             report["listing"] = listing_size()
             sys.stdout.write(_table(report))

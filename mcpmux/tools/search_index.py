@@ -285,12 +285,18 @@ class ToolIndex:
         return np.asarray(self._bm25.get_scores(terms), dtype=np.float32)
 
     def dense_scores(self, query_vector: Sequence[float]) -> np.ndarray | None:
+        """Each tool's cosine with the query: that of its closest view."""
+        views = self.view_scores(query_vector)
+        return None if views is None else views.max(axis=1)
+
+    def view_scores(self, query_vector: Sequence[float]) -> np.ndarray | None:
+        """The cosine of each view of each tool with the query, shape (tools, VIEWS); None until all are embedded."""
         if self._matrix is None:
             return None
         # einsum, not `@`: a matrix-vector product through OpenBLAS wakes its thread pool, which in a
         # process running torch fights torch's spinning threads (2,000 tools: 23 ms p50, einsum 0.4 ms).
         cosines = np.einsum("ij,j->i", self._matrix, _unit(np.asarray(query_vector, dtype=np.float32)))
-        return cosines.reshape(len(self.docs), VIEWS).max(axis=1)  # a tool scores by its closest view
+        return cosines.reshape(len(self.docs), VIEWS)
 
     def search(
         self,

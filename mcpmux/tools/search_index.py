@@ -8,8 +8,8 @@
   first sentence, and the name alone; a tool's cosine with the query is the best of its three.
 - **Fusion**: a convex combination, `score = CC_ALPHA * cosine + (1 - CC_ALPHA) * bm25 / max(top
   bm25, CC_FLOOR)`: the query's best keyword match counts fully only when it is a strong one, so one
-  shared weak word does not outrank a close meaning. A query whose best score is below `CC_MIN`
-  matches nothing.
+  shared weak word does not outrank a close meaning; tools of a server the query names get
+  `SERVER_BONUS`. A query whose best score is below `CC_MIN` matches nothing.
 
 Chosen with `benchmarks/tool_search.py` on the queries of 28 tuning servers (of 43 real ones; the
 other 15 are held out and were never looked at while choosing): against reciprocal rank fusion,
@@ -46,6 +46,9 @@ CC_ALPHA = 0.7
 """Weight of the embedding's cosine in the fused score (the rest is BM25's)."""
 CC_FLOOR = 10.0
 """A BM25 score this high counts as a full keyword match; the query's top score normalizes only above it."""
+SERVER_BONUS = 0.07
+"""Added to the fused score of the tools of a server the query names ("... on gitlab", "with playwright"):
+where two servers offer the same tool, the one asked for comes first."""
 CC_MIN = 0.25
 """A query whose best fused score is below this matches nothing (nonsense, or a task no server offers)."""
 VIEWS = 3
@@ -206,6 +209,7 @@ class ToolIndex:
         self.cache = cache
         self.docs: list[ToolDoc] = []
         self._keys: list[tuple[str, ...]] = []  # per tool, one per text of `ToolDoc.dense_texts`
+        self._server_words: dict[str, frozenset[str]] = {}
         self._bm25: bm25s.BM25 | None = None
         self._vectors: dict[str, np.ndarray] = {}  # content key -> unit vector
         self._matrix: np.ndarray | None = None  # VIEWS rows per doc, in self.docs' order, once all are there
@@ -218,6 +222,7 @@ class ToolIndex:
         """Index exactly `docs`: BM25 is rebuilt (milliseconds); known embeddings are kept by content."""
         self.docs = list(docs)
         self._keys = [self._key(doc) for doc in self.docs]
+        self._server_words = {doc.server: frozenset(words(doc.server)) for doc in self.docs}
         corpus = [words(doc.keyword_text()) or ["_"] for doc in self.docs]
         if corpus:
             bm25 = bm25s.BM25()
@@ -278,6 +283,11 @@ class ToolIndex:
 
     # -- searching ---------------------------------------------------------------------------------
 
+    def named(self, query: str) -> np.ndarray:
+        """1.0 for the tools of each server the query names (a word of the server's name), else 0.0."""
+        said = set(words(query))
+        return np.array([bool(said & self._server_words[doc.server]) for doc in self.docs], dtype=np.float32)
+
     def keyword_scores(self, query: str) -> np.ndarray:
         terms = words(query)
         if self._bm25 is None or not terms:
@@ -324,7 +334,8 @@ class ToolIndex:
         if fusion == "cc":
             allowed_keyword = np.where(mask, keyword, 0.0)
             top = max(float(allowed_keyword.max()), CC_FLOOR)
-            fused_cc = np.where(mask, CC_ALPHA * dense + (1 - CC_ALPHA) * allowed_keyword / top, -np.inf)
+            fused = CC_ALPHA * dense + (1 - CC_ALPHA) * allowed_keyword / top + SERVER_BONUS * self.named(query)
+            fused_cc = np.where(mask, fused, -np.inf)
             if float(fused_cc.max()) < CC_MIN:  # nothing is close: an empty answer says "search again"
                 return []
             return self._top(fused_cc, limit)

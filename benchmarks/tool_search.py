@@ -58,7 +58,8 @@ from mcpmux.inference.serving.embeddings import Embedder
 from mcpmux.inference.serving.encoder import EmbeddingModel
 from mcpmux.inference.serving.settings import EmbeddingSettings
 from mcpmux.tools.meta_schemas import BATCH_TOOL, PARALLEL_TOOL, PIPELINE_TOOL
-from mcpmux.tools.search import CALL_TOOL, SEARCH_TOOL
+from mcpmux.tools.search import CALL_TOOL, SEARCH_TOOL, SEARCH_TOOL_INTRO
+from mcpmux.tools.search_description import describe_catalog
 from mcpmux.tools.search_index import RRF_K, EmbeddingCache, ToolIndex
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -263,11 +264,13 @@ def listing_size() -> dict[str, float]:
     def tokens(tools: list[dict[str, Any]]) -> float:
         return len(json.dumps({"tools": tools}, separators=(",", ":"))) / 4
 
+    docs = load_docs()
+    described = SEARCH_TOOL.model_copy(update={"description": describe_catalog(SEARCH_TOOL_INTRO, docs)})
     own = [
         t.model_dump(mode="json", by_alias=True, exclude_none=True)
-        for t in (PARALLEL_TOOL, BATCH_TOOL, PIPELINE_TOOL, SEARCH_TOOL, CALL_TOOL)
+        for t in (PARALLEL_TOOL, BATCH_TOOL, PIPELINE_TOOL, described, CALL_TOOL)
     ]
-    catalog = [{"name": d.name, "description": d.description, "inputSchema": d.input_schema} for d in load_docs()]
+    catalog = [{"name": d.name, "description": d.description, "inputSchema": d.input_schema} for d in docs]
     full = tokens(own[:3] + catalog)
     search = tokens(own)
     return {"catalog_tools": len(catalog), "full_tokens": full, "search_mode_tokens": search, "ratio": search / full}

@@ -10,6 +10,7 @@ every profile. The list is kept short: servers with the most tools come first, a
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Sequence
 
@@ -17,7 +18,7 @@ from mcpmux.tools.search_index import ToolDoc, words
 
 DESCRIPTION_BUDGET = 1500
 """Characters the server list may take (about 375 tokens, listed on every turn)."""
-WORDS_PER_SERVER = 4
+WORDS_PER_SERVER = 3
 
 # Verbs and fillers every kind of server names its tools with: they say nothing of the domain.
 _GENERIC_WORDS = (
@@ -31,12 +32,21 @@ def domain_words(docs: Sequence[ToolDoc]) -> list[str]:
     """The words a server's tools are named and titled by most often, generic verbs left out unless
     nothing else is left (a server whose tools are `search` and `fetch`)."""
     counts: Counter[str] = Counter()
+    shown: dict[str, Counter[str]] = {}  # a folded word -> the forms it was written in ("indices", not "indice")
     own = set(words(docs[0].server)) if docs else set()
     for doc in docs:
-        counts.update(dict.fromkeys(words(f"{doc.short} {doc.title}"), 1))  # once per tool
+        seen = set()
+        for raw in _PIECE.findall(f"{doc.short} {doc.title}"):
+            for word in words(raw):
+                shown.setdefault(word, Counter())[raw.lower()] += 1
+                seen.add(word)
+        counts.update(seen)  # once per tool
     specific = [word for word, _ in counts.most_common() if word not in _GENERIC and word not in own]
     chosen = specific or [word for word, _ in counts.most_common() if word not in own]
-    return chosen[:WORDS_PER_SERVER]
+    return [shown[word].most_common(1)[0][0] for word in chosen[:WORDS_PER_SERVER]]
+
+
+_PIECE = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|\d+")  # as BM25 splits names
 
 
 def describe_catalog(intro: str, docs: Sequence[ToolDoc]) -> str:

@@ -157,8 +157,10 @@ async def latency(
     model: Model, size: int, rounds: int = 200, cold_max: int = 10_000, pause: float = 0.0
 ) -> dict[str, Any]:
     """Past `cold_max` tools the cold build is not timed: each copy of a real tool gets the real tool's
-    vector on disk (ranking costs the same whatever the vectors hold), and only the warm build is."""
+    vector on disk (ranking costs the same whatever the vectors hold), and only the warm build is.
+    The cold build covers at least the real catalog once, so that every copy has a real tool's vectors."""
     docs = grown(size)
+    cold_max = max(cold_max, len(load_docs()))
     with tempfile.TemporaryDirectory() as folder:
         cache = EmbeddingCache(Path(folder), "bench")
         cold_index = ToolIndex(cache)

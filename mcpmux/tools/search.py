@@ -411,8 +411,8 @@ class ToolSearch:
             view = self.mux.view(profile)
             searched = sum(1 for doc in self.index.docs if view.allows(doc.name))
             return (
-                f"{SEARCH_TOOL.name}: no tool matches {args.query!r}{scope} ({searched} tools searched, ranked by "
-                f"{found.method}); search again with other words"
+                f"{SEARCH_TOOL.name}: no tool matches {args.query!r}{scope} ({searched} tools searched), ranked by "
+                f"{found.method}; search again with other words"
                 + (", or fewer `servers` globs" if args.servers is not None else "")
             )
         lines = [

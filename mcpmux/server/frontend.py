@@ -285,7 +285,7 @@ class Frontend:
         asks_client = False
         if params.name not in self.mux.local_tools and params.request_state is None:
             try:
-                route = await self.mux.resolve_tool_when_started(params.name, profile)
+                route = self.mux.resolve_tool(params.name, profile)
             except MuxError as err:
                 raise _as_mcp_error(err) from None
             upstream = route.upstream

@@ -191,9 +191,11 @@ class Upstream:
             self.state = UpstreamState.READY
             self.last_error = None
             self._set_client(client)
-            self.settled.set()
             logger.info("upstream %r ready (%s, %d tools)", self.name, client.protocol_version, len(self.listing.tools))
             await self.events.listing_changed(self.name)
+            # Settled once its tools are in the catalog and clients were told: a list that waited for
+            # it is answered after that list_changed, never before.
+            self.settled.set()
             await self._health.lost.wait()
             tasks.cancel_scope.cancel()
 

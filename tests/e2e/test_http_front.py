@@ -73,7 +73,8 @@ def echoed(response: tuple[int, dict[str, str], Any]) -> tuple[int, Any, str]:
 @pytest.fixture(scope="module")
 def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     probe = {"command": sys.executable, "args": [str(PROBE)]}
-    config = write_config(tmp_path_factory.mktemp("front") / "mux.json", {"probe": probe})
+    # A 100 KB body comes back whole: no cut to fit a model's context here.
+    config = write_config(tmp_path_factory.mktemp("front") / "mux.json", {"probe": probe}, max_result_bytes=0)
     with mux_over_http(config) as served:
         yield served
 

@@ -248,9 +248,10 @@ class Upstream:
         health = self._health
         lane = UpstreamLane()
         config = self.config
+        spoke = anyio.Event()  # the handshake ended: a stdio child then gets its grace to exit
         if config.transport == "stdio":
             command, args, env = config.command or "", list(config.args), self._child_env()
-            child = stdio_transport(command, args, env, config.cwd, lane, self.stderr)
+            child = stdio_transport(command, args, env, config.cwd, lane, self.stderr, spoke)
             transport = WatchedTransport(child, health.lost, lane, self._on_task_status, self._answer_task)
         else:
             endpoint = http_transport(config.url or "", dict(config.headers), lane, self.oauth)
@@ -273,6 +274,7 @@ class Upstream:
         with anyio.CancelScope(deadline=anyio.current_time() + self.settings.startup_timeout) as scope:
             async with client:
                 scope.deadline = math.inf
+                spoke.set()
                 self.lane = lane
                 try:
                     yield client

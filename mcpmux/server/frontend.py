@@ -370,7 +370,7 @@ class Frontend:
         if params.name not in self.mux.local_tools and params.request_state is None:
             try:
                 await self.mux.prepare(caller)
-                route = await self.mux.resolve_tool_when_started(params.name, caller.profile, caller)
+                route = self.mux.resolve_tool(params.name, caller.profile, caller)
             except MuxError as err:
                 raise _as_mcp_error(err) from None
             asks_client = self.mux.dispatchers[route.upstream].plan(route.name).asks_client

@@ -402,6 +402,7 @@ class ToolSearch:
             args = _SearchArgs.model_validate(arguments)
         except ValidationError as err:
             return _malformed(SEARCH_TOOL.name, err)
+        await self.mux.wait_for_starting()  # a search, like a list, sees the upstreams coming up
         found = await self.search(args.query, args.limit, args.servers, caller.profile)
         expose = self.mux.config.mux.tool_search_expose == "listing" and self.search_mode()
         if expose and found.hits and self.on_found is not None:

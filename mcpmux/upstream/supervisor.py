@@ -238,9 +238,11 @@ class Upstream:
             self.state = UpstreamState.READY
             self.last_error = None
             self._set_client(client)
-            self.settled.set()
             logger.info("upstream %r ready (%s, %d tools)", self.name, client.protocol_version, len(self.listing.tools))
             await self.events.listing_changed(self.name)
+            # Settled once its tools are in the catalog and clients were told: a list that waited for
+            # it is answered after that list_changed, never before.
+            self.settled.set()
             await self._health.lost.wait()
             tasks.cancel_scope.cancel()
 
@@ -293,9 +295,10 @@ class Upstream:
         health = self._health
         lane = UpstreamLane()
         config = self.config
+        spoke = anyio.Event()  # the handshake ended: a stdio child then gets its grace to exit
         if config.transport == "stdio":
             command, args, env = config.command or "", list(config.args), self._child_env()
-            child = stdio_transport(command, args, env, config.cwd, lane, self.stderr)
+            child = stdio_transport(command, args, env, config.cwd, lane, self.stderr, spoke)
             transport = WatchedTransport(child, health.lost, lane, self._on_task_status, self._answer_task)
         else:
             endpoint = http_transport(config.url or "", dict(config.headers), lane, self.oauth)
@@ -322,6 +325,7 @@ class Upstream:
         with anyio.CancelScope(deadline=anyio.current_time() + self.settings.startup_timeout) as scope:
             async with client:
                 scope.deadline = math.inf
+                spoke.set()
                 self.lane = lane
                 try:
                     yield client

@@ -87,6 +87,11 @@ class RawStdio:
         self.send(_initialize(version))
         assert self.receive()["result"]["protocolVersion"] == version
         self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        # mcpmux serves before its upstreams connect: a list waits for them, and the list_changed
+        # their arrival causes comes before its answer. Past it, every line answers a request.
+        self.send({"jsonrpc": "2.0", "id": "listed", "method": "tools/list"})
+        while self.receive().get("id") != "listed":
+            pass
 
     def close(self) -> None:
         """End the session the way MCP clients do: close stdin, then wait, then signal."""

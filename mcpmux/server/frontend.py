@@ -278,8 +278,8 @@ class Frontend:
         request a client of its own, with no identity that lasts (`ANONYMOUS`): nothing cached for it is
         served to another request."""
         if stdio and self._stdio_client is not None:
-            return self._stdio_client
-        if token:
+            identity = self._stdio_client
+        elif token:
             identity = "token:" + hmac.new(self._token_key, token, hashlib.sha256).hexdigest()
         elif modern or connection is None:
             return f"{ANONYMOUS}{next(self._anonymous)}"  # unique in this process: all it must be

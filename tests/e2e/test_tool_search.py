@@ -129,7 +129,8 @@ async def test_results_carry_each_tools_meta(client: Client) -> None:
             if tools and tools[0]["name"] == "alpha__open_sales_dashboard":
                 break
             await anyio.sleep(0.1)
-    assert tools[0]["_meta"] == meta
+    # As tools/list shows it: the view's ui:// URI named after its server (docs/guide/protocol.md, MCP Apps).
+    assert tools[0]["_meta"] == {"ui": {"resourceUri": "ui://alpha+alpha/dashboard"}}
     assert all("_meta" not in item for item in tools[1:])  # the demo's own tools have none
 
 

@@ -46,7 +46,7 @@ class ChainingPool:
         self.left = requests
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
-    def deliver(self, message: dict[str, Any]) -> None:
+    def deliver(self, message: dict[str, Any], request_id: str | None = None) -> None:
         self.events.append(f"answer {message['id']}")
         self.left -= 1
         if not self.left:

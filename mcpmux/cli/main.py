@@ -162,7 +162,7 @@ async def _serve(args: argparse.Namespace, config: Config) -> int:
     # Read (a non-loopback bind without tokens refused) and bound before any upstream starts.
     edge = prepare_edge(config, host, args.allow_unauthenticated_remote) if args.transport == "http" else None
     sock = _listen(host, config.http.port if args.port is None else args.port) if edge is not None else None
-    signals = _Signals()
+    signals = _Signals(reloadable=not _wrapped(args))
     # The signal handler outlives the Mux: a signal while it starts or stops still ends every child.
     async with anyio.create_task_group() as handling:
         handling.start_soon(signals.handle, handling)
@@ -179,7 +179,7 @@ async def _serve(args: argparse.Namespace, config: Config) -> int:
             stop, skip = signals.stop, signals.skip
             reloader = None if _wrapped(args) else ConfigReloader(mux, config.source)
             if reloader is not None:
-                signals.reloader, signals.reloads = reloader, tasks
+                signals.attach(reloader, tasks)
                 tasks.start_soon(reloader.watch)
             if args.transport == "stdio":
                 async with anyio.create_task_group() as serving:
@@ -256,13 +256,22 @@ class _Signals:
     their grace); a second sets `skip` (they are cancelled now); one once serving is over (`exiting`),
     or a second one by then, ends the upstream processes at once (`children.hurry`). SIGHUP reloads."""
 
-    def __init__(self) -> None:
+    def __init__(self, reloadable: bool) -> None:
         self.stop = anyio.Event()
         self.skip = anyio.Event()
+        self.reloadable = reloadable
+        """Serving a config file (not a command line): SIGHUP reads it again."""
         self.reloader: ConfigReloader | None = None
         """Reloads the config file, in `reloads`, while serving one."""
         self.reloads: TaskGroup | None = None
+        self._reload_asked = False
         self._exiting: TaskGroup | None = None
+
+    def attach(self, reloader: ConfigReloader, tasks: TaskGroup) -> None:
+        """Serving has started: SIGHUP reloads with `reloader` in `tasks` (one received while starting, now)."""
+        self.reloader, self.reloads = reloader, tasks
+        if self._reload_asked:
+            tasks.start_soon(reloader.reload)
 
     def exiting(self, tasks: TaskGroup) -> None:
         """Serving is over and the upstreams are stopped next (a hurried child ends in `tasks`)."""
@@ -289,8 +298,11 @@ class _Signals:
                         self.stop.set()
                 elif self.stop.is_set():
                     continue
-                elif self.reloader is None or self.reloads is None:
+                elif not self.reloadable:
                     log.warning("SIGHUP received: nothing to reload (serving a command line, not a config file)")
+                elif self.reloader is None or self.reloads is None:
+                    log.warning("SIGHUP received while starting: the config file is read again once started")
+                    self._reload_asked = True
                 else:
                     log.warning("SIGHUP received: reloading %s", self.reloader.path)
                     self.reloads.start_soon(self.reloader.reload)

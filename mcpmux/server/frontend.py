@@ -272,22 +272,23 @@ class Frontend:
         return self._identity(session._connection, token.encode() if token else None, modern, request is None)
 
     def _identity(self, connection: Connection | None, token: bytes | None, modern: bool, stdio: bool) -> str:
-        """A client's identity. On stdio the process serves one client. Over HTTP the bearer token the
-        edge accepted names the client (by a keyed hash: the token itself is never kept), whatever its
-        era and however many sessions it opens; without one, a 2025 client is its session, and a 2026
-        request a client of its own, with no identity that lasts (`ANONYMOUS`): nothing cached for it is
-        served to another request."""
+        """A client's identity. On stdio the process serves one client. Over HTTP a 2025 client is its
+        session (two sessions are two clients, whatever token opened them); a 2026 request has no
+        session, so the bearer token the edge accepted names the client (by a keyed hash: the token
+        itself is never kept), and a request without one is a client of its own, with no identity that
+        lasts (`ANONYMOUS`): nothing cached for it is served to another request."""
+        session = connection if not modern else None
         if stdio and self._stdio_client is not None:
             identity = self._stdio_client
+        elif session is not None:
+            identity = self._client_ids.get(session) or uuid.uuid4().hex
         elif token:
-            identity = "token:" + hmac.new(self._token_key, token, hashlib.sha256).hexdigest()
-        elif modern or connection is None:
-            return f"{ANONYMOUS}{next(self._anonymous)}"  # unique in this process: all it must be
+            return "token:" + hmac.new(self._token_key, token, hashlib.sha256).hexdigest()
         else:
-            identity = uuid.uuid4().hex
-        if modern or connection is None:
+            return f"{ANONYMOUS}{next(self._anonymous)}"  # unique in this process: all it must be
+        if session is None:
             return identity
-        return self._client_ids.setdefault(connection, identity)  # a 2025 session: found again by its id
+        return self._client_ids.setdefault(session, identity)  # a 2025 session: found again by its id
 
     def _caller(self, ctx: Any) -> Caller:
         """Who sent a request: its identity, clientInfo name, profile and declared capabilities."""

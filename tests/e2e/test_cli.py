@@ -180,16 +180,17 @@ def test_a_port_in_use_is_one_line_before_any_upstream_starts(tmp_path: Path) ->
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        served = run("serve", "--config", str(config), "--transport", "http", "--port", str(port))
-        env = {**os.environ, "MAKELEVEL": "1"}  # what make gives the commands it runs
         command = [*MCPMUX, "serve", "--config", str(config), "--transport", "http", "--port", str(port)]
-        under_make = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
+        alone = {name: value for name, value in os.environ.items() if name != "MAKELEVEL"}  # `make test` sets it
+        served = subprocess.run(command, capture_output=True, text=True, timeout=120, env=alone)
+        under_make = {**alone, "MAKELEVEL": "1"}  # what make gives the commands it runs
+        under_make_run = subprocess.run(command, capture_output=True, text=True, timeout=120, env=under_make)
     assert served.returncode == 2
     assert served.stderr.strip() == (
         f"mcpmux: cannot listen on 127.0.0.1:{port}: Address already in use; pass another --port "
         "(or [http] port), or stop what holds that one"
     )
-    assert under_make.stderr.strip().endswith(f"(under `make run`: PORT={port + 1} make run)")
+    assert under_make_run.stderr.strip().endswith(f"(under `make run`: PORT={port + 1} make run)")
 
 
 def test_a_call_the_upstream_fails_exits_1_never_the_usage_status(tmp_path: Path) -> None:

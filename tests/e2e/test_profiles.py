@@ -23,7 +23,7 @@ from mcpmux.errors import ConfigError, UnknownToolError
 from mcpmux.mux.multiplexer import Mux
 from mcpmux.mux.reload import ConfigReloader
 from mcpmux.server.http.edge_policy import EdgePolicy
-from tests.e2e.conftest import bearer_client, demo, served_in_process, text_of
+from tests.e2e.conftest import STARTUP_WAIT, bearer_client, demo, served_in_process, text_of
 
 pytestmark = pytest.mark.anyio
 
@@ -43,7 +43,7 @@ def _raw() -> dict[str, Any]:
             "time": {"command": sys.executable, "args": ["-m", "mcp_server_time", "--local-timezone", "UTC"]},
         },
         "profiles": PROFILES,
-        "mux": {"tool_search": "on"},
+        "mux": {"tool_search": "on", "startup_list_wait": STARTUP_WAIT},  # searches wait for upstreams too
     }
 
 

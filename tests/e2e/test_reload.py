@@ -103,6 +103,7 @@ async def test_invalid_file_keeps_the_running_config_and_sighup_reloads(tmp_path
     try:
         wait_for_port(port, process)
         async with Client(f"http://127.0.0.1:{port}/mcp", mode="legacy") as client:
+            assert await _upstreams(client) == {"alpha"}  # serving the file: a SIGHUP from here reads it
             # A typo in mcpmux's own table (a client's own keys in a JSON file would be skipped).
             config.write_text(json.dumps({"mcpServers": {"alpha": demo("alpha")}, "mux": {"call_timout": 5}}))
             process.send_signal(signal.SIGHUP)

@@ -91,6 +91,8 @@ class _StdioClient:
         self.send("initialize", {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": info}, 1)
         self.collect(1, timeout=30)
         self.send("notifications/initialized", {})
+        self.send("tools/list", {}, 1)  # answered once the upstreams have connected (see write_config)
+        self.collect(1, timeout=90)
 
     def _read(self, stdout: IO[bytes]) -> None:
         for line in stdout:

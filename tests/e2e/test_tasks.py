@@ -20,7 +20,15 @@ import httpx2
 import mcp_types as types
 import pytest
 
-from tests.e2e.conftest import EVERYTHING, PY, everything_available, mux_over_http, mux_over_stdio, text_of
+from tests.e2e.conftest import (
+    EVERYTHING,
+    PY,
+    STARTUP_WAIT,
+    everything_available,
+    mux_over_http,
+    mux_over_stdio,
+    text_of,
+)
 
 pytestmark = [
     pytest.mark.skipif(not everything_available(), reason="server-everything is not installed"),
@@ -56,12 +64,16 @@ class RawSession:
             self.notifications.append(message)
 
 
+CONFIG = (
+    f"[mux]\nstartup_list_wait = {STARTUP_WAIT}\n"  # the first list is where a test knows its upstream is up
+    f'[inference]\nbackend = "off"\n[servers.everything]\ncommand = "node"\nargs = ["{EVERYTHING}", "stdio"]\n'
+)
+
+
 @contextmanager
 def raw_session(tmp_path: Path) -> Iterator[RawSession]:
     config = tmp_path / "mcpmux.toml"
-    config.write_text(
-        f'[inference]\nbackend = "off"\n[servers.everything]\ncommand = "node"\nargs = ["{EVERYTHING}", "stdio"]\n'
-    )
+    config.write_text(CONFIG)
     command = [PY, "-m", "mcpmux", "serve", "--config", str(config)]
     process = subprocess.Popen(
         command,
@@ -140,9 +152,7 @@ def _messages(response: httpx2.Response) -> list[dict[str, Any]]:
 async def test_a_tasks_status_reaches_its_http_session_on_its_stream(tmp_path: Path) -> None:
     """Over HTTP, a 2025 session's task status notifications arrive on that session's GET stream."""
     config = tmp_path / "mcpmux.toml"
-    config.write_text(
-        f'[inference]\nbackend = "off"\n[servers.everything]\ncommand = "node"\nargs = ["{EVERYTHING}", "stdio"]\n'
-    )
+    config.write_text(CONFIG)
     accept = {"accept": "application/json, text/event-stream", "mcp-protocol-version": "2025-11-25"}
     streamed: list[dict[str, Any]] = []
     with mux_over_http(config) as url:
@@ -185,9 +195,7 @@ async def test_an_upstream_asks_for_sampling_as_a_task_and_the_calling_client_an
     """server-everything's `-async` tools: mcpmux takes the upstream's sampling request as a task of its own,
     the client whose call caused it answers it, and the upstream polls the task to its result."""
     config = tmp_path / "mcpmux.toml"
-    config.write_text(
-        f'[inference]\nbackend = "off"\n[servers.everything]\ncommand = "node"\nargs = ["{EVERYTHING}", "stdio"]\n'
-    )
+    config.write_text(CONFIG)
     asked: list[str] = []
 
     async def sample(context: Any, params: types.CreateMessageRequestParams) -> types.CreateMessageResult:
@@ -211,9 +219,7 @@ async def test_an_upstream_asks_for_sampling_as_a_task_and_the_calling_client_an
 async def test_an_elicitation_task_for_a_client_that_cannot_answer_is_declined(tmp_path: Path) -> None:
     """A client that declared no elicitation gets the documented fallback in a task too: declined."""
     config = tmp_path / "mcpmux.toml"
-    config.write_text(
-        f'[inference]\nbackend = "off"\n[servers.everything]\ncommand = "node"\nargs = ["{EVERYTHING}", "stdio"]\n'
-    )
+    config.write_text(CONFIG)
     async with mux_over_stdio(config, mode="legacy") as client:
         result = await client.call_tool("everything__trigger-elicitation-request-async", {})
     text = text_of(result)

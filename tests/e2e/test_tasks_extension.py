@@ -31,6 +31,7 @@ from tests.e2e.conftest import (
     EVERYTHING,
     PY,
     ROOT,
+    STARTUP_WAIT,
     everything_available,
     free_port,
     mux_over_http,
@@ -61,7 +62,12 @@ def _config(tmp_path: Path, servers: dict[str, dict[str, Any]]) -> Path:
     """mcpmux's config: `servers`, two accepted bearer tokens, no local model."""
     (tmp_path / "tokens").write_text("\n".join(TOKENS) + "\n")
     config = tmp_path / "mcp.json"
-    raw = {"mcpServers": servers, "http": {"auth_token_file": "tokens"}, "inference": {"backend": "off"}}
+    raw = {
+        "mcpServers": servers,
+        "http": {"auth_token_file": "tokens"},
+        "inference": {"backend": "off"},
+        "mux": {"startup_list_wait": STARTUP_WAIT},  # the first list is where a test knows its upstreams are up
+    }
     config.write_text(json.dumps(raw))
     return config
 

@@ -208,7 +208,9 @@ async def test_auto_refuses_what_it_cannot_attribute_then_gives_each_client_its_
             assert all("cannot tell which of its clients" in text for text in refused)
             # From now on each client has a session of its own: every question is answered, by its client.
             await everyone_calls(url, people, "legacy", calls=4, seed=1)
-            assert mux.status()[0].client_sessions == len(people)
+            # A 2025 client is its session: everyone_calls' sessions have one each, and a burst client
+            # isolated in time keeps its own until it has been idle `client_session_idle`.
+            assert len(people) <= mux.status()[0].client_sessions <= 2 * len(people)
 
 
 async def test_a_client_declaring_the_apps_extension_sees_the_tools_the_server_shows_such_hosts(

@@ -111,7 +111,8 @@ class Mux:
         names, lower-case)."""
         self.sessions: dict[str, ServerSessions] = {}
         """Per server, its shared session and clients' own (`[servers.X] sessions`)."""
-        self._caller_views: dict[tuple[str | None, str], tuple[tuple[object, ...], CatalogView]] = {}
+        self._caller_views: dict[tuple[str | None, tuple[int, ...]], tuple[tuple[object, ...], CatalogView]] = {}
+        """Catalogs of clients' own sessions, by profile and the sessions they list (each kept alive by its view)."""
         self.tasks = TaskRelay(self.upstreams)
         """The tasks clients created through mcpmux (2025-11-25), by mcpmux's ids."""
         self.calls = CallTracker()  # client calls in flight: shutdown drains them, a reload cancels some
@@ -460,9 +461,7 @@ class Mux:
         settings = _profile(self.config, profile)
         own = self._own_sources(caller)
         if own is not None:
-            assert caller is not None
-            assert caller.client is not None
-            return self._caller_view(profile, settings, caller.client, own)
+            return self._caller_view(profile, settings, own)
         found = self._views.get(profile)
         if found is None or found.profile is not settings:  # a reload may have changed the profile
             found = CatalogView(self.catalog, self.local_tools, self._own_tools, profile, settings)
@@ -471,7 +470,7 @@ class Mux:
 
     def _own_sources(self, caller: Caller | None) -> list[Upstream] | None:
         """Each server's session the caller's listing comes from, where any is one of its own (else None)."""
-        if caller is None or not caller.lasting:
+        if caller is None or not (caller.lasting or caller.extensions):
             return None
         sources: list[Upstream] = []
         own = False
@@ -483,18 +482,22 @@ class Mux:
         return sources if own else None
 
     def _caller_view(
-        self, profile: str | None, settings: ProfileSettings | None, client: str, sources: list[Upstream]
+        self, profile: str | None, settings: ProfileSettings | None, sources: list[Upstream]
     ) -> CatalogView:
-        """A catalog of the caller's own sessions' listings, kept while those listings are."""
+        """A catalog of the caller's own sessions' listings (shared by the clients of the same sessions),
+        kept while those listings are."""
         listings = tuple(source.listing for source in sources)
-        kept = self._caller_views.get((profile, client))
+        key = (profile, tuple(map(id, sources)))
+        kept = self._caller_views.get(key)
         if kept is not None and kept[0] == listings and kept[1].profile is settings:
             return kept[1]
+        if len(self._caller_views) >= 4 * max(self.config.mux.max_client_sessions, 1):
+            self._caller_views.clear()  # sessions stopped since: their views go (the live ones are rebuilt)
         catalog = Catalog(separator=self.config.mux.separator, prefix_single=self.config.mux.prefix_single)
         catalog.profile = self.catalog.profile
         catalog.rebuild(sources, self.local_tools)
         view = CatalogView(catalog, self.local_tools, self._own_tools, profile, settings)
-        self._caller_views[(profile, client)] = (listings, view)
+        self._caller_views[key] = (listings, view)
         return view
 
     def list_tools(self, profile: str | None = None, caller: Caller | None = None) -> list[types.Tool]:
@@ -629,7 +632,7 @@ class Mux:
     async def prepare(self, caller: Caller | None) -> None:
         """Start, and wait for, the sessions of its own the caller should have with any server, so that
         what it lists and calls is what those servers show it (`[servers.X] sessions`)."""
-        if caller is None or not caller.lasting:
+        if caller is None or not (caller.lasting or caller.extensions):
             return
         pending = [sessions for sessions in list(self.sessions.values()) if sessions.find(caller) is None]
         if not pending:

@@ -12,9 +12,10 @@ of its own. `[servers.X] sessions` says when:
   client) gets a session of its own, declaring the extensions the client declared; all it asks is
   that client's. mcpmux's own calls (the library, `mcpmux call`) use the shared one.
 - `"auto"` (the default): shared, except (a) a client that declared an extension the server
-  advertises (SEP-2133: MCP Apps' `io.modelcontextprotocol/ui`, say; a 2025 server cannot say, so
-  any extension counts) gets a session declaring it, one per set of such extensions, so the server
-  shows it what it shows such clients; and (b) once
+  advertises (SEP-2133: MCP Apps' `io.modelcontextprotocol/ui`, say; where the server advertises
+  none, as a 2025 server cannot and many servers reading the client's do not, any extension counts)
+  gets a session declaring it, one per set of such extensions (shared by the clients declaring that
+  set, anonymous ones included), so the server shows it what it shows such clients; and (b) once
   the server has asked a client something over a channel that carries no link to the call (`asked`)
   and a second client has called it, or once such a request found calls of several clients in
   flight (`asked(ambiguous=True)`), each client gets a session of its own from then on.
@@ -113,17 +114,22 @@ class ServerSessions:
 
     def _wanted(self, caller: Caller | None) -> _Wanted | None:
         """The caller's own session, if it should have one (None: the shared one)."""
-        if caller is None or not caller.lasting or self.shared[0].config.sessions == "shared":
+        if caller is None or self.shared[0].config.sessions == "shared":
             return None
-        if len(self._seen) < 2:
-            self._seen.add(caller.client or "")
-        if self._separating():
-            return _Wanted(f"client:{caller.client}", caller.client, dict(caller.extensions))
+        if caller.lasting:
+            if len(self._seen) < 2:
+                self._seen.add(caller.client or "")
+            if self._separating():
+                return _Wanted(f"client:{caller.client}", caller.client, dict(caller.extensions))
+        elif self._separating():
+            return None  # no session can be kept for it: it takes its turn on the shared one
         declared = caller.extensions
         if not declared:  # the common case, on every call: nothing to look up
             return None
-        advertised = self.shared[0].server_extensions  # None: a 2025 server, which cannot say
-        relevant = {name: settings for name, settings in declared.items() if advertised is None or name in advertised}
+        # A server that advertised none (a 2025 one cannot; many read the client's without saying; or
+        # it has not connected yet) may show clients anything for any of them: every one counts.
+        advertised = self.shared[0].server_extensions
+        relevant = {name: settings for name, settings in declared.items() if not advertised or name in advertised}
         return _Wanted(f"extensions:{canonical_json(relevant)}", None, relevant) if relevant else None
 
     def _separating(self) -> bool:

@@ -14,7 +14,9 @@ from typing import Any
 import mcp_types as types
 import pytest
 from mcp import Client
+from mcp.client.extension import advertise
 from mcp.client.stdio import StdioServerParameters
+from mcp.server.apps import APP_MIME_TYPE
 from mcp.shared.exceptions import MCPError
 
 from mcpmux.errors import UnknownToolError
@@ -22,6 +24,7 @@ from mcpmux.mux.multiplexer import Mux
 from tests.e2e.conftest import PY, ROOT, demo, mux_over_http, mux_over_stdio, served_in_process, text_of
 
 APPS = ROOT / "tests" / "servers" / "apps_server.py"
+UI = "io.modelcontextprotocol/ui"
 _CSP = {"ui": {"csp": {"connectDomains": ["https://example.com"]}, "prefersBorder": True}}
 pytestmark = pytest.mark.anyio
 
@@ -187,3 +190,45 @@ async def test_search_mode_lists_the_tools_a_host_needs_for_views(tmp_path: Path
         "a__show_clock": {"ui": {"resourceUri": "ui://a+clock/view.html"}, "ui/resourceUri": "ui://a+clock/view.html"},
         "a__tick": {"ui": {"visibility": ["app"]}},
     }
+
+
+UI_HOST = [advertise(UI, {"mimeTypes": [APP_MIME_TYPE]})]
+"""What a host that renders views declares (ext-apps' `getUiCapability` reads it)."""
+
+
+async def _tools(client: Client, prefix: str = "") -> set[str]:
+    """The names of the tools a client is shown that begin with `prefix`."""
+    return {tool.name for tool in (await client.list_tools()).tools if tool.name.startswith(prefix)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["legacy", "auto"], ids=["2025", "2026"])
+@pytest.mark.parametrize("front", ["stdio", "http"])
+async def test_a_gated_server_shows_its_views_through_mcpmux_to_the_hosts_it_shows_them_directly(
+    tmp_path: Path, front: str, mode: str
+) -> None:
+    """The server lists its UI tools only to clients that declare the extension: through mcpmux, the
+    host that declares it sees them and the client that does not sees the text fallback alone, as each
+    does directly (the client's capability reaches the server, on a session of its own)."""
+    gated = StdioServerParameters(command=PY, args=[str(APPS), "a"], env=dict(os.environ))
+    async with Client(gated, mode=mode, extensions=UI_HOST) as host, Client(gated, mode=mode) as plain:
+        direct = {"host": await _tools(host), "plain": await _tools(plain)}
+    assert direct == {"host": {"clock_text", "show_clock", "tick", "model_note"}, "plain": {"clock_text"}}
+    config = _config(tmp_path / "c.json", {"a": {"command": PY, "args": [str(APPS), "a"]}})
+    seen: dict[str, set[str]] = {}
+    shown: list[str] = []
+    if front == "stdio":  # a stdio front serves one client: one mcpmux each
+        async with mux_over_stdio(config, mode=mode, extensions=UI_HOST) as host:
+            seen["host"] = await _tools(host, "a__")
+            shown.append(text_of(await host.call_tool("a__show_clock", {})))
+        async with mux_over_stdio(config, mode=mode) as plain:
+            seen["plain"] = await _tools(plain, "a__")
+    else:  # one mcpmux, both clients at once
+        with mux_over_http(config) as url:
+            async with Client(url, mode=mode, extensions=UI_HOST) as host, Client(url, mode=mode) as plain:
+                seen = {"host": await _tools(host, "a__"), "plain": await _tools(plain, "a__")}
+                shown.append(text_of(await host.call_tool("a__show_clock", {})))
+                with pytest.raises(MCPError, match="unknown tool 'a__show_clock'"):
+                    await plain.call_tool("a__show_clock", {})
+    assert seen == {who: {f"a__{name}" for name in tools} for who, tools in direct.items()}
+    assert shown == ["a: show_clock"]

@@ -22,7 +22,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import mcp_types as types
 from anyio.abc import TaskGroup
@@ -44,6 +44,13 @@ TTL_MS = 3_600_000
 SERVER_INFO = "io.modelcontextprotocol/serverInfo"
 
 
+class ResultNames(Protocol):
+    """Names a server's `ui://` URIs in a tool's result as clients see them (the catalog does)."""
+
+    def name_result(self, server: str, result: types.CallToolResult) -> types.CallToolResult: ...
+    def name_raw_result(self, server: str, result: Any) -> None: ...
+
+
 @dataclass(slots=True)
 class _Relayed:
     task_id: str
@@ -63,8 +70,9 @@ def _own(answer: dict[str, Any], task_id: str) -> dict[str, Any]:
 class ExtensionTasks:
     """The tasks 2026-07-28 clients created through mcpmux, and the requests about them."""
 
-    def __init__(self, upstreams: Mapping[str, Upstream]) -> None:
+    def __init__(self, upstreams: Mapping[str, Upstream], names: ResultNames) -> None:
         self._upstreams = upstreams
+        self._names = names
         self._tasks: LRUCache[str, _Relayed] = LRUCache(maxsize=MAX_TASKS)
         self._following: dict[tuple[str, str], FollowedTask] = {}
         """The followed tasks not ended yet, by upstream and the upstream's id (their requests come so)."""
@@ -95,6 +103,7 @@ class ExtensionTasks:
         raw, _version = await dispatcher.run(plan, arguments, None, priority=plan.priority, task={"ttl": TTL_MS})
         if not created_task(raw):
             answer: dict[str, Any] = raw
+            self._names.name_raw_result(upstream.name, answer)
             return answer  # the upstream ran it at once, as the spec allows
         client = upstream.client
         if self._group is None or client is None:
@@ -126,6 +135,7 @@ class ExtensionTasks:
             return None
         checked, _version = await dispatcher.checked(plan, arguments, None, raw, sent[-1].protocol_version)
         answer: dict[str, Any] = checked
+        self._names.name_raw_result(upstream.name, answer)
         return answer
 
     def _adopt(self, owner: str, upstream: str, upstream_id: str, followed: FollowedTask | None) -> _Relayed:
@@ -137,8 +147,12 @@ class ExtensionTasks:
         """`tasks/get`: the task as it is now (a DetailedTask, `resultType: "complete"`)."""
         relayed = self._find(owner, task_id)
         if relayed.followed is None:
-            return _own(await self._ask(relayed, "tasks/get", {"taskId": relayed.upstream_id}), task_id)
-        return {"resultType": "complete", **await relayed.followed.get(), "taskId": task_id}
+            task = _own(await self._ask(relayed, "tasks/get", {"taskId": relayed.upstream_id}), task_id)
+        else:
+            task = {"resultType": "complete", **await relayed.followed.get(), "taskId": task_id}
+        if isinstance(task.get("result"), dict):  # a completed task's tool result, as its tools/call's
+            self._names.name_raw_result(relayed.upstream, task["result"])
+        return task
 
     async def update(self, owner: str, task_id: str, responses: dict[str, Any]) -> dict[str, Any]:
         """`tasks/update`: the client's answers to the task's `inputRequests`; an acknowledgement."""

@@ -113,7 +113,7 @@ class Mux:
         """Per server, its shared session and clients' own (`[servers.X] sessions`)."""
         self._caller_views: dict[tuple[str | None, tuple[int, ...]], tuple[tuple[object, ...], CatalogView]] = {}
         """Catalogs of clients' own sessions, by profile and the sessions they list (each kept alive by its view)."""
-        self.tasks = TaskRelay(self.upstreams)
+        self.tasks = TaskRelay(self.upstreams, self.catalog)
         """The tasks clients created through mcpmux (2025-11-25), by mcpmux's ids."""
         self.calls = CallTracker()  # client calls in flight: shutdown drains them, a reload cancels some
         for name, server in config.enabled_servers.items():

@@ -27,7 +27,7 @@ from cachetools import LRUCache
 from mcp.shared.exceptions import MCPError
 
 from mcpmux.errors import MuxError
-from mcpmux.mux.extension_tasks import ExtensionTasks
+from mcpmux.mux.extension_tasks import ExtensionTasks, ResultNames
 from mcpmux.upstream.supervisor import Upstream
 from mcpmux.upstream.tasks import with_related_task
 
@@ -49,13 +49,14 @@ class _Adopted:
 class TaskRelay:
     """The tasks clients created through mcpmux, and the requests about them."""
 
-    def __init__(self, upstreams: Mapping[str, Upstream]) -> None:
+    def __init__(self, upstreams: Mapping[str, Upstream], names: ResultNames) -> None:
         self._upstreams = upstreams
+        self._names = names
         self._tasks: LRUCache[str, _Adopted] = LRUCache(maxsize=MAX_TASKS)
         self._ids: LRUCache[tuple[str, str], str] = LRUCache(maxsize=MAX_TASKS)
         """mcpmux's id for each (upstream, the upstream's task id)."""
         self.listener: StatusListener | None = None
-        self.extension = ExtensionTasks(upstreams)
+        self.extension = ExtensionTasks(upstreams, names)
         """The tasks 2026-07-28 clients created (the `io.modelcontextprotocol/tasks` extension)."""
 
     def start(self, group: TaskGroup) -> None:
@@ -92,7 +93,7 @@ class TaskRelay:
         adopted = self._find(owner, task_id)
         request = types.GetTaskPayloadRequest(params=types.GetTaskPayloadRequestParams(task_id=adopted.upstream_id))
         result: types.CallToolResult = await self._ask(adopted, request, types.CallToolResult)
-        return with_related_task(result, task_id)
+        return with_related_task(self._names.name_result(adopted.upstream, result), task_id)
 
     async def cancel(self, owner: str, task_id: str) -> types.CancelTaskResult:
         adopted = self._find(owner, task_id)

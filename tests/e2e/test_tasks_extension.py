@@ -399,6 +399,9 @@ async def _session_story(session: ClientSession, tool: str) -> tuple[dict[str, A
     seen["cancel"] = _seen(await cancel_task(session, cancelled["taskId"]))
     seen["cancel ended"] = _seen(await wait_for(session, cancelled["taskId"]))
 
+    viewed = _created(await session.call_tool(tool("view"), {}, allow_claimed=True))
+    seen["view ended"] = _seen(await wait_for(session, viewed["taskId"]))
+
     plain = await session.call_tool(tool("plain"), {"text": "hi"}, allow_claimed=True)
     seen["plain"] = text_of(plain)
     seen["unknown"] = await _error(get_task(session, "tasks.not-a-task"))
@@ -438,6 +441,10 @@ async def test_a_2026_upstreams_tasks_are_relayed_as_they_are_served_directly(
             through, ids = await _story(client, lambda name: f"tasks__{name}")
         async with _through(front, config, tasks=False) as client:
             through_plain = await _plain_story(client, lambda name: f"tasks__{name}")
+    # A view's ui:// URI in a task's result is named after its server, as in a tools/call result.
+    view = json.dumps(direct.pop("view ended"))
+    assert "ui://report/view.html" in view
+    assert through.pop("view ended") == json.loads(view.replace("ui://report/", "ui://tasks+report/"))
     assert through == direct
     assert through_plain == direct_plain
     assert all(task_id.startswith("tasks.") for task_id in ids)

@@ -8,7 +8,7 @@ does not is answered as any server answers, or, for `report_only_as_task`, refus
 A task's state is read off the clock when asked (no background work), so the server holds no task
 group: `report` and `report_only_as_task` are "working" for `WORK_SECONDS`, then "completed";
 `greet` is "input_required" (an elicitation for a name) until `tasks/update` answers it; `fail`
-ends "failed" with a JSON-RPC error; `plain` never makes a task.
+ends "failed" with a JSON-RPC error; `view` links a `ui://` view in its result; `plain` never makes a task.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from mcp.server.extension import Extension, MethodBinding
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.server import require_client_extension
 from mcp.shared.exceptions import MCPError
-from mcp_types import INVALID_PARAMS, CallToolRequestParams, RequestParams
+from mcp_types import INVALID_PARAMS, CallToolRequestParams, RequestParams, ResourceLink, TextContent
 from pydantic import Field
 
 EXTENSION = "io.modelcontextprotocol/tasks"
@@ -175,6 +175,13 @@ def greet() -> str:
 def fail() -> str:
     """As a task: fails with a JSON-RPC error."""
     return "did not fail"
+
+
+@server.tool(structured_output=False)  # content alone: structured data is the tool's own, never renamed
+def view() -> list[Any]:
+    """A report with a view of its own (MCP Apps): its result links a `ui://` resource."""
+    link = ResourceLink(type="resource_link", uri="ui://report/view.html", name="view", mime_type="text/html")
+    return [TextContent(type="text", text="a report to view"), link]
 
 
 @server.tool()

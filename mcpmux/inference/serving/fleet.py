@@ -147,6 +147,7 @@ class Fleet:
         self._shared = SharedStreams(task_group) if share_identical else None
         self._changed = anyio.Event()  # set when a slot frees or a backend comes back
         self.moved = 0  # requests that went on to another backend after one failed them
+        self.resumed = 0  # of those, streams that had begun: the new backend's text continues them
 
     @property
     def shared(self) -> int:
@@ -184,14 +185,15 @@ class Fleet:
         resumable = generation.params.greedy or generation.params.seed is not None
         while True:
             member = await self._admit(lambda m: m.serves(generation), f"model {generation.model!r}", tried, last)
-            got: list[Delta] = []
-            skip = sent  # what earlier attempts sent: this one's text must repeat it first
+            held: list[Delta] = []  # a whole request's deltas, handed out once the backend finished
+            skip, repeated = sent, []  # what earlier attempts sent: this one's text must repeat it first
+            self.resumed += bool(skip)
             try:
                 async for delta in member.backend.stream(generation):
                     if not generation.incremental:
-                        got.append(delta)  # handed out once the backend finished: a retry starts clean
+                        held.append(delta)
                         continue
-                    fresh = _past(skip, delta, got, member) if skip else delta
+                    fresh = _past(skip, delta, repeated, member) if skip else delta
                     if fresh is not None:
                         sent += fresh.text
                         yield fresh
@@ -203,7 +205,7 @@ class Fleet:
             finally:
                 self._release(member)
             self._succeeded(member)
-            for delta in got:
+            for delta in held:
                 yield delta
             return
 
@@ -300,10 +302,11 @@ class Fleet:
         return {m.backend.name: m.stats() for m in self.members}
 
 
-def _past(sent: str, delta: Delta, got: list[Delta], member: Member) -> Delta | None:
-    """The part of a resumed stream's `delta` past `sent`, what the reader already has (None: nothing new)."""
-    before = "".join(d.text for d in got)
-    got.append(delta)
+def _past(sent: str, delta: Delta, repeated: list[Delta], member: Member) -> Delta | None:
+    """The part of a resumed stream's `delta` past `sent`, what the reader already has (None: nothing new);
+    `repeated` holds this stream's earlier deltas."""
+    before = "".join(d.text for d in repeated)
+    repeated.append(delta)
     if len(before) >= len(sent):
         return delta
     now = before + delta.text

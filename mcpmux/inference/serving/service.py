@@ -314,6 +314,7 @@ class InferenceService:
             "backends": fleet.stats(),
             "shared": fleet.shared,
             "moved": fleet.moved,
+            "resumed": fleet.resumed,
         }
         if self._local is not None:
             result["models"] = self._local.model_stats()

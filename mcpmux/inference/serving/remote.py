@@ -182,8 +182,8 @@ class RemoteBackend:
         answer = await self._post(_path(prompt), body)
         choice = (answer.get("choices") or [{}])[0]
         text, finish = _choice_text(choice), str(choice.get("finish_reason") or "stop")
-        if form.schema is not None and finish == "stop":
-            text = self._checked(form, text)
+        if form.schema is not None:
+            text = self._checked(form, text) if finish == "stop" else form.read_cut(text)
         prompt_tokens, cached, completion_tokens = _usage(answer.get("usage"))
         if text:
             yield Delta(text)

@@ -50,6 +50,11 @@ class RemoteForm:
             raise ValueError(f"the answer does not match the schema: {problem}")
         return text
 
+    def read_cut(self, text: str) -> str:
+        """An answer max_tokens cut short (it cannot match): a JSON-form answer as far as it goes in the
+        text form, anything else as written."""
+        return self.tools.read_json_cut(text) if self.tools is not None else text
+
     def asked_in_prompt(self) -> Prompt:
         """The prompt for a server that refuses `response_format`: the schema is asked for in words (a
         tool call's form is already there)."""

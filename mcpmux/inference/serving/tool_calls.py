@@ -44,6 +44,7 @@ MODES = ("auto", "required", "none")
 Mode = Literal["auto", "required", "none"]
 # The layout the engine's JSON grammar writes (engine.grammar.JSON_LAYOUT), inside a Lark %json block.
 _JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+_CUT_CONTENT = re.compile(r'\s*\{\s*"content"\s*:\s*"')
 _CALL_HEAD = re.compile(re.escape(CALL_MARKER) + r'\{"name": ("(?:[^"\\]|\\.)*"), "arguments": ')
 
 
@@ -186,6 +187,19 @@ class ToolUse:
         alternatives = " | ".join(f"call_{i}" for i in range(len(calls)))
         start = "start: TEXT | call\nTEXT: /[^<][\\s\\S]*/\n" if self.mode == "auto" and self.forced is None else ""
         return (start or "start: call\n") + f"call: {json.dumps(CALL_MARKER)} ({alternatives})\n" + "".join(calls)
+
+    def read_json_cut(self, text: str) -> str:
+        """An answer in the JSON form that max_tokens cut short, as the text form says it: the plain text
+        so far, or the call so far after the call marker (as a local model's cut call reads)."""
+        content = _CUT_CONTENT.match(text)
+        if content is not None and self.mode == "auto" and self.forced is None:
+            rest = text[content.end() :]
+            for end in range(len(rest), max(-1, len(rest) - 7), -1):  # a cut escape: drop its start
+                try:
+                    return str(json.JSONDecoder().raw_decode('"' + rest[:end] + '"')[0])
+                except ValueError:
+                    continue
+        return CALL_MARKER + text.strip() if text.lstrip().startswith("{") else text
 
 
 def _object(properties: dict[str, Any]) -> dict[str, Any]:

@@ -186,7 +186,8 @@ class Fleet:
         while True:
             member = await self._admit(lambda m: m.serves(generation), f"model {generation.model!r}", tried, last)
             held: list[Delta] = []  # a whole request's deltas, handed out once the backend finished
-            skip, repeated = sent, []  # what earlier attempts sent: this one's text must repeat it first
+            skip = sent  # what earlier attempts sent: this one's text must repeat it first
+            repeated: list[Delta] = []
             self.resumed += bool(skip)
             try:
                 async for delta in member.backend.stream(generation):

@@ -27,7 +27,6 @@ from pathlib import Path
 import anyio
 import torch
 
-from mcpmux.inference.serving.bert_encoder import pack
 from mcpmux.inference.serving.embeddings import Embedder
 from mcpmux.inference.serving.encoder import EmbeddingModel
 from mcpmux.inference.serving.settings import EmbeddingSettings
@@ -124,9 +123,7 @@ async def main() -> None:
     parser.add_argument("--float32", action="store_true", help="float32 linear layers (the default: matmul_dtype())")
     args = parser.parse_args()
     per_client, repeats = (3, 1) if args.quick else (8, 3)
-    model = EmbeddingModel(MODEL, device="cpu")
-    if args.float32:
-        model.packed = pack(model.model, torch.float32)
+    model = EmbeddingModel(MODEL, device="cpu", weights=torch.float32 if args.float32 else None)
     weights = model.packed.dtype if model.packed is not None else torch.float32
     model.embed(workload(16, seed=1))  # warm-up, excluded
     results = []

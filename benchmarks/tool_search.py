@@ -1,27 +1,36 @@
-"""Tool search quality, latency, index build time and listing size (issue 26).
+"""Tool search quality, latency, start-up, index build time and listing size (issues 26 and 38).
 
-    python benchmarks/tool_search.py [--sizes 200 2000] [--rounds N] [--cold-max N] [--pause S] [--json OUT]
+    python benchmarks/tool_search.py [--parts quality latency startup] [--sizes 200 2000] [--rounds N]
+                                     [--cold-max N] [--pause S] [--warm-starts N] [--json OUT]
 
-Data: `tests/data/tool_catalogs.json` (the tool lists of 11 real servers, stored by
-`benchmarks/tool_catalogs.py`) and `tests/data/tool_search_queries.json` (152 labeled queries, each
-naming the one right tool; kinds: keyword, paraphrase (worded away from the description),
-similar-tools (two servers offer the same tool; the query names which); every third query is
-held out and never used to choose a method or a parameter).
+Data: `tests/data/tool_catalogs.json` (the tool lists of 43 real servers from npm and PyPI, stored
+by `benchmarks/tool_catalogs.py`; 489 tools), `tests/data/tool_servers.json` (each server's package,
+instructions and split) and two query sets, each query naming its right tool (and its aliases):
+`tool_search_dev_queries.json`, 265 queries over the 32 servers added for issue 38, written from the
+tool lists before any ranking was run, plus 18 nonsense queries; and `tool_search_queries.json`, the
+first set's 152 over the first 11 servers. The split is by server: queries whose right tool is on
+one of the 15 held-out servers are `heldout`; those servers were never looked at while choosing a
+method or a parameter. Every query searches the whole catalog. Kinds: keyword, paraphrase (worded
+away from the description), similar-tools (two servers offer the same tool; the query names which),
+nonsense (right when nothing comes back).
 
-Reports R@1, R@5 and MRR for BM25 alone, embeddings alone and the fusions, on the tuning and the
-held-out part apart; search latency p50/p99 (ranking alone and with the query's embedding) at
-each catalog size, grown synthetically by copying the real servers under new names; index build
-time cold (empty embedding cache) and warm (every vector on disk); and the listing's size in
-search mode against the full catalog (tokens estimated as JSON characters / 4).
+`quality`: R@1, R@5 and MRR for BM25 alone, embeddings alone (one view of each tool or three) and
+the fusions, per split and kind; the shipped ranking (`ToolIndex.search`, threshold included) with
+its share of nonsense queries answered with nothing. `latency`: search latency p50/p99 (ranking
+alone and with the query's embedding) at each catalog size, grown by copying the real servers under
+new names, and the index build cold (empty embedding cache) and warm (every vector on disk).
+`startup`: mcpmux in front of every stored server (`catalog_server.py` replays each), started in a
+new process cold, then warm: when the listing is complete, when a search sent at that moment is
+answered and by which ranking, and R@1/R@5/MRR of a client that searches from the listing on and of
+one that waits for the index (`tool_search_startup.py`). Also the listing's size in search mode
+against the full catalog (tokens estimated as JSON characters / 4).
 
 Every embedding goes through the serving `Embedder` with default settings, as `mux_search_tools`
 does: its linear layers run in bfloat16 where the CPU has the instructions (`matmul_dtype`). A
-second `Embedder` holds the same model with float32 weights (what every CPU ran before), and the
-quality table's embedding rows are repeated with its vectors. Latency rounds alternate between the
-two in blocks, so both see the same load; the host's load average is printed with each row.
-Searches run back to back unless `--pause S` waits S seconds before each one, as a client that
-searches now and then does: the first forward after a pause finds less of the model in the CPU's
-caches.
+second `Embedder` holds the same model with float32 weights, and the quality table's embedding rows
+are repeated with its vectors. Latency rounds alternate between the two in blocks, so both see the
+same load; the host's load average is printed with each row. Searches run back to back unless
+`--pause S` waits S seconds before each one.
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -41,44 +51,20 @@ import anyio
 import anyio.to_thread
 import numpy as np
 import torch
+from tool_search_data import QUERIES, grouped, grown, load_docs, load_queries, rank_in
 
-from mcpmux.inference.serving.bert_encoder import matmul_dtype, pack
+from mcpmux.inference.serving.bert_encoder import matmul_dtype
 from mcpmux.inference.serving.embeddings import Embedder
 from mcpmux.inference.serving.encoder import EmbeddingModel
 from mcpmux.inference.serving.settings import EmbeddingSettings
 from mcpmux.tools.meta_schemas import BATCH_TOOL, PARALLEL_TOOL, PIPELINE_TOOL
-from mcpmux.tools.search import CALL_TOOL, SEARCH_TOOL
-from mcpmux.tools.search_index import RRF_K, EmbeddingCache, ToolDoc, ToolIndex
+from mcpmux.tools.search import CALL_TOOL, SEARCH_TOOL, SEARCH_TOOL_INTRO
+from mcpmux.tools.search_description import describe_catalog
+from mcpmux.tools.search_index import RRF_K, EmbeddingCache, ToolIndex
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "builtin:all-minilm-l6-v2"
-CATALOGS = ROOT / "tests" / "data" / "tool_catalogs.json"
-QUERIES = ROOT / "tests" / "data" / "tool_search_queries.json"
-
-
-def load_docs(copies: int = 1) -> list[ToolDoc]:
-    catalogs: dict[str, list[dict[str, Any]]] = json.loads(CATALOGS.read_text())
-    docs = []
-    for copy in range(copies):
-        for server, tools in catalogs.items():
-            name = server if copy == 0 else f"{server}{copy}"
-            for tool in tools:
-                docs.append(
-                    ToolDoc(
-                        f"{name}__{tool['name']}",
-                        name,
-                        tool["name"],
-                        tool.get("title") or "",
-                        tool.get("description") or "",
-                        tool.get("inputSchema") or {},
-                    )
-                )
-    return docs
-
-
-def grown(size: int) -> list[ToolDoc]:
-    base = len(load_docs())
-    return load_docs(-(-size // base))[:size]
+STARTUP = ROOT / "benchmarks" / "tool_search_startup.py"
 
 
 class Model:
@@ -111,69 +97,59 @@ def convex(keyword: np.ndarray, dense: np.ndarray, alpha: float = 0.6, floor: fl
     return alpha * dense + (1 - alpha) * normed
 
 
-def metrics(ranks: list[int]) -> dict[str, float]:
-    """`ranks`: 1-based rank of the right tool per query (0: not found)."""
-    n = len(ranks)
-    return {
-        "R@1": sum(1 for r in ranks if r == 1) / n,
-        "R@5": sum(1 for r in ranks if 0 < r <= 5) / n,
-        "MRR": sum(1 / r for r in ranks if r > 0) / n,
-        "n": n,
-    }
-
-
-def rank_of(scores: np.ndarray, names: list[str], right: str, valid: np.ndarray | None = None) -> int:
+def rank_of(scores: np.ndarray, names: list[str], right: frozenset[str], valid: np.ndarray | None = None) -> int:
     if valid is not None:
         scores = np.where(valid, scores, -np.inf)
     order = np.argsort(-scores, kind="stable")
     for position, index in enumerate(order[:50], 1):
         if not np.isfinite(scores[index]):
             return 0
-        if names[index] == right:
+        if names[index] in right:
             return position
     return 0
 
 
 async def quality(embed: Callable[[list[str]], Any], only: tuple[str, ...] = ()) -> dict[str, Any]:
-    """R@1, R@5, MRR per method and query group; `only`: these methods alone."""
+    """R@1, R@5, MRR per method, split and query kind over the whole catalog; `only`: these methods alone."""
     docs = load_docs()
     index = ToolIndex()
     index.update(docs)
     await index.embed_missing(embed)
     names = [doc.name for doc in docs]
-    queries = json.loads(QUERIES.read_text())
-    vectors = await embed([item["query"] for item in queries])
-    methods: dict[str, Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray | None]]] = {
-        "bm25": lambda kw, de: (kw, kw > 0),
-        "dense": lambda kw, de: (de, None),
-        "rrf k=60": lambda kw, de: (rrf(kw, de), None),
-        "rrf k=60 dense x2": lambda kw, de: (rrf(kw, de, dense_weight=2.0), None),
-        "rrf k=10": lambda kw, de: (rrf(kw, de, k=10), None),
+    queries = load_queries()
+    vectors = await embed([query.text for query in queries])
+    Score = Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray | None]]
+    methods: dict[str, Score] = {
+        "bm25": lambda kw, views: (kw, kw > 0),
+        "dense, one view (whole tool)": lambda kw, views: (views[:, 0], None),
+        "dense, three views": lambda kw, views: (views.max(axis=1), None),
+        "rrf k=60": lambda kw, views: (rrf(kw, views.max(axis=1)), None),
+        "cc a=0.7 floor=10, one view": lambda kw, views: (convex(kw, views[:, 0], 0.7, 10.0), None),
     }
     for alpha in (0.5, 0.6, 0.7, 0.8):
-        for floor in (0.0, 5.0, 10.0):
-            methods[f"cc a={alpha} floor={floor:g}"] = lambda kw, de, a=alpha, f=floor: (convex(kw, de, a, f), None)
+        for floor in (0.0, 5.0, 10.0, 15.0):
+            methods[f"cc a={alpha} floor={floor:g}"] = lambda kw, views, a=alpha, f=floor: (
+                convex(kw, views.max(axis=1), a, f),
+                None,
+            )
     results: dict[str, Any] = {}
     for method, score in methods.items():
         if only and method not in only:
             continue
-        per: dict[str, list[int]] = {}
-        for item, vector in zip(queries, vectors, strict=True):
-            keyword = index.keyword_scores(item["query"])
-            dense = index.dense_scores(vector)
-            assert dense is not None
-            scores, valid = score(keyword, dense)
-            rank = rank_of(scores, names, item["tool"], valid)
-            for group in (item["split"], f"{item['split']}/{item['kind']}"):
-                per.setdefault(group, []).append(rank)
-        results[method] = {group: metrics(ranks) for group, ranks in sorted(per.items())}
-    per = {}
-    for item, vector in zip(queries, vectors, strict=True):  # what mux_search_tools answers
-        hits = [hit.doc.name for hit in index.search(item["query"], 50, vector)]  # fusion="cc"
-        rank = hits.index(item["tool"]) + 1 if item["tool"] in hits else 0
-        for group in (item["split"], f"{item['split']}/{item['kind']}"):
-            per.setdefault(group, []).append(rank)
-    results["shipped (ToolIndex.search)"] = {group: metrics(ranks) for group, ranks in sorted(per.items())}
+        ranks = []
+        for query, vector in zip(queries, vectors, strict=True):
+            scores, valid = score(index.keyword_scores(query.text), np.asarray(index.view_scores(vector)))
+            ranks.append(rank_of(scores, names, query.right, valid))
+        results[method] = grouped(queries, ranks)
+    # What mux_search_tools answers (the threshold included): a nonsense query is right when nothing comes back.
+    answers = [[hit.doc.name for hit in index.search(q.text, 50, v)] for q, v in zip(queries, vectors, strict=True)]
+    shipped = grouped(queries, [rank_in(answer, q.right) for q, answer in zip(queries, answers, strict=True)])
+    for split in ("tune", "heldout"):
+        nonsense = [
+            not answer for q, answer in zip(queries, answers, strict=True) if q.kind == "nonsense" and q.split == split
+        ]
+        shipped[f"{split}/nonsense answered empty"] = {"share": sum(nonsense) / len(nonsense), "n": len(nonsense)}
+    results["shipped (ToolIndex.search)"] = shipped
     return results
 
 
@@ -181,8 +157,10 @@ async def latency(
     model: Model, size: int, rounds: int = 200, cold_max: int = 10_000, pause: float = 0.0
 ) -> dict[str, Any]:
     """Past `cold_max` tools the cold build is not timed: each copy of a real tool gets the real tool's
-    vector on disk (ranking costs the same whatever the vectors hold), and only the warm build is."""
+    vector on disk (ranking costs the same whatever the vectors hold), and only the warm build is.
+    The cold build covers at least the real catalog once, so that every copy has a real tool's vectors."""
     docs = grown(size)
+    cold_max = max(cold_max, len(load_docs()))
     with tempfile.TemporaryDirectory() as folder:
         cache = EmbeddingCache(Path(folder), "bench")
         cold_index = ToolIndex(cache)
@@ -192,13 +170,15 @@ async def latency(
         cold = time.perf_counter() - started if size <= cold_max else float("nan")
         if size > cold_max:
             copied = {
-                doc.short + doc.server.rstrip("0123456789"): cache.get(cache.key(doc.dense_text()))
+                (doc.short, doc.server.rstrip("0123456789"), view): cache.get(cache.key(text))
                 for doc in cold_index.docs
+                for view, text in enumerate(doc.dense_texts())
             }
             for doc in docs[cold_max:]:
-                vector = copied.get(doc.short + doc.server.rstrip("0123456789"))
-                if vector is not None:
-                    cache.put(cache.key(doc.dense_text()), vector)
+                for view, text in enumerate(doc.dense_texts()):
+                    vector = copied.get((doc.short, doc.server.rstrip("0123456789"), view))
+                    if vector is not None:
+                        cache.put(cache.key(text), vector)
         warm_index = ToolIndex(EmbeddingCache(Path(folder), "bench"))
         started = time.perf_counter()
         warm_index.update(docs)
@@ -242,6 +222,42 @@ async def latency(
     }
 
 
+def startup(runs: int = 1) -> list[dict[str, Any]]:
+    """A cold start (empty embedding cache), then `runs` warm ones (every vector on disk), each in a new
+    process: torch's import and the model's load are part of what a start costs."""
+    rows = []
+    with tempfile.TemporaryDirectory() as home:
+        for run in range(1 + runs):
+            done = subprocess.run(
+                [sys.executable, str(STARTUP), home], capture_output=True, text=True, check=True, cwd=ROOT
+            )
+            row = json.loads(done.stdout.strip().splitlines()[-1])
+            row["cache"] = "cold" if run == 0 else "warm"
+            rows.append(row)
+            sys.stdout.write(_startup_line(row) + "\n")
+            sys.stdout.flush()
+    return rows
+
+
+def _startup_line(row: dict[str, Any]) -> str:
+    early = row["first_answer_s"] - row["listed_s"]
+    why = f" ({row['first_answer_why']})" if row["first_answer_why"] else ""
+    lines = [
+        f"start ({row['cache']} vector cache, {row['servers']} servers, {row['tools']} tools): listed at "
+        f"{row['listed_s']:.1f} s; a search sent then answered at {row['first_answer_s']:.1f} s ({early:.1f} s "
+        f"after the listing) by {row['first_answer_ranking']}{why}; rankings of the searches that followed: "
+        f"{', '.join(row['rankings_at_once'])} {row['why_at_once'] or ''}"
+    ]
+    for client in ("at_once", "waited"):
+        for split in ("tune", "heldout"):
+            cell = row[client].get(split, {})
+            lines.append(
+                f"  {client:8} {split:8} R@1 {cell.get('R@1', 0):.3f} R@5 {cell.get('R@5', 0):.3f} "
+                f"MRR {cell.get('MRR', 0):.3f}"
+            )
+    return "\n".join(lines)
+
+
 def _pct(values: list[float], pct: int) -> float:
     return float(np.percentile(values, pct)) if len(values) > 1 else statistics.fmean(values)
 
@@ -250,11 +266,13 @@ def listing_size() -> dict[str, float]:
     def tokens(tools: list[dict[str, Any]]) -> float:
         return len(json.dumps({"tools": tools}, separators=(",", ":"))) / 4
 
+    docs = load_docs()
+    described = SEARCH_TOOL.model_copy(update={"description": describe_catalog(SEARCH_TOOL_INTRO, docs)})
     own = [
         t.model_dump(mode="json", by_alias=True, exclude_none=True)
-        for t in (PARALLEL_TOOL, BATCH_TOOL, PIPELINE_TOOL, SEARCH_TOOL, CALL_TOOL)
+        for t in (PARALLEL_TOOL, BATCH_TOOL, PIPELINE_TOOL, described, CALL_TOOL)
     ]
-    catalog = [{"name": d.name, "description": d.description, "inputSchema": d.input_schema} for d in load_docs()]
+    catalog = [{"name": d.name, "description": d.description, "inputSchema": d.input_schema} for d in docs]
     full = tokens(own[:3] + catalog)
     search = tokens(own)
     return {"catalog_tools": len(catalog), "full_tokens": full, "search_mode_tokens": search, "ratio": search / full}
@@ -267,24 +285,28 @@ async def main() -> None:
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--pause", type=float, default=0.0, help="seconds of idle before each timed search")
     parser.add_argument("--cold-max", type=int, default=10_000, help="time the cold build only up to this many tools")
+    parser.add_argument("--parts", nargs="*", choices=PARTS, default=list(PARTS), help="what to measure")
+    parser.add_argument("--warm-starts", type=int, default=1, help="warm starts after the cold one (--parts startup)")
     args = parser.parse_args()
-    loaded = await anyio.to_thread.run_sync(EmbeddingModel, MODEL, "cpu")
-    float32 = await anyio.to_thread.run_sync(EmbeddingModel, MODEL, "cpu")
-    float32.packed = pack(float32.model, torch.float32)
     report: dict[str, Any] = {"matmul_dtype": str(matmul_dtype()), "cpu": _cpu()}
     sys.stdout.write(f"CPU: {report['cpu']}; the query forward's linear layers: {report['matmul_dtype']}\n")
+    if "startup" in args.parts:  # first: its processes must not share the host with this one's model
+        report["startup"] = await anyio.to_thread.run_sync(startup, args.warm_starts)
+    loaded = await anyio.to_thread.run_sync(EmbeddingModel, MODEL, "cpu")
+    float32 = await anyio.to_thread.run_sync(lambda: EmbeddingModel(MODEL, "cpu", weights=torch.float32))
     settings = EmbeddingSettings(model=MODEL)
     async with Embedder(settings, model=loaded) as embedder, Embedder(settings, model=float32) as embedder32:
         model = Model(embedder, embedder32)
-        report["quality"] = await quality(model.embed)
-        if loaded.packed is not None and loaded.packed.dtype != torch.float32:
-            same = await quality(model.embed_float32, ("dense", "shipped (ToolIndex.search)"))
-            report["quality"] |= {f"{method}, float32": groups for method, groups in same.items()}
-        report["listing"] = listing_size()
-        sys.stdout.write(_table(report))
-        sys.stdout.flush()
+        if "quality" in args.parts:
+            report["quality"] = await quality(model.embed)
+            if loaded.packed is not None and loaded.packed.dtype != torch.float32:
+                same = await quality(model.embed_float32, ("dense, three views", "shipped (ToolIndex.search)"))
+                report["quality"] |= {f"{method}, float32": groups for method, groups in same.items()}
+            report["listing"] = listing_size()
+            sys.stdout.write(_table(report))
+            sys.stdout.flush()
         report["latency"] = []
-        for size in args.sizes:
+        for size in args.sizes if "latency" in args.parts else []:
             report["latency"].append(await latency(model, size, args.rounds, args.cold_max, args.pause))
             sys.stdout.write(_latency_line(report["latency"][-1]) + "\n")
             sys.stdout.flush()
@@ -292,14 +314,26 @@ async def main() -> None:
         args.json.write_text(json.dumps(report, indent=1))
 
 
+PARTS = ("quality", "latency", "startup")
+
+
 def _table(report: dict[str, Any]) -> str:
-    lines = ["method                       | tune R@1 R@5  MRR  | held-out R@1 R@5  MRR"]
+    kinds = ("keyword", "paraphrase", "similar-tools")
+    lines = [
+        "method                        split    | all R@1 R@5  MRR  | "
+        + " | ".join(f"{kind[:10]:10} R@1 R@5  MRR" for kind in kinds)
+    ]
     for method, groups in report["quality"].items():
-        tune, held = groups["tune"], groups["heldout"]
-        lines.append(
-            f"{method:28} | {tune['R@1']:.2f} {tune['R@5']:.2f} {tune['MRR']:.2f} | "
-            f"{held['R@1']:.2f} {held['R@5']:.2f} {held['MRR']:.2f}"
-        )
+        for split in ("tune", "heldout"):
+            cells = [groups[split], *(groups.get(f"{split}/{kind}") for kind in kinds)]
+            row = " | ".join(
+                f"{'':10} {cell['R@1']:.2f} {cell['R@5']:.2f} {cell['MRR']:.2f}" if cell else " " * 25 for cell in cells
+            )
+            lines.append(f"{method[:29]:29} {split:8} | {row.strip()}")
+        for split in ("tune", "heldout"):
+            empty = groups.get(f"{split}/nonsense answered empty")
+            if empty:
+                lines.append(f"{'':29} {split:8} | nonsense queries answered with nothing: {empty['share']:.2f}")
     listing = report["listing"]
     lines.append(
         f"listing: {listing['search_mode_tokens']:.0f} tokens in search mode vs {listing['full_tokens']:.0f} for "

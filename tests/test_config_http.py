@@ -8,8 +8,8 @@ import pytest
 
 from mcpmux.core.config import HttpSettings, config_from_dict, load_config
 from mcpmux.errors import ConfigError, MuxError
-from mcpmux.server.edge_policy import EdgePolicy, is_loopback, prepare_edge
-from mcpmux.server.http_edge import RateLimiter
+from mcpmux.server.http.edge import RateLimiter
+from mcpmux.server.http.edge_policy import EdgePolicy, is_loopback, prepare_edge
 
 SECRET = "tok-9f8e7d6c5b4a-s3cr3t"
 

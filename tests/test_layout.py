@@ -37,13 +37,13 @@ def _type_checking_lines(tree: ast.Module) -> set[int]:
     return lines
 
 
-def _imports(name: str) -> set[str]:
-    """The mcpmux modules `name` imports when it runs."""
+def _imports(name: str, typing_only: bool = False) -> set[str]:
+    """The mcpmux modules `name` imports when it runs (`typing_only`: those under `if TYPE_CHECKING:`)."""
     tree = ast.parse(MODULES[name].read_text())
     skipped = _type_checking_lines(tree)
     found: set[str] = set()
     for node in ast.walk(tree):
-        if getattr(node, "lineno", 0) in skipped:
+        if (getattr(node, "lineno", 0) in skipped) is not typing_only:
             continue
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
@@ -109,6 +109,31 @@ def test_each_layer_imports_only_the_layers_below_it() -> None:
             if layer is not None and below is not None and LAYERS.index(below) > LAYERS.index(layer):
                 upward.append(f"{module} -> {target}")
     assert upward == []
+
+
+def test_no_type_only_import_points_back_up() -> None:
+    """`if TYPE_CHECKING:` imports never run, but one that points to a higher layer, or closes a circle,
+    is a dependency all the same: the lower module knows the higher one (a Protocol says what it needs)."""
+    back = []
+    for module in MODULES:
+        for target in _imports(module, typing_only=True):
+            layer, above = _layer(module), _layer(target)
+            upward = layer is not None and above is not None and LAYERS.index(above) > LAYERS.index(layer)
+            if upward or module in _reachable(target):
+                back.append(f"{module} -> {target}")
+    assert back == []
+
+
+def _reachable(start: str) -> set[str]:
+    """The modules `start` imports at run time, directly or through others."""
+    seen: set[str] = set()
+    stack = [start]
+    while stack:
+        for target in GRAPH[stack.pop()]:
+            if target not in seen:
+                seen.add(target)
+                stack.append(target)
+    return seen
 
 
 def test_the_engine_is_layered_inside_too() -> None:

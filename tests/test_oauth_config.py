@@ -6,7 +6,7 @@ import pytest
 
 from mcpmux.core.config import config_from_dict
 from mcpmux.errors import ConfigError, MuxError
-from mcpmux.server.edge_policy import prepare_edge
+from mcpmux.server.http.edge_policy import prepare_edge
 
 URL = "https://mcp.example.com/mcp"
 

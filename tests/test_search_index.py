@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mcpmux.tools.search_index import EmbeddingCache, ToolDoc, ToolIndex, default_cache_dir, words
+from mcpmux.tools.search_index import VIEWS, EmbeddingCache, ToolDoc, ToolIndex, default_cache_dir, words
 
 pytestmark = pytest.mark.anyio
 
@@ -54,6 +54,16 @@ def test_bm25_ranks_by_name_description_and_arguments() -> None:
     assert [hit.doc.name for hit in only] == ["gitlab__search_issues"]
 
 
+def test_each_tool_is_embedded_whole_by_its_first_sentence_and_by_its_name() -> None:
+    doc = _doc("files", "read_file", "Read a file from disk. Use absolute paths.\nWARNING: large files.", path="p")
+    assert doc.dense_texts() == (
+        "read file (files). Read a file from disk. Use absolute paths.\nWARNING: large files. Arguments: path.",
+        "read file (files). Read a file from disk.",
+        "read file (files)",
+    )
+    assert len(doc.dense_texts()) == VIEWS
+
+
 async def test_embeddings_are_kept_by_content_and_reused_from_disk(tmp_path: Path) -> None:
     texts_embedded: list[str] = []
 
@@ -80,7 +90,13 @@ async def test_embeddings_are_kept_by_content_and_reused_from_disk(tmp_path: Pat
     vector = np.fromfile(next(tmp_path.rglob("*.f32")), dtype=np.float32)  # noqa: ASYNC240
     assert vector.shape == (3,)
     assert abs(float(np.linalg.norm(vector)) - 1.0) < 1e-5
-    assert len(texts_embedded) == 5
+    # Three texts a tool (VIEWS), each embedded once: the changed description re-embeds its two views
+    # that hold it, not the name alone.
+    assert len(texts_embedded) == 3 * VIEWS + 2 + VIEWS
+    assert [text for text in texts_embedded[3 * VIEWS :] if text.startswith("searchIssues")] == [
+        "searchIssues (github). New. Arguments: q.",
+        "searchIssues (github). New.",
+    ]
 
 
 def test_the_cache_lives_under_mcpmux_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

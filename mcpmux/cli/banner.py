@@ -79,8 +79,11 @@ def _search_mode(config: Config) -> str:
 
 
 def _stdio_entry(config: Config) -> dict[str, object]:
-    command = str(Path(sys.argv[0]).resolve())
-    return {"mcpServers": {"mcpmux": {"command": command, "args": ["serve", "--config", _absolute(config.source)]}}}
+    serve = ["serve", "--config", _absolute(config.source)]
+    launcher = Path(sys.argv[0]).resolve()
+    if launcher.name == "__main__.py":  # started as `python -m mcpmux`: a client must start it so too
+        return {"mcpServers": {"mcpmux": {"command": sys.executable, "args": ["-m", "mcpmux", *serve]}}}
+    return {"mcpServers": {"mcpmux": {"command": str(launcher), "args": serve}}}
 
 
 def _absolute(source: str) -> str:

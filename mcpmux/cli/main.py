@@ -28,8 +28,8 @@ from mcpmux.core.logs import configure_logging
 from mcpmux.errors import MuxError
 from mcpmux.mux.multiplexer import Mux
 from mcpmux.mux.reload import ConfigReloader
-from mcpmux.server.edge_policy import prepare_edge
 from mcpmux.server.frontend import Frontend, bind
+from mcpmux.server.http.edge_policy import prepare_edge
 from mcpmux.upstream import children
 from mcpmux.upstream.oauth.upstream_auth import name_config_file
 
@@ -221,7 +221,7 @@ async def _serve_openai_only(args: argparse.Namespace, config: Config) -> int:
         raise MuxError(f'--openai-only needs [inference] backend = "local" or "openai" in {config.source}')
     host = args.host or config.http.host
     edge = prepare_edge(config, host, args.allow_unauthenticated_remote)
-    from mcpmux.server.openai_only import serve_openai_only
+    from mcpmux.server.http.openai_only import serve_openai_only
 
     async with anyio.create_task_group() as tasks:
         stop = anyio.Event()
@@ -348,21 +348,20 @@ async def _search(args: argparse.Namespace, config: Config) -> int:
         search = mux.tool_search
         assert search is not None
         search.query_timeout = SEARCH_INDEX_WAIT
-        with anyio.move_on_after(SEARCH_INDEX_WAIT):  # a cold start embeds the catalog first
-            await search.indexed.wait()
-        hits = await search.search(args.query, args.limit, args.servers)
-        method = search.method()
+        found = await search.search(args.query, args.limit, args.servers, wait=SEARCH_INDEX_WAIT)
         failed = [s.name for s in mux.status() if s.state.value != "ready"]
-    for hit in hits:
+    for hit in found.hits:
         summary = hit.doc.description.strip().splitlines()[0] if hit.doc.description.strip() else ""
         print(f"{hit.score:.4f}\t{hit.doc.name}\t{summary}")
     down = f"; not connected: {', '.join(failed)}" if failed else ""
-    print(f"mcpmux: {len(hits)} of {len(search.index.docs)} tools, ranked by {method}{down}", file=sys.stderr)
-    return 0 if hits else 1
+    total = len(search.index.docs)
+    print(f"mcpmux: {len(found.hits)} of {total} tools, ranked by {found.method}{down}", file=sys.stderr)
+    return 0 if found.hits else 1
 
 
 SEARCH_INDEX_WAIT = 120.0
-"""Seconds `mcpmux search` waits for the catalog's embeddings (a first run loads the model) before BM25 alone."""
+"""Seconds `mcpmux search` waits for the catalog's embeddings (a cold cache embeds every tool first) before
+BM25 alone; `mux_search_tools` waits `READY_WAIT`, as a client's call cannot wait that long."""
 
 
 async def _check(args: argparse.Namespace, config: Config) -> int:

@@ -68,7 +68,7 @@ class ServerConfig(_Model):
     protocol: Literal["auto", "legacy"] = "auto"
     """`auto` probes for 2026-07-28 and falls back; `legacy` forces the 2025 initialize handshake."""
     sessions: Literal["auto", "shared", "per-client"] = "auto"
-    """Whether clients share one session with this server or each has its own (mcpmux.mux.client_sessions)."""
+    """Whether clients share one session with this server or each has its own (mcpmux.mux.sessions)."""
     limits: LimitSettings = Field(default_factory=LimitSettings)
     priorities: dict[str, int] = Field(default_factory=dict)
     cache: CacheSettings = Field(default_factory=CacheSettings)
@@ -209,7 +209,7 @@ class HttpSettings(_Model):
     """Whether `/metrics` needs a bearer token like everything else (false: scrapers need none)."""
     idle_connections_per_client: int = Field(default=8, ge=0)
     """Idle keep-alive connections one client address may hold; past it (the longest idle for 0.25 s),
-    a fast-path response closes its connection (`Connection: close`, mcpmux.server.http_keepalive). 0: no limit."""
+    a fast-path response closes its connection (`Connection: close`, mcpmux.server.http.keepalive). 0: no limit."""
     oauth: ResourceServerSettings | None = None
     """`[http.oauth]`: accept OAuth access tokens issued for this server too (docs/guide/security.md)."""
 

@@ -100,6 +100,8 @@ class Observed(Protocol):
     def dispatchers(self) -> Mapping[str, _Executor]: ...
     @property
     def inference(self) -> InferenceService | None: ...
+    @property
+    def to_sdk(self) -> Mapping[str, int]: ...
     def status(self) -> Sequence[_Status]: ...
 
 
@@ -249,6 +251,7 @@ class _MuxCollector:
 
     def collect(self) -> Iterator[Metric]:
         yield from self._tool_calls()
+        yield self._sdk_path()
         yield from self._upstreams()
         yield from self._dispatchers()
         yield from self._caches()
@@ -270,6 +273,16 @@ class _MuxCollector:
             ["upstream", "tool"],
             (([upstream, tool], CALL_BUCKETS, stats.buckets, stats.seconds) for (upstream, tool), stats in rows),
         )
+
+    def _sdk_path(self) -> Metric:
+        family = CounterMetricFamily(
+            "mcpmux_sdk_path_calls",
+            "tools/call requests the fast path left to the SDK path, by reason.",
+            labels=["reason"],
+        )
+        for reason, count in sorted(self._mux.to_sdk.items()):
+            family.add_metric([reason], count)
+        return family
 
     def _upstreams(self) -> Iterator[Metric]:
         state = GaugeMetricFamily(

@@ -25,7 +25,7 @@ import anyio
 import mcp_types as types
 
 from mcpmux.core.inbound import InboundCall, serving
-from mcpmux.mux.fast_path import FastCall, FastPath, Flight
+from mcpmux.mux.fast_path import FastCall, FastPath, Launched
 from mcpmux.upstream.lane import ProgressFn
 
 logger = logging.getLogger(__name__)
@@ -60,7 +60,7 @@ class ServedCall:
 
     call: FastCall
     sink: CallSink
-    flight: Flight | None = None
+    flight: Launched | None = None
     """The launched call, while it may still need a task (None: it was not launched)."""
     scope: anyio.CancelScope | None = None
     """Its task's scope, once it has a task."""

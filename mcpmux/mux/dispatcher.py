@@ -97,7 +97,7 @@ class UpstreamDispatcher:
         observe: CallObserver | None = None,
         gate: AdmissionGate | None = None,
     ) -> None:
-        """`gate`: the server's, when this executes a session of clients' own (`mcpmux.mux.client_sessions`)."""
+        """`gate`: the server's, when this executes a session of clients' own (`mcpmux.mux.sessions`)."""
         self.upstream = upstream
         self.cache = cache
         self.mux = mux

@@ -39,6 +39,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from typing import Any
 
 import mcp_types as types
@@ -64,7 +65,7 @@ from mcpmux.errors import (
 )
 from mcpmux.mux.dispatcher import RawResult, Shared, UpstreamDispatcher, created_task
 from mcpmux.mux.multiplexer import Mux
-from mcpmux.upstream.lane import LaneFlight, ProgressFn
+from mcpmux.upstream.lane import LaneRequest, ProgressFn
 from mcpmux.upstream.supervisor import Upstream, UpstreamState
 from mcpmux.upstream.task_extension import declared as declares_tasks
 from mcpmux.upstream.task_extension import offered as offers_tasks
@@ -76,6 +77,25 @@ _PARAM_KEYS = frozenset({"name", "arguments", "_meta"})
 _PROTOCOL_VERSION = "io.modelcontextprotocol/protocolVersion"
 _CLIENT_CAPABILITIES = "io.modelcontextprotocol/clientCapabilities"
 _LOG_LEVEL = "io.modelcontextprotocol/logLevel"
+
+
+class ToSdk(StrEnum):
+    """Why a request is left to the SDK path: a request the SDK words the refusal of, or what the
+    direct mode does not serve (each reason a feature to move into it, never one to add)."""
+
+    NOT_A_CALL = "not a tools/call request"
+    MALFORMED = "malformed: the SDK words the refusal"
+    MORE_PARAMS = "params besides name, arguments and _meta (a 2026 retry's inputResponses)"
+    LOGS = "a 2026 request that asked for the upstream's logs"
+    NO_REVISION = "no protocol revision known for the request"
+    NOT_AN_UPSTREAM_TOOL = "a local tool, or a name no connected upstream lists (the SDK path words it)"
+    SESSION = "the client's own upstream session is to be started, or its call takes turns on the shared one"
+    NOT_CONNECTED = "its upstream is not connected"
+    PLAN = "its call plan (a list form, a tool run only as a task, a per-client cache, Mcp-Param headers)"
+    ASKS_CLIENT = "the upstream may ask this very client (2026: in input-required rounds)"
+    TASK = "a 2026 call that declared the tasks extension, to an upstream that offers it"
+    DUPLICATE_ID = "a request id already in flight"
+    FRONT = "the front's transport needs the SDK (HTTP: progress, a 2025 session it does not hold, headers)"
 
 
 @dataclass(slots=True)
@@ -115,7 +135,7 @@ Escalate = Callable[[], None]
 
 
 @dataclass(slots=True)
-class Flight:
+class Launched:
     """A call `FastPath.launch` took on: sent, or waiting in the gate's line to be sent. It ends at once
     when its result is answered the moment it is read; anything else (`wake`) has a task finish it,
     with `answer(..., flight=)`."""
@@ -129,7 +149,7 @@ class Flight:
     escalate: Escalate
     held: Held | None = None
     """Its place in the gate's line while it waits there; None once admitted."""
-    sent: LaneFlight | None = None
+    sent: LaneRequest | None = None
     """Its request, once written at once; None while it waits, or when its task must send it."""
     escalated: bool = False
     """Whether a task finishes it (else it ended at once, or is still out)."""
@@ -202,8 +222,8 @@ class FastPath:
         declares_sampling: bool = False,
         headers: Mapping[str, str] | None = None,
         owner: str | None = None,
-    ) -> FastCall | None:
-        """The `FastCall` for a parsed JSON-RPC message, or None when the SDK path must serve it.
+    ) -> FastCall | ToSdk:
+        """The `FastCall` for a parsed JSON-RPC message, or why the SDK path must serve it.
 
         `caller`: who sent it (a 2026 request's capabilities are read off its envelope here).
         `legacy_version` is what a 2025 client negotiated on its session (None if unknown); a 2026
@@ -212,36 +232,36 @@ class FastPath:
         `owner`: who the client is, for the tasks it creates (a task-augmented call needs one).
         """
         if not isinstance(message, dict) or message.get("method") != "tools/call" or "id" not in message:
-            return None
+            return ToSdk.NOT_A_CALL
         if message.get("jsonrpc") != "2.0":
-            return None  # the SDK path refuses it
+            return ToSdk.MALFORMED  # the SDK path refuses it
         params = message.get("params")
         if not isinstance(params, dict) or not _PARAM_KEYS.issuperset(params.keys() - {"task"}):
-            return None
+            return ToSdk.MORE_PARAMS
         task = params.get("task")
         if task is not None and (not isinstance(task, dict) or owner is None):
-            return None
+            return ToSdk.MALFORMED
         name, arguments, meta = params.get("name"), params.get("arguments", {}), params.get("_meta") or {}
         if not isinstance(name, str) or not isinstance(arguments, dict) or not isinstance(meta, dict):
-            return None
+            return ToSdk.MALFORMED
         if _LOG_LEVEL in meta:
-            return None  # the SDK path relays the upstream's logs on this request (2026 logging is per request)
+            return ToSdk.LOGS  # the SDK path relays the upstream's logs on this request (2026 logging is per request)
         version = meta.get(_PROTOCOL_VERSION)
         capabilities = None
         if version in MODERN_PROTOCOL_VERSIONS:
             if isinstance(classify_inbound_request(message, headers=headers), InboundLadderRejection):
-                return None  # a malformed envelope: the SDK words the refusal
+                return ToSdk.MALFORMED  # a malformed envelope: the SDK words the refusal
             capabilities = meta.get(_CLIENT_CAPABILITIES)
             declares_sampling = sampling_declared(capabilities)
         elif version is None and legacy_version is not None:
             version = legacy_version
         else:
-            return None
+            return ToSdk.NO_REVISION
         if task is not None and version in MODERN_PROTOCOL_VERSIONS:
-            return None  # tasks are 2025-11-25's
+            return ToSdk.MALFORMED  # tasks are 2025-11-25's
         upstream = self._upstream_for(name)
         if upstream is None:
-            return None
+            return ToSdk.NOT_AN_UPSTREAM_TOOL
         plan = self._eligible[name].plan
         assert plan is not None  # an upstream was found for it
         if isinstance(capabilities, dict) and "extensions" in capabilities:
@@ -249,26 +269,32 @@ class FastPath:
         sessions = self.mux.sessions.get(upstream.name)
         session = sessions.find(caller) if sessions is not None else None
         if session is None:
-            return None  # its own session is to be started first: the SDK path does that
+            return ToSdk.SESSION  # its own session is to be started first, or its call takes turns
         upstream, dispatcher = session
         if upstream.lane is None or upstream.state != UpstreamState.READY:
-            return None
+            return ToSdk.NOT_CONNECTED
         if sessions is not None and upstream is not sessions.shared[0]:
             plan = dispatcher.plan(plan.tool)  # as the caller's own session lists the tool
         if plan.slow is not None and task is None:
-            return None  # the upstream runs it only as a task: the SDK path creates and awaits one
+            return ToSdk.PLAN  # e.g. the upstream runs it only as a task: the SDK path creates and awaits one
         if declares_sampling and plan.asks_client:
-            return None  # the upstream may want this very client to sample: `Frontend` tracks that
+            return ToSdk.ASKS_CLIENT  # the upstream may want this very client to sample
         if isinstance(capabilities, dict) and declares_tasks(capabilities) and offers_tasks(upstream.client):
-            return None  # a 2026 call that may be answered with a task: the SDK path's task front relays it
+            return ToSdk.TASK  # a 2026 call that may be answered with a task: the SDK path's task front relays it
         request_id = message["id"]
         if not isinstance(request_id, str | int) or isinstance(request_id, bool):
-            return None
+            return ToSdk.MALFORMED
         inbound = InboundCall(caller, request_id, version)
         progress_token = meta.get("progressToken")
         return FastCall(
             request_id, version, inbound, upstream, dispatcher, plan, arguments, progress_token, task, owner
         )
+
+    def to_sdk(self, reason: ToSdk) -> None:
+        """A `tools/call` goes to the SDK path for `reason`: counted (`mcpmux_sdk_path_calls_total`)."""
+        if reason is not ToSdk.NOT_A_CALL:
+            counts, key = self.mux.to_sdk, reason.name.lower()
+            counts[key] = counts.get(key, 0) + 1
 
     def _upstream_for(self, name: str) -> Upstream | None:
         """The upstream of a fast-path tool, decided once per listing of its upstream."""
@@ -294,7 +320,7 @@ class FastPath:
             return _Eligibility(upstream.listing, None)
         return _Eligibility(upstream.listing, upstream, plan)  # a tool run as a task: for task-augmented calls
 
-    def launch(self, call: FastCall, deliver_now: DeliverNow, escalate: Escalate) -> Flight | None:
+    def launch(self, call: FastCall, deliver_now: DeliverNow, escalate: Escalate) -> Launched | None:
         """Admit `call` and write its request to the upstream right now, from synchronous code; None
         (nothing done) where anything would have to wait or refuse: a rate limit or a full queue at
         the gate, a busy wire, an upstream reconnecting, shutdown; or off asyncio (the timeout's
@@ -306,7 +332,7 @@ class FastPath:
         Anything else (progress, an error, a result not answered at once, the connection's end, a
         cancellation by mcpmux, the timeout, a wire that could not take the request once admitted)
         calls `escalate`, once, which must start a task that runs `answer(call, ..., flight=)`; so
-        must the caller's own reasons (`Flight.wake`: the client cancelled, the caller shuts down).
+        must the caller's own reasons (`Launched.wake`: the client cancelled, the caller shuts down).
         """
         try:
             loop = asyncio.get_running_loop()
@@ -330,7 +356,7 @@ class FastPath:
                 return None  # an identical call is under way: a task waits for its answer
         gate = dispatcher.gate
         tracked = calls.track(upstream.name, call.inbound, upstream)
-        flight = Flight(tracked, gate, time.perf_counter(), loop.time() + upstream.timeout, escalate)
+        flight = Launched(tracked, gate, time.perf_counter(), loop.time() + upstream.timeout, escalate)
         flight.lead = lead
         if lead is not None:
             flight.arguments_key = arguments
@@ -360,7 +386,7 @@ class FastPath:
         flight.timer = loop.call_at(flight.deadline, flight.wake)
         return flight
 
-    def _send_now(self, call: FastCall, flight: Flight, deliver_now: DeliverNow) -> bool:
+    def _send_now(self, call: FastCall, flight: Launched, deliver_now: DeliverNow) -> bool:
         """Write the admitted call's request at once (`UpstreamLane.launch`); False (nothing sent) if it would wait."""
         upstream = call.upstream
         lane, client = upstream.lane, upstream.client
@@ -398,7 +424,7 @@ class FastPath:
         )
         return flight.sent is not None
 
-    def _admitted_held(self, call: FastCall, flight: Flight, deliver_now: DeliverNow) -> None:
+    def _admitted_held(self, call: FastCall, flight: Launched, deliver_now: DeliverNow) -> None:
         """The gate admitted a call waiting in its line (called by whoever released the slot): its
         request goes out now, its timeout running from here; or its task sends it."""
         flight.held = None
@@ -417,7 +443,7 @@ class FastPath:
             return
         flight.timer = loop.call_at(flight.deadline, flight.wake)
 
-    def abandon(self, call: FastCall, flight: Flight) -> None:
+    def abandon(self, call: FastCall, flight: Launched) -> None:
         """End a launched call no task can finish (its caller is gone): out of the gate's line or
         forgotten by the lane, books kept."""
         if flight.sent is not None:
@@ -425,7 +451,7 @@ class FastPath:
         flight.outcome = "cancelled"
         self._ended_at_once(call, flight)
 
-    def _ended_at_once(self, call: FastCall, flight: Flight) -> None:
+    def _ended_at_once(self, call: FastCall, flight: Launched) -> None:
         """The books of a call that ended without a task (answered the moment its result was read,
         or abandoned), as `answer` keeps them."""
         flight.stop_timer()
@@ -444,7 +470,7 @@ class FastPath:
         call: FastCall,
         progress: ProgressFn | None = None,
         deliver: Deliver | None = None,
-        flight: Flight | None = None,
+        flight: Launched | None = None,
     ) -> dict[str, Any]:
         """Serve `call` (sent already when `flight`); the JSON-RPC response (result or error), with the client's id.
 
@@ -499,7 +525,7 @@ class FastPath:
                 flight.unlink()
 
     @asynccontextmanager
-    async def _admitted(self, flight: Flight) -> AsyncIterator[None]:
+    async def _admitted(self, flight: Launched) -> AsyncIterator[None]:
         """A launched call's admission through its upstream's gate for the body: had already, or
         waited for now where it stands in the gate's line."""
         if flight.held is not None:
@@ -510,7 +536,7 @@ class FastPath:
         finally:
             flight.gate.release()
 
-    def _from_cache(self, call: FastCall, arguments: str, deliver_now: DeliverNow) -> Flight | None:
+    def _from_cache(self, call: FastCall, arguments: str, deliver_now: DeliverNow) -> Launched | None:
         """A launched call answered from the cache at once: an ended flight; None when there is no
         fresh entry, or the client could not take the answer now (its task serves it)."""
         started = time.perf_counter()
@@ -521,11 +547,11 @@ class FastPath:
         if not deliver_now(response):
             return None
         tracked, gate = self.mux.calls.track(call.upstream.name, call.inbound, call.upstream), call.dispatcher.gate
-        flight = Flight(tracked, gate, started, 0.0, _nothing, escalated=True, response=response, outcome=outcome)
+        flight = Launched(tracked, gate, started, 0.0, _nothing, escalated=True, response=response, outcome=outcome)
         self.mux.metrics.observe_call(call.upstream.name, call.tool, time.perf_counter() - started, outcome)
         return flight
 
-    def _share(self, call: FastCall, flight: Flight, raw: Any, version: str | None) -> None:
+    def _share(self, call: FastCall, flight: Launched, raw: Any, version: str | None) -> None:
         """A launched call's raw result, read: cached where the plan says so, and given to the
         identical calls that wait for it (a copy of their own, as this call's answer is shaped in place)."""
         lead = flight.lead
@@ -537,7 +563,7 @@ class FastPath:
             call.dispatcher.keep(call.plan, flight.arguments_key, None, raw, version)
         lead.finish((copy.deepcopy(raw), version, personal) if lead.waiting else (raw, version, personal))
 
-    async def _led(self, call: FastCall, progress: ProgressFn | None, flight: Flight) -> RawResult:
+    async def _led(self, call: FastCall, progress: ProgressFn | None, flight: Launched) -> RawResult:
         """`_call`; a launched call that others may share gives them its result, or its error."""
         lead = flight.lead
         if lead is None:
@@ -551,7 +577,7 @@ class FastPath:
         return raw, version
 
     async def _respond(
-        self, call: FastCall, fetch: Awaitable[tuple[Any, str | None]], flight: Flight | None
+        self, call: FastCall, fetch: Awaitable[tuple[Any, str | None]], flight: Launched | None
     ) -> tuple[dict[str, Any], str]:
         """The response to `call` and the outcome to count, from `fetch` (the raw result and its revision)."""
         try:
@@ -581,7 +607,7 @@ class FastPath:
         self.mux.catalog.name_raw_result(call.upstream.name, result)  # its `ui://` URIs, as clients see them
         return {"jsonrpc": "2.0", "id": call.request_id, "result": result}, "error" if result.get("isError") else "ok"
 
-    async def _call(self, call: FastCall, progress: ProgressFn | None, flight: Flight) -> RawResult:
+    async def _call(self, call: FastCall, progress: ProgressFn | None, flight: Launched) -> RawResult:
         """A launched call's raw result and its protocol revision, as `UpstreamDispatcher.send` gives it
         (the same checks; `UpstreamResultError` for a result that breaks the tool's output schema)."""
         dispatcher = call.dispatcher
@@ -633,7 +659,7 @@ class FastPath:
         return result
 
 
-async def _wait(sent: LaneFlight, progress: ProgressFn | None) -> tuple[Any, str | None]:
+async def _wait(sent: LaneRequest, progress: ProgressFn | None) -> tuple[Any, str | None]:
     return await sent.wait(progress), sent.client.protocol_version
 
 
@@ -647,7 +673,7 @@ def _give_up(lead: Lead[Shared] | None) -> None:
         lead.abandon()
 
 
-def _answered(flight: Flight | None) -> bool:
+def _answered(flight: Launched | None) -> bool:
     return flight is not None and flight.answered
 
 

@@ -28,7 +28,7 @@ from mcp.shared.exceptions import MCPError
 from pydantic import ValidationError
 
 from mcpmux.core.inbound import ClientRequest, ClientResult
-from mcpmux.mux.client_requests import REASON_META
+from mcpmux.mux.ask_policies import REASON_META
 from mcpmux.upstream import task_extension as wire
 from mcpmux.upstream.supervisor import Upstream
 from mcpmux.upstream.tasks import RELATED_TASK

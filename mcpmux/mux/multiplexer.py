@@ -22,7 +22,7 @@ from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import mcp_types as types
@@ -46,13 +46,13 @@ from mcpmux.errors import (
     error_result,
 )
 from mcpmux.inference.serving.sampling_bridge import SamplingBridge
+from mcpmux.mux.ask_policies import ClientRequests
 from mcpmux.mux.catalog import Catalog, CatalogView, Route
-from mcpmux.mux.client_requests import ClientRequests
-from mcpmux.mux.client_sessions import ServerSessions, Session, reap_forever
 from mcpmux.mux.dispatcher import CachedResult, UpstreamDispatcher
 from mcpmux.mux.lifetime import UpstreamLifetime
 from mcpmux.mux.reload import ReloadReport, ServerDiff, log_reload, plan_reload
 from mcpmux.mux.result_store import ResultStore
+from mcpmux.mux.sessions import ServerSessions, Session, reap_forever
 from mcpmux.mux.task_relay import TaskRelay
 from mcpmux.tools.base import LocalTool
 from mcpmux.upstream.lane import ProgressFn
@@ -63,6 +63,7 @@ if TYPE_CHECKING:
     from mcpmux.tools.search import ToolSearch
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 ChangeListener = Callable[[], Awaitable[None]]
 LISTING_REFRESH_WAIT = 2.0
@@ -105,6 +106,9 @@ class Mux:
         """Whole results of the calls cut to their plan's `result_limit`, read back as `mcpmux://results/...`."""
         self.metrics = MuxMetrics(self)  # Prometheus /metrics; its collectors read the parts at scrape time
         self.dispatchers: dict[str, UpstreamDispatcher] = {}
+        self.to_sdk: dict[str, int] = {}
+        """`tools/call` requests the fast path left to the SDK path, by reason (`mcpmux.mux.fast_path.ToSdk`'s
+        names, lower-case)."""
         self.sessions: dict[str, ServerSessions] = {}
         """Per server, its shared session and clients' own (`[servers.X] sessions`)."""
         self._caller_views: dict[tuple[str | None, str], tuple[tuple[object, ...], CatalogView]] = {}
@@ -195,6 +199,18 @@ class Mux:
         with anyio.move_on_after(self.config.mux.startup_timeout):
             for upstream in upstreams:
                 await upstream.settled.wait()
+
+    async def wait_for_starting(self) -> None:
+        """In the first `[mux] startup_list_wait` seconds, wait for the upstreams still starting (each
+        until it has connected or failed): what lists, searches and names of prompts and resources
+        ask before they answer, so that what comes up in time is in them. Later: no wait at all."""
+        starting = [
+            upstream.settled for upstream in self.upstreams.values() if upstream.state == UpstreamState.STARTING
+        ]
+        if starting:
+            with anyio.move_on_after(self._started_at + self.config.mux.startup_list_wait - anyio.current_time()):
+                for settled in starting:
+                    await settled.wait()
 
     async def _start_inference(self) -> None:
         if self.config.inference.backend == "off":
@@ -300,7 +316,7 @@ class Mux:
     async def _start_own_session(
         self, name: str, key: str, owner: str | None, extensions: dict[str, dict[str, Any]]
     ) -> tuple[Upstream, UpstreamDispatcher, UpstreamLifetime]:
-        """Start a session of clients' own with server `name` (`mcpmux.mux.client_sessions`), in the
+        """Start a session of clients' own with server `name` (`mcpmux.mux.sessions`), in the
         Mux's task group; its first listing is no news to other clients, a later change is."""
         assert self._tasks is not None, "Mux was not entered"
         shared = self.dispatchers[name]
@@ -430,13 +446,7 @@ class Mux:
         that never acts on list_changed still sees every tool that comes up in time.
         """
         assert self._tasks is not None, "Mux was not entered"
-        starting = [
-            upstream.settled for upstream in self.upstreams.values() if upstream.state == UpstreamState.STARTING
-        ]
-        if starting:
-            with anyio.move_on_after(self._started_at + self.config.mux.startup_list_wait - anyio.current_time()):
-                for settled in starting:
-                    await settled.wait()
+        await self.wait_for_starting()
         refreshes = [upstream.refresh_if_stale(self._tasks) for upstream in list(self.upstreams.values())]
         with anyio.move_on_after(LISTING_REFRESH_WAIT):
             for done in refreshes:
@@ -580,8 +590,12 @@ class Mux:
                     return await local.handler(arguments or {}, progress, caller)
             except CallCancelledError as err:
                 return error_result(str(err))
+        try:
+            await self.wait_for_tool(name, caller.profile)
+        except CallCancelledError as err:
+            return error_result(str(err))
         await self.prepare(caller)
-        route = await self.resolve_tool_when_started(name, caller.profile, caller)
+        route = self.resolve_tool(name, caller.profile, caller)
         set_upstream(route.upstream)  # for the log lines of this call
         try:
             with self.track_call(route.upstream) as tracked:
@@ -648,25 +662,39 @@ class Mux:
             "the host calls it for them, the model cannot"
         )
 
-    async def resolve_tool_when_started(self, name: str, profile: str | None, caller: Caller | None = None) -> Route:
-        """`resolve_tool`, after waiting for the upstream the name's prefix names if it is still starting
-        (at most `[mux] startup_timeout`): a call needs its own upstream, and no other. What every
-        front resolves a call with, as a client may call a tool it knows before its upstream is listed."""
+    async def wait_for_tool(self, name: str, profile: str | None = None) -> None:
+        """Wait for the upstream of the tool `name` if it is still starting (at most `[mux]
+        startup_timeout`), as a call in flight: a call needs its own upstream, and no other, and a
+        client may call a tool it knows before its upstream is listed. Returns at once for a listed
+        or local tool, or one no starting upstream may offer. Raises `CallCancelledError` (with the
+        reason) when shutdown or a reload cancels the wait."""
+        if name in self.local_tools:
+            return
         try:
-            return self.resolve_tool(name, profile, caller)
+            self.resolve_tool(name, profile)
+            return
         except UnknownToolError:
-            # A lone upstream's names are unprefixed where `prefix_single = false` (`serve -- CMD`).
-            alone = len(self.upstreams) == 1 and not self.config.mux.prefix_single
-            starting = [
-                upstream.name
-                for upstream in self.upstreams.values()
-                if upstream.state == UpstreamState.STARTING
-                and (alone or name.startswith(f"{upstream.name}{self.config.mux.separator}"))
-            ]
-            if not starting:
+            pass
+        # A lone upstream's names are unprefixed where `prefix_single = false` (`serve -- CMD`).
+        alone = len(self.upstreams) == 1 and not self.config.mux.prefix_single
+        for upstream in list(self.upstreams.values()):
+            if upstream.state == UpstreamState.STARTING and (
+                alone or name.startswith(f"{upstream.name}{self.config.mux.separator}")
+            ):
+                with self.track_call(upstream.name):  # shutdown answers it, as any call in flight
+                    await self.wait_for_upstreams([upstream.name])
+                return
+
+    async def _when_started(self, resolve: Callable[[], T]) -> T:
+        """`resolve()`; if it finds nothing while upstreams are starting, again once they have
+        (`wait_for_starting`): a prompt or resource of theirs is not known before they list it."""
+        try:
+            return resolve()
+        except UnknownToolError:
+            if not any(upstream.state == UpstreamState.STARTING for upstream in self.upstreams.values()):
                 raise
-        await self.wait_for_upstreams(starting)
-        return self.resolve_tool(name, profile, caller)
+        await self.wait_for_starting()
+        return resolve()
 
     def resolve_tool(self, name: str, profile: str | None = None, caller: Caller | None = None) -> Route:
         """Where the upstream tool `name` goes (in `profile`'s view, as `caller` sees it). Raises
@@ -702,7 +730,7 @@ class Mux:
         if self.results.holds(uri):
             return self.results.read(uri)  # a tool result cut for the context, kept whole
         caller = _caller()
-        owner, own = self.view(profile, caller).locate_resource(uri)
+        owner, own = await self._when_started(lambda: self.view(profile, caller).locate_resource(uri))
         upstream, _ = await self.session(owner, caller)
         key = (owner, "resources/read", uri)
         shared = upstream.key  # a session of clients' own shares its public entries with nobody else
@@ -727,7 +755,7 @@ class Mux:
         self, name: str, arguments: dict[str, str] | None = None, profile: str | None = None
     ) -> types.GetPromptResult:
         caller = _caller()
-        route = self.view(profile, caller).resolve_prompt(name)
+        route = await self._when_started(lambda: self.view(profile, caller).resolve_prompt(name))
         upstream, _ = await self.session(route.upstream, caller)
         with self.track_call(route.upstream, upstream):
             result: types.GetPromptResult = await upstream.request(

@@ -12,11 +12,11 @@ Which call, exactly, where the wire says so (`mcpmux.core.inbound`):
   connected, if there is exactly one); several clients', nobody — the request is refused to the
   upstream with an error that says why, and logged. Either way the server's sessions are told
   (`unlinked`): under `sessions = "auto"` its clients get sessions of their own
-  (`mcpmux.mux.client_sessions`). It is never sent to another client.
+  (`mcpmux.mux.sessions`). It is never sent to another client.
 
 The client is asked if it declared what the request needs (`can_answer`), through its call's `ask`
 (a pushed request on the call's own stream in 2025, its parked call's next input-required round in
-2026-07-28); else the policy's fallback applies (`mcpmux.mux.client_requests`, the sampling bridge).
+2026-07-28); else the policy's fallback applies (`mcpmux.mux.ask_policies`, the sampling bridge).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from mcpmux.core.inbound import (
     can_answer,
     current_call,
 )
-from mcpmux.server.client_channels import ask_on
+from mcpmux.server.reach import ask_on
 from mcpmux.upstream.supervisor import Upstream, asked_on
 
 logger = logging.getLogger(__name__)

@@ -49,20 +49,20 @@ from mcpmux.core.metrics import metrics_route
 from mcpmux.errors import MuxError, UnknownToolError, UpstreamError
 from mcpmux.mux.fast_path import FastPath
 from mcpmux.mux.multiplexer import Mux
-from mcpmux.server.client_channels import ask_on, by_rounds, on_session
 from mcpmux.server.client_relay import ClientRelay
-from mcpmux.server.dashboard import dashboard_routes
-from mcpmux.server.edge_policy import EdgePolicy
 from mcpmux.server.found_tools import FoundTools
-from mcpmux.server.http_batch import BatchArrayMiddleware
-from mcpmux.server.http_edge import PROFILE_SCOPE, HttpEdge
-from mcpmux.server.http_fast import FastPathMiddleware, task_owner
-from mcpmux.server.http_fast_front import HttpFastFront, protocol_class
+from mcpmux.server.http.batch import BatchArrayMiddleware
+from mcpmux.server.http.dashboard import dashboard_routes
+from mcpmux.server.http.edge import PROFILE_SCOPE, HttpEdge
+from mcpmux.server.http.edge_policy import EdgePolicy
+from mcpmux.server.http.fast import FastPathMiddleware, task_owner
+from mcpmux.server.http.fast_front import HttpFastFront, protocol_class
+from mcpmux.server.http.standalone_stream import StandaloneStreamWatch
 from mcpmux.server.input_rounds import InputRounds, ParkedCall, parks
+from mcpmux.server.reach import ask_on, by_rounds, on_session
 from mcpmux.server.resource_subscriptions import ResourceSubscriptions
-from mcpmux.server.standalone_stream import StandaloneStreamWatch
-from mcpmux.server.stdio_batch import StdioBatchEdge, claimed_stdio
-from mcpmux.server.stdio_fast import TASK_OWNER_STDIO, StdioFastFront
+from mcpmux.server.stdio.batch import StdioClientWire, claimed_stdio
+from mcpmux.server.stdio.fast import TASK_OWNER_STDIO, StdioFastFront
 from mcpmux.server.task_front import TaskFront
 from mcpmux.upstream.supervisor import Upstream
 
@@ -73,7 +73,7 @@ KEEP_ALIVE_TIMEOUT = 75
 """Seconds an idle HTTP connection stays open (nginx's default). Longer than the clients' own idle
 expiry (httpx, under the SDK's client: 5 s), so that they close first: a server that closes an idle
 connection as a client reuses it fails that request. Surplus idle connections are retired sooner, on
-an answer (`mcpmux.server.http_keepalive`)."""
+an answer (`mcpmux.server.http.keepalive`)."""
 
 
 class _MuxServer(Server[Any]):
@@ -278,8 +278,8 @@ class Frontend:
         request a client of its own, with no identity that lasts (`ANONYMOUS`): nothing cached for it is
         served to another request."""
         if stdio and self._stdio_client is not None:
-            return self._stdio_client
-        if token:
+            identity = self._stdio_client
+        elif token:
             identity = "token:" + hmac.new(self._token_key, token, hashlib.sha256).hexdigest()
         elif modern or connection is None:
             return f"{ANONYMOUS}{next(self._anonymous)}"  # unique in this process: all it must be
@@ -370,7 +370,7 @@ class Frontend:
         if params.name not in self.mux.local_tools and params.request_state is None:
             try:
                 await self.mux.prepare(caller)
-                route = await self.mux.resolve_tool_when_started(params.name, caller.profile, caller)
+                route = self.mux.resolve_tool(params.name, caller.profile, caller)
             except MuxError as err:
                 raise _as_mcp_error(err) from None
             asks_client = self.mux.dispatchers[route.upstream].plan(route.name).asks_client
@@ -548,7 +548,7 @@ class Frontend:
         """Serve one client on this process's stdin/stdout until stdin closes (2025-03-26 batch arrays too)."""
         self._stdio_client = uuid.uuid4().hex
         with claimed_stdio() as (wire_in, wire_out):
-            edge = StdioBatchEdge(wire_in, wire_out)
+            edge = StdioClientWire(wire_in, wire_out)
             async with anyio.create_task_group() as fast_calls:
                 front = None
                 if self.mux.config.mux.fast_path:
@@ -566,7 +566,7 @@ class Frontend:
 
     def http_app(self, host: str, policy: EdgePolicy, path: str = "/mcp") -> tuple[ASGIApp, HttpFastFront | None]:
         """The streamable HTTP app behind the `HttpEdge` security checks (2025-03-26 batch arrays too),
-        and the fast path's front below ASGI (`mcpmux.server.http_fast_front`; None with the fast path off)."""
+        and the fast path's front below ASGI (`mcpmux.server.http.fast_front`; None with the fast path off)."""
         # The edge checks Host/Origin on every route; the SDK's own check (/mcp only, loopback names only)
         # would refuse the hosts `[http] allowed_hosts` adds.
         unchecked = TransportSecuritySettings(enable_dns_rebinding_protection=False)

@@ -23,7 +23,7 @@ from mcp.server.subscriptions import ListenHandler, ResourceUpdated, Subscriptio
 
 from mcpmux.errors import MuxError
 from mcpmux.mux.multiplexer import Mux
-from mcpmux.server.http_edge import PROFILE_SCOPE
+from mcpmux.server.http.edge import PROFILE_SCOPE
 
 logger = logging.getLogger(__name__)
 

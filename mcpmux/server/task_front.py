@@ -35,6 +35,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from mcpmux.core.call_plan import CallPlan
+from mcpmux.core.call_tracker import CallCancelledError
 from mcpmux.core.inbound import ClientRequest, ClientResult
 from mcpmux.errors import (
     MuxError,
@@ -44,12 +45,12 @@ from mcpmux.errors import (
     UpstreamUnavailableError,
     error_result,
 )
-from mcpmux.mux.client_requests import ClientAsker
+from mcpmux.mux.ask_policies import ClientAsker
 from mcpmux.mux.dispatcher import UpstreamDispatcher
 from mcpmux.mux.multiplexer import Mux
-from mcpmux.server.http_edge import PROFILE_SCOPE
-from mcpmux.server.http_fast import task_owner
-from mcpmux.server.stdio_fast import TASK_OWNER_STDIO
+from mcpmux.server.http.edge import PROFILE_SCOPE
+from mcpmux.server.http.fast import task_owner
+from mcpmux.server.stdio.fast import TASK_OWNER_STDIO
 from mcpmux.upstream import task_extension as wire
 from mcpmux.upstream.supervisor import Upstream
 
@@ -82,6 +83,12 @@ def task_target(mux: Mux, name: str, profile: str | None) -> _Target | None:
         return None
     plan = dispatcher.plan(route.name)
     return _Target(upstream, dispatcher, plan) if plan.as_task or wire.offered(upstream.client) else None
+
+
+def _profile(ctx: Any) -> str | None:
+    """The request's profile, as the HTTP edge put it in its scope (None on stdio: the Mux's own)."""
+    request = ctx.request
+    return request.scope.get(PROFILE_SCOPE) if request is not None else None
 
 
 def _modern(ctx: Any) -> bool:
@@ -126,6 +133,12 @@ class TaskFront:
         may run as one; `plain` for everything else (and for a 2026 upstream that asked for input first)."""
 
         async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> Any:
+            try:
+                # Every call the SDK front serves comes here first: one whose upstream is still
+                # starting waits for it here (tracked: shutdown answers it), and is then routed.
+                await self.mux.wait_for_tool(params.name, _profile(ctx))
+            except CallCancelledError as err:
+                return error_result(str(err))
             target = self._target(ctx, params)
             if target is None:
                 return await plain(ctx, params)
@@ -171,8 +184,7 @@ class TaskFront:
             return None
         if params.name in self.mux.local_tools or params.request_state is not None:
             return None
-        request = ctx.request
-        return task_target(self.mux, params.name, request.scope.get(PROFILE_SCOPE) if request is not None else None)
+        return task_target(self.mux, params.name, _profile(ctx))
 
     def owner(self, ctx: Any) -> str:
         """Who owns a 2026 request's tasks (see the module's docstring)."""

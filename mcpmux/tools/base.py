@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import mcp_types as types
 
+from mcpmux.core.config import Config
 from mcpmux.core.inbound import Caller
 from mcpmux.upstream.lane import ProgressFn
+
+if TYPE_CHECKING:
+    from mcpmux.inference.serving.service import InferenceService
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,3 +39,46 @@ class ToolCaller(Protocol):
         caller: Caller | None = None,
         hears_logs: bool = False,
     ) -> types.CallToolResult: ...
+
+
+class _Route(Protocol):
+    @property
+    def upstream(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+
+
+class _Catalog(Protocol):
+    @property
+    def tools(self) -> list[types.Tool]: ...
+    def resolve_tool(self, name: str) -> _Route: ...
+
+
+class _View(Protocol):
+    @property
+    def profile(self) -> object: ...
+    def allows(self, name: str) -> bool: ...
+
+
+class _Sampling(Protocol):
+    @property
+    def service(self) -> object: ...
+
+
+class SearchHost(ToolCaller, Protocol):
+    """What tool search reads of the `Mux` it indexes (`mcpmux.tools.search`)."""
+
+    @property
+    def config(self) -> Config: ...
+    @property
+    def catalog(self) -> _Catalog: ...
+    @property
+    def local_tools(self) -> Mapping[str, LocalTool]: ...
+    @property
+    def inference(self) -> InferenceService | None: ...
+    @property
+    def sampling(self) -> _Sampling: ...
+    def list_tools(self, profile: str | None = None, caller: Caller | None = None) -> list[types.Tool]: ...
+    def view(self, profile: str | None = None, caller: Caller | None = None) -> _View: ...
+    def on_catalog_changed(self, listener: Callable[[], Awaitable[None]]) -> None: ...
+    async def wait_for_starting(self) -> None: ...

@@ -3,14 +3,19 @@
 - **BM25** (`bm25s`) over a tool's name (split at `__`, `_`, `-`, `.` and camelCase), title,
   description, and its arguments' names and descriptions; lowercased, English stop words dropped,
   plurals and `-ing`/`-ed` folded.
-- **Dense**: one embedding per tool (the embedded MiniLM or the remote backend's model) of
-  "name: title. description. Arguments: ...", compared by cosine with the query's embedding.
+- **Dense**: three embeddings per tool (the embedded MiniLM or the remote backend's model): the whole
+  definition ("name (server): title. description. Arguments: ..."), the name with the description's
+  first sentence, and the name alone; a tool's cosine with the query is the best of its three.
 - **Fusion**: a convex combination, `score = CC_ALPHA * cosine + (1 - CC_ALPHA) * bm25 / max(top
   bm25, CC_FLOOR)`: the query's best keyword match counts fully only when it is a strong one, so one
-  shared weak word does not outrank a close meaning. Measured by `benchmarks/tool_search.py` on 152
-  labeled queries over 11 real servers' catalogs against reciprocal rank fusion (RRF, k = 60), which
-  ranks by position alone and let lone weak keyword hits win (held-out R@1 0.66 with RRF, 0.78 with
-  this; parameters chosen on the tuning part only). Without embeddings, BM25 ranks alone.
+  shared weak word does not outrank a close meaning; tools of a server the query names get
+  `SERVER_BONUS`. A query whose best score is below `CC_MIN` matches nothing.
+
+Chosen with `benchmarks/tool_search.py` on the queries of 28 tuning servers (of 43 real ones; the
+other 15 are held out and were never looked at while choosing): against reciprocal rank fusion,
+which ranks by position alone and let lone weak keyword hits win, against one embedding per tool
+(R@1 0.67 / MRR 0.77 there; the three views 0.72 / 0.81), and against all-mpnet-base-v2 (5 times
+MiniLM's size, +0.02). Without embeddings, BM25 ranks alone.
 
 Embeddings are cached on disk by content hash (the model and the text embedded), one small file
 each, so a restart or a catalog change embeds only what is new. `ToolIndex.update` is cheap (BM25
@@ -41,6 +46,17 @@ CC_ALPHA = 0.7
 """Weight of the embedding's cosine in the fused score (the rest is BM25's)."""
 CC_FLOOR = 10.0
 """A BM25 score this high counts as a full keyword match; the query's top score normalizes only above it."""
+SERVER_BONUS = 0.07
+"""Added to the fused score of the tools of a server the query names ("... on gitlab", "with playwright"):
+where two servers offer the same tool, the one asked for comes first."""
+CC_MIN = 0.25
+"""A query whose best fused score is below this matches nothing. Chosen on the tuning servers, where
+every nonsense query scores below it (made-up words 0.14-0.18, English words that mean nothing to
+any tool up to 0.247) and 2 of 228 real queries lose their top-5 hit to it. The cost: a terse task
+far from a terse description can fall below it too ("will it rain in Berlin tomorrow" against a
+weather tool: 0.22), and is answered with nothing and the advice to search again in other words."""
+VIEWS = 3
+"""Texts embedded per tool (`ToolDoc.dense_texts`)."""
 RRF_K = 60
 """Reciprocal rank fusion's usual constant (Cormack et al. 2009), for `fusion="rrf"`."""
 DENSE_DEPTH = 50
@@ -94,6 +110,8 @@ class ToolDoc:
     title: str
     description: str
     input_schema: dict[str, Any]
+    meta: dict[str, Any] | None = None
+    """The tool's `_meta`, handed back with each result (MCP Apps read `_meta.ui` from it)."""
 
     @property
     def arguments(self) -> list[tuple[str, str]]:
@@ -110,12 +128,24 @@ class ToolDoc:
         args = " ".join(f"{name} {text}" for name, text in self.arguments)
         return f"{self.name} {self.title} {self.description} {args}"
 
-    def dense_text(self) -> str:
-        """What is embedded: the readable name, what it does, and what it takes."""
+    def dense_texts(self) -> tuple[str, ...]:
+        """What is embedded, `VIEWS` texts: the whole definition (the readable name, what it does, what it
+        takes), the name with the description's first sentence, and the name alone. A long description
+        (usage notes, warnings, examples) pulls its one vector away from the task it serves; the short
+        views keep the task findable."""
         readable = " ".join(part for part in re.split(r"[_\-.]+", self.short) if part)
         head = f"{readable} ({self.server})" + (f": {self.title}" if self.title else "")
         args = ", ".join(name for name, _ in self.arguments)
-        return f"{head}. {self.description.strip()}" + (f" Arguments: {args}." if args else "")
+        description = self.description.strip()
+        whole = f"{head}. {description}" + (f" Arguments: {args}." if args else "")
+        return whole, f"{head}. {_first_sentence(description)}", head
+
+
+def _first_sentence(text: str) -> str:
+    return _SENTENCE_END.split(text, maxsplit=1)[0] if text else ""
+
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,10 +212,11 @@ class ToolIndex:
     def __init__(self, cache: EmbeddingCache | None = None) -> None:
         self.cache = cache
         self.docs: list[ToolDoc] = []
-        self._keys: list[str] = []
+        self._keys: list[tuple[str, ...]] = []  # per tool, one per text of `ToolDoc.dense_texts`
+        self._server_words: dict[str, frozenset[str]] = {}
         self._bm25: bm25s.BM25 | None = None
         self._vectors: dict[str, np.ndarray] = {}  # content key -> unit vector
-        self._matrix: np.ndarray | None = None  # rows follow self.docs, when every doc has a vector
+        self._matrix: np.ndarray | None = None  # VIEWS rows per doc, in self.docs' order, once all are there
         self.embedded_texts = 0
         """Texts sent to the embedding model so far (not found in memory or on disk)."""
 
@@ -195,6 +226,7 @@ class ToolIndex:
         """Index exactly `docs`: BM25 is rebuilt (milliseconds); known embeddings are kept by content."""
         self.docs = list(docs)
         self._keys = [self._key(doc) for doc in self.docs]
+        self._server_words = {doc.server: frozenset(words(doc.server)) for doc in self.docs}
         corpus = [words(doc.keyword_text()) or ["_"] for doc in self.docs]
         if corpus:
             bm25 = bm25s.BM25()
@@ -202,51 +234,63 @@ class ToolIndex:
             self._bm25 = bm25
         else:
             self._bm25 = None
-        keep = set(self._keys)
+        keep = {key for keys in self._keys for key in keys}
         self._vectors = {key: vector for key, vector in self._vectors.items() if key in keep}
         if self.cache is not None:
-            for key in self._keys:
-                if key not in self._vectors:
-                    cached = self.cache.get(key)
-                    if cached is not None:
-                        self._vectors[key] = cached
+            for key in keep - self._vectors.keys():
+                cached = self.cache.get(key)
+                if cached is not None:
+                    self._vectors[key] = cached
         self._assemble()
 
-    def _key(self, doc: ToolDoc) -> str:
-        text = doc.dense_text()
-        return self.cache.key(text) if self.cache is not None else hashlib.sha256(text.encode()).hexdigest()[:32]
+    def _key(self, doc: ToolDoc) -> tuple[str, ...]:
+        if self.cache is not None:
+            return tuple(self.cache.key(text) for text in doc.dense_texts())
+        return tuple(hashlib.sha256(text.encode()).hexdigest()[:32] for text in doc.dense_texts())
 
     @property
     def missing(self) -> list[ToolDoc]:
-        """Tools without an embedding yet."""
-        return [doc for doc, key in zip(self.docs, self._keys, strict=True) if key not in self._vectors]
+        """Tools without all their embeddings yet."""
+        return [doc for doc, keys in zip(self.docs, self._keys, strict=True) if not self._vectors.keys() >= set(keys)]
 
     @property
     def dense_ready(self) -> bool:
         return self._matrix is not None
 
     async def embed_missing(self, embed: EmbedFn) -> int:
-        """Embed the tools that have no vector (neither in memory nor on disk); returns how many."""
-        todo = [(doc, key) for doc, key in zip(self.docs, self._keys, strict=True) if key not in self._vectors]
+        """Embed the texts that have no vector (neither in memory nor on disk), each text once; returns
+        how many tools had one missing."""
+        todo: dict[str, str] = {}
+        tools = 0
+        for doc, keys in zip(self.docs, self._keys, strict=True):
+            texts = {key: text for key, text in zip(keys, doc.dense_texts(), strict=True) if key not in self._vectors}
+            tools += bool(texts)
+            todo |= texts
         if not todo:
             return 0
-        vectors = await embed([doc.dense_text() for doc, _ in todo])
-        for (_, key), vector in zip(todo, vectors, strict=True):
+        vectors = await embed(list(todo.values()))
+        for key, vector in zip(todo, vectors, strict=True):
             unit = _unit(np.asarray(vector, dtype=np.float32))
             self._vectors[key] = unit
             if self.cache is not None:
                 self.cache.put(key, unit)
         self.embedded_texts += len(todo)
         self._assemble()
-        return len(todo)
+        return tools
 
     def _assemble(self) -> None:
-        if self.docs and all(key in self._vectors for key in self._keys):
-            self._matrix = np.stack([self._vectors[key] for key in self._keys])
+        keys = [key for keys in self._keys for key in keys]
+        if self.docs and all(key in self._vectors for key in keys):
+            self._matrix = np.stack([self._vectors[key] for key in keys])
         else:
             self._matrix = None
 
     # -- searching ---------------------------------------------------------------------------------
+
+    def named(self, query: str) -> np.ndarray:
+        """1.0 for the tools of each server the query names (a word of the server's name), else 0.0."""
+        said = set(words(query))
+        return np.array([bool(said & self._server_words[doc.server]) for doc in self.docs], dtype=np.float32)
 
     def keyword_scores(self, query: str) -> np.ndarray:
         terms = words(query)
@@ -255,11 +299,18 @@ class ToolIndex:
         return np.asarray(self._bm25.get_scores(terms), dtype=np.float32)
 
     def dense_scores(self, query_vector: Sequence[float]) -> np.ndarray | None:
+        """Each tool's cosine with the query: that of its closest view."""
+        views = self.view_scores(query_vector)
+        return None if views is None else views.max(axis=1)
+
+    def view_scores(self, query_vector: Sequence[float]) -> np.ndarray | None:
+        """The cosine of each view of each tool with the query, shape (tools, VIEWS); None until all are embedded."""
         if self._matrix is None:
             return None
         # einsum, not `@`: a matrix-vector product through OpenBLAS wakes its thread pool, which in a
         # process running torch fights torch's spinning threads (2,000 tools: 23 ms p50, einsum 0.4 ms).
-        return np.einsum("ij,j->i", self._matrix, _unit(np.asarray(query_vector, dtype=np.float32)))
+        cosines = np.einsum("ij,j->i", self._matrix, _unit(np.asarray(query_vector, dtype=np.float32)))
+        return cosines.reshape(len(self.docs), VIEWS)
 
     def search(
         self,
@@ -287,8 +338,11 @@ class ToolIndex:
         if fusion == "cc":
             allowed_keyword = np.where(mask, keyword, 0.0)
             top = max(float(allowed_keyword.max()), CC_FLOOR)
-            fused_cc = CC_ALPHA * dense + (1 - CC_ALPHA) * allowed_keyword / top
-            return self._top(np.where(mask, fused_cc, -np.inf), limit)
+            fused = CC_ALPHA * dense + (1 - CC_ALPHA) * allowed_keyword / top + SERVER_BONUS * self.named(query)
+            fused_cc = np.where(mask, fused, -np.inf)
+            if float(fused_cc.max()) < CC_MIN:  # nothing is close: an empty answer says "search again"
+                return []
+            return self._top(fused_cc, limit)
         fused = np.zeros(len(self.docs), dtype=np.float64)
         for ranking in (
             _ranking(np.where(mask & (keyword > 0), keyword, -np.inf)),

@@ -145,7 +145,7 @@ SendNow = Callable[[dict[str, Any], dict[str, str] | None], bool]
 
 
 @dataclass(slots=True)
-class LaneFlight:
+class LaneRequest:
     """A call `UpstreamLane.launch` sent."""
 
     lane: UpstreamLane
@@ -326,7 +326,7 @@ class UpstreamLane:
         if extra:
             message["params"].update(extra)
         outcomes = self._pending[request_id] = _Outcomes(caller=caller)
-        return await self._settle(LaneFlight(self, request_id, outcomes, client), progress, send(message, headers))
+        return await self._settle(LaneRequest(self, request_id, outcomes, client), progress, send(message, headers))
 
     def launch(
         self,
@@ -339,12 +339,12 @@ class UpstreamLane:
         logs: bool = True,
         progress: bool = False,
         caller: InboundCall | None = None,
-    ) -> LaneFlight | None:
+    ) -> LaneRequest | None:
         """`call`'s request, sent right now from synchronous code; None (and nothing sent) where that would wait.
 
         `answered` sees the result the moment it is read, and may end the call there. Anything else
         that arrives for the call (progress, an error, a result `answered` left, the connection's
-        end) is queued and `on_put` told: then `LaneFlight.wait` must take it, as it ends the call
+        end) is queued and `on_put` told: then `LaneRequest.wait` must take it, as it ends the call
         and cancels it upstream when cancelled. `progress` asks the upstream for progress notifications.
         """
         if self.send_now is None or self.closed:
@@ -357,7 +357,7 @@ class UpstreamLane:
         finally:
             if not sent:  # not written (or the writing raised): nothing is on its way
                 del self._pending[request_id]
-        return LaneFlight(self, request_id, outcomes, client) if sent else None
+        return LaneRequest(self, request_id, outcomes, client) if sent else None
 
     def _request(
         self, client: Client, tool: str, arguments: dict[str, Any], logs: bool, progress: bool
@@ -380,7 +380,7 @@ class UpstreamLane:
         message = {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params}
         return request_id, message, opts.get("headers")
 
-    async def _settle(self, flight: LaneFlight, progress: ProgressFn | None, sending: Awaitable[None] | None) -> Any:
+    async def _settle(self, flight: LaneRequest, progress: ProgressFn | None, sending: Awaitable[None] | None) -> Any:
         """Finish sending (when `sending`), then wait for the answer; cancelled, tell the upstream."""
         try:
             if sending is not None:

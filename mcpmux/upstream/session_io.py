@@ -17,8 +17,8 @@ from mcp import Client
 from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
 
-from mcpmux.upstream.client_tasks import Answer, ClientTasks, declare
 from mcpmux.upstream.lane import UpstreamLane, complete_by_default, session_sender
+from mcpmux.upstream.task_receiver import Answer, ClientTasks, declare
 
 logger = logging.getLogger(__name__)
 
@@ -152,7 +152,7 @@ class _DeclaringWriteStream:
 class WatchedTransport:
     """Wraps an SDK transport so that the end of its read stream (a dead child, a dropped server) is seen.
 
-    With `answer_task`, the session takes sampling and elicitation as tasks (`mcpmux.upstream.client_tasks`).
+    With `answer_task`, the session takes sampling and elicitation as tasks (`mcpmux.upstream.task_receiver`).
     """
 
     def __init__(

@@ -51,12 +51,21 @@ _EXIT_POLL = 0.01
 
 @asynccontextmanager
 async def stdio_transport(
-    command: str, args: list[str], env: dict[str, str], cwd: str | None, lane: UpstreamLane, stderr: ChildStderr
+    command: str,
+    args: list[str],
+    env: dict[str, str],
+    cwd: str | None,
+    lane: UpstreamLane,
+    stderr: ChildStderr,
+    spoke: anyio.Event,
 ) -> AsyncIterator[tuple[Any, Any]]:
     """Start the child and yield the (read, write) streams of `SessionMessage`s an SDK `Client` takes.
 
     `lane` is attached to the child's stdin and takes its messages off the child's stdout; `stderr`
-    reads the child's stderr and is told its exit status. Raises `OSError` when the command cannot be run.
+    reads the child's stderr and is told its exit status. `spoke` is set once the MCP handshake
+    ended: a child still running that never got that far has nothing to finish, and is not given
+    `EXIT_GRACE` to exit before SIGTERM (a hung one would hold up every shutdown by it, past the
+    few seconds a client gives mcpmux to exit). Raises `OSError` when the command cannot be run.
     """
     # As in asyncio's own subprocess start: the spawn runs on the loop, nothing waits for the child.
     child = subprocess.Popen(  # noqa: ASYNC220
@@ -96,6 +105,7 @@ async def stdio_transport(
     # cancelled (shutdown, a reload): a pipe closed under a child still flushing its last answer
     # broke it (a BrokenPipeError traceback from every SDK server, on every `mcpmux tools`).
     reading_out, reading_err = anyio.CancelScope(shield=True), anyio.CancelScope(shield=True)
+    hung_up = anyio.Event()  # the child closed its stdout: it is ending on its own
 
     async def read() -> None:
         with reading_out:
@@ -110,6 +120,7 @@ async def stdio_transport(
                         await to_session.send(_parse(line))
                     except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                         delivering = False
+                hung_up.set()
 
     writing, written, stderr_read = anyio.CancelScope(), anyio.Event(), anyio.Event()
 
@@ -146,7 +157,9 @@ async def stdio_transport(
                         await written.wait()
                     writing.cancel()
                     stdin.close()
-                    await _stop(child)
+                    # A child ending on its own gets the time to say why; one that never got
+                    # through the handshake, and still runs, has nothing to finish.
+                    await _stop(child, EXIT_GRACE if spoke.is_set() or hung_up.is_set() else 0.0)
                     stderr.exit_status = child.returncode
                     with anyio.move_on_after(_STDERR_DRAIN):
                         await stderr_read.wait()
@@ -196,14 +209,14 @@ async def _exited(child: subprocess.Popen[bytes], within: float) -> bool:
     return child.poll() is not None
 
 
-async def _stop(child: subprocess.Popen[bytes]) -> None:
+async def _stop(child: subprocess.Popen[bytes], grace: float) -> None:
     """With the child's stdin closed: wait for it, then end its process group.
 
     The group is ended even when the child exited on its own: whatever it started and left behind
     (a server run through a shell or a launcher) goes with it, not on as an orphan.
     """
     try:
-        await _exited(child, EXIT_GRACE)
+        await _exited(child, grace)
         await terminate_posix_process_tree(cast(Process, _Reaping(child)), EXIT_GRACE)
         if not await _exited(child, EXIT_GRACE):
             logger.warning("upstream process %d is still alive after SIGKILL; abandoning it", child.pid)

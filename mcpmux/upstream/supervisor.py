@@ -38,12 +38,12 @@ from mcpmux.core.config import MuxSettings, ServerConfig
 from mcpmux.core.output_schema import result_error, sdk_problem
 from mcpmux.errors import UpstreamError, UpstreamTimeoutError, UpstreamUnavailableError
 from mcpmux.upstream.child_stderr import ChildStderr
-from mcpmux.upstream.client_tasks import TaskFailed
 from mcpmux.upstream.http_transport import http_transport
 from mcpmux.upstream.lane import UpstreamLane
 from mcpmux.upstream.oauth.upstream_auth import NeedsLoginError, needs_login, upstream_oauth
 from mcpmux.upstream.session_io import Listing, WatchedTransport, fetch_listing, listen_for_changes
 from mcpmux.upstream.stdio_transport import stdio_transport
+from mcpmux.upstream.task_receiver import TaskFailed
 
 logger = logging.getLogger(__name__)
 
@@ -238,9 +238,11 @@ class Upstream:
             self.state = UpstreamState.READY
             self.last_error = None
             self._set_client(client)
-            self.settled.set()
             logger.info("upstream %r ready (%s, %d tools)", self.name, client.protocol_version, len(self.listing.tools))
             await self.events.listing_changed(self.name)
+            # Settled once its tools are in the catalog and clients were told: a list that waited for
+            # it is answered after that list_changed, never before.
+            self.settled.set()
             await self._health.lost.wait()
             tasks.cancel_scope.cancel()
 
@@ -293,9 +295,10 @@ class Upstream:
         health = self._health
         lane = UpstreamLane()
         config = self.config
+        spoke = anyio.Event()  # the handshake ended: a stdio child then gets its grace to exit
         if config.transport == "stdio":
             command, args, env = config.command or "", list(config.args), self._child_env()
-            child = stdio_transport(command, args, env, config.cwd, lane, self.stderr)
+            child = stdio_transport(command, args, env, config.cwd, lane, self.stderr, spoke)
             transport = WatchedTransport(child, health.lost, lane, self._on_task_status, self._answer_task)
         else:
             endpoint = http_transport(config.url or "", dict(config.headers), lane, self.oauth)
@@ -322,6 +325,7 @@ class Upstream:
         with anyio.CancelScope(deadline=anyio.current_time() + self.settings.startup_timeout) as scope:
             async with client:
                 scope.deadline = math.inf
+                spoke.set()
                 self.lane = lane
                 try:
                     yield client

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -22,8 +24,8 @@ from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
 from mcpmux.mux.multiplexer import Mux
-from mcpmux.server.edge_policy import EdgePolicy
 from mcpmux.server.frontend import Frontend, bind
+from mcpmux.server.http.edge_policy import EdgePolicy
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "tests" / "servers" / "demo_server.py"
@@ -113,32 +115,41 @@ async def mux_over_stdio(config: Path, mode: str = "auto", **client: Any) -> Asy
 
 @contextmanager
 def mux_over_http(config: Path) -> Iterator[str]:
-    """`mcpmux serve --transport http` as a subprocess; yields the MCP endpoint URL."""
+    """`mcpmux serve --transport http` as a subprocess; yields the MCP endpoint URL once its upstreams
+    have connected (or failed), as a test expects them to be (mcpmux itself serves before)."""
     port = free_port()
-    process = subprocess.Popen(
-        [PY, "-m", "mcpmux", "serve", "--config", str(config), "--transport", "http", "--port", str(port)],
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        wait_for_port(port, process)
-        wait_for_upstreams(f"http://127.0.0.1:{port}")
-        yield f"http://127.0.0.1:{port}/mcp"
-    finally:
-        stop(process)
+    with tempfile.TemporaryDirectory(prefix="mcpmux-http-") as folder:
+        log = Path(folder) / "stderr.log"
+        with log.open("wb") as stderr:
+            process = subprocess.Popen(
+                [PY, "-m", "mcpmux", "serve", "--config", str(config), "--transport", "http", "--port", str(port)],
+                stderr=stderr,
+            )
+        try:
+            wait_for_port(port, process)
+            wait_for_upstreams(log, process)
+            yield f"http://127.0.0.1:{port}/mcp"
+        finally:
+            stop(process)
 
 
-def wait_for_upstreams(base: str, timeout: float = STARTUP_WAIT) -> None:
-    """Until no upstream of the mcpmux at `base` is still starting (it serves at once, they connect
-    behind it), as its dashboard's state says; at once where that needs a token."""
+_STARTING = re.compile(rb": (\d+) upstream\(s\) starting")
+_SETTLED = re.compile(rb"^upstream \S+: ", re.MULTILINE)
+
+
+def wait_for_upstreams(log: Path, process: subprocess.Popen[bytes], timeout: float = STARTUP_WAIT) -> None:
+    """Until `mcpmux serve --transport http`, whose stderr goes to `log`, has said of each of its
+    upstreams that it is ready or down (its banner counts them; one line each as it settles)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        answer = httpx2.get(f"{base}/dashboard/state", timeout=10)
-        if answer.status_code != 200:
+        said = log.read_bytes()
+        starting = _STARTING.search(said)
+        if starting is not None and len(_SETTLED.findall(said)) >= int(starting.group(1)):
             return
-        if all(upstream["state"] != "starting" for upstream in answer.json()["upstreams"]):
-            return
+        if process.poll() is not None:
+            raise RuntimeError(f"mcpmux exited with {process.returncode}; it said:\n{said.decode(errors='replace')}")
         time.sleep(0.1)
-    raise TimeoutError(f"the upstreams of {base} were still starting after {timeout} s")
+    raise TimeoutError(f"mcpmux's upstreams were still starting after {timeout} s")
 
 
 @asynccontextmanager

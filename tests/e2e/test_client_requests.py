@@ -31,7 +31,7 @@ from mcpmux import Mux
 from mcpmux.core.config import config_from_dict
 from mcpmux.core.inbound import can_answer
 from mcpmux.errors import ConfigError
-from mcpmux.mux.client_requests import REASON_META
+from mcpmux.mux.ask_policies import REASON_META
 from mcpmux.server.frontend import Frontend
 from tests.e2e.conftest import (
     EVERYTHING,
@@ -273,7 +273,7 @@ async def _direct_everything(person: Person) -> AsyncIterator[Client]:
 
 PREFIX = "everything__"
 CAPABILITY_TOOLS = {"get-roots-list", "trigger-elicitation-request", "trigger-url-elicitation"}
-# mcpmux takes sampling and elicitation as tasks upstream, for any client (`mcpmux.upstream.client_tasks`):
+# mcpmux takes sampling and elicitation as tasks upstream, for any client (`mcpmux.upstream.task_receiver`):
 # server-everything lists these for it, which a client that declares no tasks does not get directly.
 TASK_TOOLS = {"trigger-sampling-request-async", "trigger-elicitation-request-async"}
 

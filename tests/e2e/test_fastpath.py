@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx2
 import mcp_types as types
 import pytest
 from mcp import Client
@@ -27,7 +29,7 @@ from mcp.shared.exceptions import MCPError
 if __name__ != "__main__":
     from mcpmux import Mux
     from mcpmux.core.inbound import Caller
-    from mcpmux.mux.fast_path import FastCall, FastPath, Flight
+    from mcpmux.mux.fast_path import FastCall, FastPath, Launched
     from tests.e2e.conftest import (
         free_port,
         mux_over_http,
@@ -360,7 +362,7 @@ async def test_fast_path_calls_leave_nothing_for_the_cycle_collector(tmp_path: P
             message = {"jsonrpc": "2.0", "id": request_id, "method": "tools/call"}
             message["params"] = {"name": "probe__whoami", "arguments": {"tag": request_id}}
             call = fast.route(message, Caller(), "2025-11-25")
-            assert call is not None
+            assert isinstance(call, FastCall)
 
             def deliver_now(response: dict[str, Any]) -> bool:
                 answers[request_id] = response
@@ -384,7 +386,7 @@ async def test_fast_path_calls_leave_nothing_for_the_cycle_collector(tmp_path: P
                 with anyio.fail_after(20):
                     await done.wait()
             gc.collect()
-            left = [type(thing).__name__ for thing in gc.garbage if isinstance(thing, Flight | FastCall)]
+            left = [type(thing).__name__ for thing in gc.garbage if isinstance(thing, Launched | FastCall)]
         finally:
             gc.set_debug(0)
             gc.garbage.clear()
@@ -608,6 +610,28 @@ async def test_an_input_required_round_is_driven_on_the_call_that_got_it(tmp_pat
         first_legs = json.loads(text_of(await fast.call_tool("probe__asked", {})))
     assert len(first_legs) == 1  # asked once ...
     assert str(first_legs[0]).startswith("mux.")  # ... on the fast path
+
+
+@pytest.mark.anyio
+async def test_the_fast_path_says_why_it_leaves_a_call_to_the_sdk_path(tmp_path: Path) -> None:
+    """Each call the direct mode does not serve is counted under its reason, at /metrics."""
+    config = write_config(tmp_path / "mux.json", {"probe": probe()})
+    async with served_in_process(config) as (_, _, url):
+
+        async def elicit(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+            return types.ElicitResult(action="decline")
+
+        async def progress(done: float, total: float | None, message: str | None) -> None:
+            """Asking for progress over HTTP needs the SDK's event stream."""
+
+        async with Client(url, mode="auto") as plain, Client(url, mode="auto", elicitation_callback=elicit) as asking:
+            await plain.call_tool("probe__whoami", {})  # relayed raw: no reason counted
+            await asking.call_tool("probe__whoami", {})  # the upstream may ask this client: parked for rounds
+            await plain.call_tool("probe__whoami", {}, progress_callback=progress)
+        async with httpx2.AsyncClient() as http:
+            scraped = (await http.get(url.replace("/mcp", "/metrics"))).text
+    counted = dict(re.findall(r'mcpmux_sdk_path_calls_total\{reason="(\w+)"\} (\S+)', scraped))
+    assert counted == {"asks_client": "1.0", "front": "1.0"}
 
 
 # -- the probe upstream ---------------------------------------------------------------------------

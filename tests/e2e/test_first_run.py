@@ -23,7 +23,7 @@ from tests.e2e.conftest import DEMO, PY, ROOT, demo, free_port, stop, text_of, w
 
 MCPMUX = [PY, "-m", "mcpmux"]
 # Never answers the handshake: prints a line that is not JSON-RPC, then sleeps.
-HUNG = {"command": PY, "args": ["-c", "import time; print('hello', flush=True); time.sleep(600)"]}
+HUNG = {"command": PY, "args": ["-c", "import time; print('hello', flush=True); time.sleep(600)", "hung-upstream"]}
 # Says why on stderr, then exits 3 before any handshake.
 CRASHY = {"command": PY, "args": ["-c", "import sys; sys.stderr.write('boom: API_KEY is not set\\n'); sys.exit(3)"]}
 # Long enough that a test waiting for it would stand out against the seconds a start takes here.
@@ -90,6 +90,21 @@ async def test_a_hung_upstream_does_not_delay_serving(tmp_path: Path) -> None:
     with anyio.fail_after(STARTUP_TIMEOUT / 2):
         async with Client(params) as client:
             assert text_of(await _call_when_listed(client, "alpha__echo", {"text": "stdio"})) == "alpha: stdio"
+    # The client gives mcpmux a few seconds to exit: the hung child, which never got through its
+    # handshake, is ended at once rather than given a grace that would outlast them (and orphan it).
+    assert not _running("hung-upstream")
+
+
+def _running(marker: str) -> list[int]:
+    """The processes whose command line holds `marker`."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if marker.encode() in cmdline.read_bytes().split(b"\0"):
+                found.append(int(cmdline.parent.name))
+        except OSError:  # it ended while we looked
+            continue
+    return found
 
 
 async def _call_when_listed(client: Client, tool: str, arguments: dict[str, object]) -> object:

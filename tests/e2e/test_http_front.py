@@ -1,4 +1,4 @@
-"""Fast-path POSTs answered inside mcpmux's HTTP protocol, below ASGI (mcpmux.server.http_fast_front).
+"""Fast-path POSTs answered inside mcpmux's HTTP protocol, below ASGI (mcpmux.server.http.fast_front).
 
 Raw HTTP/1.1 on a socket, as a client may write it: pipelined requests, `Connection: close`,
 `Expect: 100-continue`, bodies too big to hold, proxy headers. Each request gets its own answer,
@@ -73,7 +73,8 @@ def echoed(response: tuple[int, dict[str, str], Any]) -> tuple[int, Any, str]:
 @pytest.fixture(scope="module")
 def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     probe = {"command": sys.executable, "args": [str(PROBE)]}
-    config = write_config(tmp_path_factory.mktemp("front") / "mux.json", {"probe": probe})
+    # The probe echoes 100 kB whole: what is timed here is HTTP, not results cut to fit a context.
+    config = write_config(tmp_path_factory.mktemp("front") / "mux.json", {"probe": probe}, max_result_bytes=0)
     with mux_over_http(config) as served:
         yield served
 

@@ -1,5 +1,5 @@
 """Idle keep-alive connections per client address (`[http] idle_connections_per_client`,
-mcpmux.server.http_keepalive): past the limit, the connection answering a fast-path call is retired with
+mcpmux.server.http.keepalive): past the limit, the connection answering a fast-path call is retired with
 `Connection: close`; every request still gets its answer, pipelined ones included.
 """
 
@@ -16,7 +16,7 @@ import anyio
 import pytest
 from mcp import Client
 
-from mcpmux.server.http_keepalive import STALE_AFTER
+from mcpmux.server.http.keepalive import STALE_AFTER
 from tests.e2e.conftest import mux_over_http, text_of
 from tests.e2e.test_fastpath import PROBE
 from tests.e2e.test_http_front import connect, echoed, read_responses, request

@@ -77,12 +77,21 @@ class RawStdio:
         self.process.stdin.flush()
 
     def receive(self, timeout: float = 60.0) -> Any:
-        return json.loads(self.lines.get(timeout=timeout))
+        """The next response, past the list_changed notifications an upstream coming up sends meanwhile."""
+        while True:
+            message = json.loads(self.lines.get(timeout=timeout))
+            if not (isinstance(message, dict) and str(message.get("method", "")).endswith("/list_changed")):
+                return message
 
     def start(self, version: str) -> None:
         self.send(_initialize(version))
         assert self.receive()["result"]["protocolVersion"] == version
         self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        # mcpmux serves before its upstreams connect: a list waits for them, and the list_changed
+        # their arrival causes comes before its answer. Past it, every line answers a request.
+        self.send({"jsonrpc": "2.0", "id": "listed", "method": "tools/list"})
+        while self.receive().get("id") != "listed":
+            pass
 
     def close(self) -> None:
         """End the session the way MCP clients do: close stdin, then wait, then signal."""

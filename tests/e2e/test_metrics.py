@@ -17,8 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from mcpmux import Mux
 from mcpmux.core.config import config_from_dict
-from mcpmux.server.edge_policy import EdgePolicy
 from mcpmux.server.frontend import Frontend, bind
+from mcpmux.server.http.edge_policy import EdgePolicy
 from tests.e2e.conftest import PY, demo, free_port, stop, text_of, wait_for_port
 from tests.inference.tiny_models import build_tiny_model
 

@@ -39,8 +39,8 @@ from mcpmux.cli.login import logout_main
 from mcpmux.core.config import load_config
 from mcpmux.errors import UnlistedToolError, UpstreamUnavailableError
 from mcpmux.mux.multiplexer import Mux
-from mcpmux.server.edge_policy import EdgePolicy
 from mcpmux.server.frontend import Frontend, bind
+from mcpmux.server.http.edge_policy import EdgePolicy
 from mcpmux.upstream.oauth.login_flow import LoginError, MemoryTokenStorage, log_in
 from mcpmux.upstream.oauth.token_store import TokenStore
 from mcpmux.upstream.oauth.upstream_auth import login_command, token_store

@@ -22,7 +22,7 @@ from mcpmux.core.config import config_from_dict
 from mcpmux.errors import ConfigError, UnknownToolError
 from mcpmux.mux.multiplexer import Mux
 from mcpmux.mux.reload import ConfigReloader
-from mcpmux.server.edge_policy import EdgePolicy
+from mcpmux.server.http.edge_policy import EdgePolicy
 from tests.e2e.conftest import bearer_client, demo, served_in_process, text_of
 
 pytestmark = pytest.mark.anyio

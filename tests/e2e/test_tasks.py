@@ -81,6 +81,7 @@ def raw_session(tmp_path: Path) -> Iterator[RawSession]:
         }
         assert process.stdin is not None
         process.stdin.write('{"jsonrpc": "2.0", "method": "notifications/initialized"}\n')
+        session.request("tools/list", {})  # answered once the upstream is connected (mcpmux serves before)
         yield session
     finally:
         if process.stdin is not None:

@@ -89,7 +89,7 @@ async def test_search_answers_in_the_documented_shape_best_first(client: Client)
     tools = (result.structured_content or {})["tools"]
     assert len(tools) <= 3
     assert tools[0]["name"] == "time__get_current_time"
-    assert set(tools[0]) == {"name", "description", "inputSchema", "score"}
+    assert set(tools[0]) == {"name", "description", "inputSchema", "score"}  # `_meta` only where a tool has one
     assert "timezone" in tools[0]["inputSchema"]["properties"]
     scores = [item["score"] for item in tools]
     assert scores == sorted(scores, reverse=True)
@@ -97,6 +97,41 @@ async def test_search_answers_in_the_documented_shape_best_first(client: Client)
     assert "1. time__get_current_time" in text
     assert "mux_call_tool" in text
     assert '"timezone"' in text  # the schema is in the text too, for clients that show only text
+
+
+async def test_the_search_tool_names_the_servers_behind_it(client: Client) -> None:
+    search = {tool.name: tool for tool in (await client.list_tools()).tools}["mux_search_tools"]
+    description = search.description or ""
+    assert description.startswith("Find tools of the connected servers")
+    # Each server, with the words its tools are named by (the server's own name and generic verbs left out).
+    servers = description.split("Servers: ", 1)[1]
+    assert "alpha (" in servers
+    assert "beta (" in servers
+    assert "time (current, convert)" in servers
+    assert "weather" in servers
+
+
+async def test_the_answer_says_which_ranking_answered(client: Client) -> None:
+    result = await client.call_tool("mux_search_tools", {"query": "current time in Tokyo", "limit": 1})
+    structured = result.structured_content or {}
+    assert structured["ranking"] == "BM25"
+    assert structured["why"].startswith('[inference] backend is "off"')
+    assert '(BM25: [inference] backend is "off"' in text_of(result)
+
+
+async def test_results_carry_each_tools_meta(client: Client) -> None:
+    meta = {"ui": {"resourceUri": "ui://alpha/dashboard"}}
+    await client.call_tool("alpha__add_tool", {"name": "open_sales_dashboard", "meta": meta})
+    with anyio.fail_after(20):
+        while True:
+            result = await client.call_tool("mux_search_tools", {"query": "open the sales dashboard", "limit": 3})
+            tools = (result.structured_content or {})["tools"]
+            if tools and tools[0]["name"] == "alpha__open_sales_dashboard":
+                break
+            await anyio.sleep(0.1)
+    # As tools/list shows it: the view's ui:// URI named after its server (docs/guide/protocol.md, MCP Apps).
+    assert tools[0]["_meta"] == {"ui": {"resourceUri": "ui://alpha+alpha/dashboard"}}
+    assert all("_meta" not in item for item in tools[1:])  # the demo's own tools have none
 
 
 async def test_a_search_without_a_limit_returns_five_tools(client: Client) -> None:
@@ -236,12 +271,12 @@ async def test_a_reload_brings_the_index_up_to_date(home: Path) -> None:
         search = mux.tool_search
         assert search is not None
         query = "current time in a timezone"
-        assert all(hit.doc.server == "alpha" for hit in await search.search(query, 50))
+        assert all(hit.doc.server == "alpha" for hit in (await search.search(query, 50)).hits)
         await mux.reload(_config(tool_search="on"))  # the time server joins
         with anyio.fail_after(20):
-            while (await search.search(query, 1))[0].doc.server != "time":
+            while (await search.search(query, 1)).hits[0].doc.server != "time":
                 await anyio.sleep(0.05)
-        assert (await search.search(query, 1))[0].doc.name == "time__get_current_time"
+        assert (await search.search(query, 1)).hits[0].doc.name == "time__get_current_time"
 
 
 async def test_bm25_alone_is_logged_once_when_embeddings_are_off(home: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -251,8 +286,11 @@ async def test_bm25_alone_is_logged_once_when_embeddings_are_off(home: Path, cap
         with anyio.fail_after(10):
             await mux.tool_search.indexed.wait()
         await mux.tool_search.search("time")
-        await mux.tool_search.search("echo")
-        assert mux.tool_search.method() == "BM25"
+        found = await mux.tool_search.search("echo")
+        assert (found.ranking, found.why) == (
+            "BM25",
+            '[inference] backend is "off" (set it to "local" or "openai" to add embeddings)',
+        )
     said = [record.getMessage() for record in caplog.records if "BM25 alone" in record.getMessage()]
     assert len(said) == 1
     assert '[inference] backend is "off"' in said[0]
@@ -288,20 +326,33 @@ async def test_hybrid_ranking_with_the_real_minilm_and_a_warm_restart(
         search = mux.tool_search
         assert search is not None
         search.query_timeout = 120.0  # the first query may wait for the model on a loaded machine
-        with anyio.fail_after(240):
-            await search.indexed.wait()
+        # Searched at once, while the model loads: the search waits for the embeddings, never BM25 alone.
+        first = await search.search("sum two integers", 3, wait=240)
+        assert first.ranking == "BM25 + embeddings", first.why
+        assert first.hits[0].doc.name == "alpha__add"
         assert search.index.dense_ready
-        assert search.index.embedded_texts == len(search.index.docs) > 10
-        assert search.method() == "BM25 + embeddings"
+        texts = {text for doc in search.index.docs for text in doc.dense_texts()}  # each embedded once
+        assert search.index.embedded_texts == len(texts) > 2 * len(search.index.docs) > 20
+
         # Worded away from the descriptions: BM25 alone finds nothing, the embeddings find the tool.
-        for query, best in [("will it rain in Berlin tomorrow", "alpha__get_weather"), ("plus 3 and 4", "alpha__add")]:
+        for query, best in [
+            ("is it going to be sunny or rainy in Berlin", "alpha__get_weather"),
+            ("plus 3 and 4", "alpha__add"),
+        ]:
             assert search.index.search(query, 3, method="bm25") == []
-            assert (await search.search(query, 3))[0].doc.name.startswith(best), query
-        hits = await search.search("sum two integers", 3)
-        assert hits[0].doc.name == "alpha__add"
+            assert (await search.search(query, 3)).hits[0].doc.name.startswith(best), query
+        found = await search.search("sum two integers", 3)
+        assert found.ranking == "BM25 + embeddings"
+        assert found.hits[0].doc.name == "alpha__add"
         result = await mux.call_tool("mux_search_tools", {"query": "weather forecast for a city", "limit": 2})
         assert (result.structured_content or {})["tools"][0]["name"].startswith("alpha__get_weather")
+        assert (result.structured_content or {})["ranking"] == "BM25 + embeddings"
         assert "(BM25 + embeddings)" in text_of(result)
+        # Nonsense matches nothing: no keyword, and no tool's meaning close enough.
+        nonsense = await mux.call_tool("mux_search_tools", {"query": "zzqqxx flurb"})
+        assert (nonsense.structured_content or {}) == {"tools": [], "ranking": "BM25 + embeddings"}
+        assert "no tool matches 'zzqqxx flurb'" in text_of(nonsense)
+        assert "ranked by BM25 + embeddings" in text_of(nonsense)
     async with Mux(config) as mux:
         search = mux.tool_search
         assert search is not None
@@ -348,3 +399,22 @@ def test_the_search_command_prints_ranked_tools(tmp_path: Path, home: Path) -> N
     bad = subprocess.run([*command, "time", "--limit", "0"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2
     assert "--limit must be between 1 and 50, got 0" in bad.stderr
+
+
+@pytest.mark.slow
+async def test_the_search_command_and_the_search_tool_agree_with_embeddings(tmp_path: Path, home: Path) -> None:
+    """`mcpmux search` and `mux_search_tools` rank by the same method, with the same threshold."""
+    servers = {"alpha": demo("alpha"), "time": TIME_SERVER}
+    config = write_config(tmp_path / "mcp.json", servers, tool_search="on")
+    command = [sys.executable, "-m", "mcpmux", "search", "--config", str(config)]
+    async with Mux(config_from_dict({"mcpServers": servers, "mux": {"tool_search": "on"}})) as mux:
+        assert mux.tool_search is not None
+        mux.tool_search.query_timeout = 120.0
+        for query in ("is it going to be sunny or rainy in Berlin", "zzqqxx flurb"):
+            found = await mux.tool_search.search(query, 3, wait=240)
+            done = subprocess.run([*command, query, "-n", "3"], capture_output=True, text=True, timeout=300)
+            assert found.ranking == "BM25 + embeddings"
+            assert f"ranked by {found.ranking}" in done.stderr
+            assert [line.split("\t")[1] for line in done.stdout.splitlines()] == [hit.doc.name for hit in found.hits]
+            assert done.returncode == (0 if found.hits else 1)
+    assert not found.hits  # the nonsense query: nothing, exit status 1

@@ -24,7 +24,7 @@ from typing import IO, Any
 import httpx2
 import pytest
 
-from tests.e2e.conftest import DEMO, PY, ROOT, free_port, stop, wait_for_port
+from tests.e2e.conftest import DEMO, PY, ROOT, free_port, stop, wait_for_port, wait_for_upstreams
 
 FAULT = ROOT / "tests" / "servers" / "fault_server.py"
 RUN_ENV = "MCPMUX_RELIABILITY_RUN"
@@ -123,7 +123,8 @@ def stdio_upstream(name: str, script: Path = DEMO, **env: str) -> dict[str, Any]
 
 def write_config(path: Path, servers: dict[str, dict[str, Any]], model: Path | None = None, **mux: Any) -> Path:
     """A JSON config: the servers, `[mux]` settings, and the local engine on `model` if given."""
-    raw: dict[str, Any] = {"mcpServers": servers, "mux": {"startup_timeout": 30, **mux}}
+    # A list waits for upstreams still starting this long (mcpmux serves before they connect).
+    raw: dict[str, Any] = {"mcpServers": servers, "mux": {"startup_timeout": 30, "startup_list_wait": 60, **mux}}
     if model is not None:
         raw["inference"] = {
             "backend": "local",
@@ -166,6 +167,7 @@ def http_mux(config: Path, run_id: str, log: Path) -> Iterator[Served]:
         process = subprocess.Popen(command, env=tagged_env(run_id), stderr=stderr, cwd=ROOT)
         try:
             wait_for_port(port, process, timeout=90)
+            wait_for_upstreams(log, process)
             yield Served(process, f"http://127.0.0.1:{port}/mcp")
         finally:
             stop(process)
@@ -217,6 +219,9 @@ class RawStdio:
         params = {"protocolVersion": version, "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}
         response = self.request({"jsonrpc": "2.0", "id": "init", "method": "initialize", "params": params}, 90)
         self.send_json({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        # mcpmux serves before its upstreams connect: a list waits for them, and the list_changed
+        # their arrival causes comes (and is discarded here) before its answer.
+        self.request({"jsonrpc": "2.0", "id": "init-list", "method": "tools/list"}, 90)
         return response
 
     def close(self) -> int:

@@ -140,7 +140,8 @@ def check(answer: Exchange, request_id: object, must_answer: bool = True) -> Non
 def stdio_front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StdioFront]:
     folder = tmp_path_factory.mktemp("fuzz_stdio")
     tag = uuid.uuid4().hex
-    config = write_config(folder / "mux.json", {"alpha": stdio_upstream("alpha")})
+    # Megabyte payloads must come back whole: no cut to fit a model's context here.
+    config = write_config(folder / "mux.json", {"alpha": stdio_upstream("alpha")}, max_result_bytes=0)
     with (folder / "mux.log").open("wb") as log:
         mux = RawStdio(config, tag, log)
         try:
@@ -160,7 +161,7 @@ def stdio_front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StdioFront
 def http_front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpFront]:
     folder = tmp_path_factory.mktemp("fuzz_http")
     tag = uuid.uuid4().hex
-    config = write_config(folder / "mux.json", {"alpha": stdio_upstream("alpha")})
+    config = write_config(folder / "mux.json", {"alpha": stdio_upstream("alpha")}, max_result_bytes=0)
     with http_mux(config, tag, folder / "mux.log") as mux:
         front = HttpFront(mux.url, PATIENCE)
         yield front

@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import os
 import sys
+from typing import Any
 
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
@@ -116,13 +117,13 @@ def fail(reason: str) -> str:
 
 
 @server.tool()
-async def add_tool(name: str, ctx: Context) -> str:
-    """Register a new tool named `name`, which announces tools/list_changed."""
+async def add_tool(name: str, ctx: Context, meta: dict[str, Any] | None = None) -> str:
+    """Register a new tool named `name` (with `meta` as its `_meta`), which announces tools/list_changed."""
 
     def extra() -> str:
         return f"{name} works"
 
-    server.add_tool(extra, name=name, description=f"added at run time: {name}")
+    server.add_tool(extra, name=name, description=f"added at run time: {name}", meta=meta)
     await ctx.notify_tools_changed()
     await ctx.request_context.session.send_tool_list_changed()
     return f"added {name}"

@@ -24,6 +24,7 @@ the forward, but moved R@1 on the tool-search held-out queries by 0.02.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -42,10 +43,12 @@ class _OneDnnLinear(nn.Module):
 
     Its input is cast to `dtype`, and its output is in `dtype`."""
 
-    def __init__(self, linear: nn.Linear, activation: str = "none", dtype: torch.dtype = torch.float32) -> None:
+    def __init__(
+        self, weight: torch.Tensor, bias: torch.Tensor, activation: str = "none", dtype: torch.dtype = torch.float32
+    ) -> None:
         super().__init__()
-        self.weight = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach().to(dtype), 16)
-        self.bias = linear.bias.detach().to(dtype)
+        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(dtype), 16)
+        self.bias = bias.detach().to(dtype)
         self.dtype = dtype
         self.activation = activation
         self.algorithm = "none" if activation == "gelu" else ""
@@ -57,41 +60,51 @@ class _OneDnnLinear(nn.Module):
         return out
 
 
-class _Gelu(nn.Module):
-    def __init__(self, linear: nn.Linear) -> None:
+class _Linear(nn.Module):
+    """A float32 linear layer (optionally followed by the exact GELU), where torch has no oneDNN."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor, activation: str = "none") -> None:
         super().__init__()
-        self.linear = linear
+        self.weight = weight.detach().float()
+        self.bias = bias.detach().float()
+        self.activation = activation
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.gelu(self.linear(x))
+        out = F.linear(x, self.weight, self.bias)
+        return F.gelu(out) if self.activation == "gelu" else out
+
+
+def _norm(weights: Mapping[str, torch.Tensor], name: str, eps: float) -> nn.LayerNorm:
+    norm = nn.LayerNorm(weights[f"{name}.weight"].shape[0], eps=eps)
+    with torch.no_grad():
+        norm.weight.copy_(weights[f"{name}.weight"])
+        norm.bias.copy_(weights[f"{name}.bias"])
+    return norm
 
 
 class _Layer(nn.Module):
-    def __init__(self, layer: Any, dtype: torch.dtype) -> None:
+    def __init__(self, weights: Mapping[str, torch.Tensor], prefix: str, config: Mapping[str, Any], dtype: torch.dtype):
         super().__init__()
-        attention = layer.attention.self
-        parts = (attention.query, attention.key, attention.value)
-        qkv = nn.Linear(parts[0].in_features, 3 * parts[0].out_features)
-        with torch.no_grad():
-            qkv.weight.copy_(torch.cat([p.weight for p in parts]))
-            qkv.bias.copy_(torch.cat([p.bias for p in parts]))
-        self.heads = attention.num_attention_heads
-        self.norm1 = layer.attention.output.LayerNorm
-        self.norm2 = layer.output.LayerNorm
-        out, up, down = layer.attention.output.dense, layer.intermediate.dense, layer.output.dense
-        self.qkv: nn.Module
-        self.out: nn.Module
-        self.up: nn.Module
-        self.down: nn.Module
-        if torch.backends.mkldnn.is_available():
-            self.qkv, self.out, self.up, self.down = (
-                _OneDnnLinear(qkv, dtype=dtype),
-                _OneDnnLinear(out, dtype=dtype),
-                _OneDnnLinear(up, "gelu", dtype),
-                _OneDnnLinear(down, dtype=dtype),
-            )
-        else:
-            self.qkv, self.out, self.up, self.down = qkv, out, _Gelu(up), down
+
+        def linear(name: str, activation: str = "none") -> nn.Module:
+            if name == "qkv":  # the three projections as one product
+                parts = [f"{prefix}attention.self.{part}" for part in ("query", "key", "value")]
+                weight = torch.cat([weights[f"{part}.weight"] for part in parts])
+                bias = torch.cat([weights[f"{part}.bias"] for part in parts])
+            else:
+                weight, bias = weights[f"{prefix}{name}.weight"], weights[f"{prefix}{name}.bias"]
+            if torch.backends.mkldnn.is_available():
+                return _OneDnnLinear(weight, bias, activation, dtype)
+            return _Linear(weight, bias, activation)
+
+        eps = float(config.get("layer_norm_eps", 1e-12))
+        self.heads = int(config["num_attention_heads"])
+        self.qkv = linear("qkv")
+        self.out = linear("attention.output.dense")
+        self.up = linear("intermediate.dense", "gelu")
+        self.down = linear("output.dense")
+        self.norm1 = _norm(weights, f"{prefix}attention.output.LayerNorm", eps)
+        self.norm2 = _norm(weights, f"{prefix}output.LayerNorm", eps)
 
     def forward(self, h: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         # `.float()` is a no-op on float32 products; bfloat16 ones come back to float32 here, while
@@ -107,34 +120,52 @@ class _Layer(nn.Module):
 class PackedBert(nn.Module):
     """`BertModel`'s last hidden state (float32) from token ids and a 0/1 mask (None: no padding).
 
-    `dtype`: the linear layers' weights, float32 or bfloat16 (with oneDNN only)."""
+    Built from the checkpoint's tensors (`BertModel`'s names: `embeddings.*`, `encoder.layer.N.*`) and
+    its `config.json`; `dtype`: the linear layers' weights, float32 or bfloat16 (with oneDNN only)."""
 
-    def __init__(self, model: Any, dtype: torch.dtype = torch.float32) -> None:
+    def __init__(
+        self, weights: Mapping[str, torch.Tensor], config: Mapping[str, Any], dtype: torch.dtype = torch.float32
+    ) -> None:
         super().__init__()
-        embeddings = model.embeddings
         self.dtype = dtype if torch.backends.mkldnn.is_available() else torch.float32
-        self.words = embeddings.word_embeddings
-        self.positions = embeddings.position_embeddings
-        self.token_type = nn.Parameter(embeddings.token_type_embeddings.weight[0].detach().clone())
-        self.norm = embeddings.LayerNorm
-        self.layers = nn.ModuleList(_Layer(layer, self.dtype) for layer in model.encoder.layer)
+        self.words = weights["embeddings.word_embeddings.weight"].detach().float()
+        self.positions = weights["embeddings.position_embeddings.weight"].detach().float()
+        self.token_type = weights["embeddings.token_type_embeddings.weight"][0].detach().float().clone()
+        self.norm = _norm(weights, "embeddings.LayerNorm", float(config.get("layer_norm_eps", 1e-12)))
+        self.layers = nn.ModuleList(
+            _Layer(weights, f"encoder.layer.{i}.", config, self.dtype) for i in range(int(config["num_hidden_layers"]))
+        )
 
     def forward(self, input_ids: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         length = input_ids.shape[1]
-        h = self.norm(self.words(input_ids) + self.positions.weight[:length] + self.token_type)
+        h = self.norm(F.embedding(input_ids, self.words) + self.positions[:length] + self.token_type)
         attend = None if mask is None else (mask[:, None, None, :] > 0)
         for layer in self.layers:
             h = layer(h, attend)
         return h
 
 
-def pack(model: Any, dtype: torch.dtype | None = None) -> PackedBert | None:
-    """The packed encoder for a plain BERT `model`, else None; `dtype` of its linear layers'
-    weights: float32, bfloat16, or None for `matmul_dtype()`."""
-    config = model.config
-    plain = (
-        config.model_type == "bert"
-        and config.hidden_act == "gelu"
-        and getattr(config, "position_embedding_type", "absolute") == "absolute"
+def plain_bert(config: Mapping[str, Any]) -> bool:
+    """Whether `config` (a model folder's config.json) is a BERT that `PackedBert` computes exactly."""
+    return (
+        config.get("model_type") == "bert"
+        and config.get("hidden_act") == "gelu"
+        and config.get("position_embedding_type", "absolute") == "absolute"
     )
-    return PackedBert(model, matmul_dtype() if dtype is None else dtype).eval() if plain else None
+
+
+def pack_weights(
+    weights: Mapping[str, torch.Tensor], config: Mapping[str, Any], dtype: torch.dtype | None = None
+) -> PackedBert | None:
+    """The packed encoder for a plain BERT checkpoint's tensors, else None; `dtype` of its linear layers'
+    weights: float32, bfloat16, or None for `matmul_dtype()`. A checkpoint saved from a task model names
+    its tensors `bert.*`: the prefix is dropped."""
+    if not plain_bert(config):
+        return None
+    named = {name.removeprefix("bert."): tensor for name, tensor in weights.items()}
+    return PackedBert(named, config, matmul_dtype() if dtype is None else dtype).eval()
+
+
+def pack(model: Any, dtype: torch.dtype | None = None) -> PackedBert | None:
+    """The packed encoder for a transformers `BertModel` (see `pack_weights`)."""
+    return pack_weights(model.state_dict(), model.config.to_dict(), dtype)

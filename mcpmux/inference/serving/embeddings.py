@@ -138,7 +138,9 @@ def _load_model(name: str, device: str) -> EmbeddingModel:
     """The model, torch imported with it on first use: in a worker thread, as it takes seconds."""
     from mcpmux.inference.serving.encoder import EmbeddingModel
 
-    return EmbeddingModel(name, device)
+    model = EmbeddingModel(name, device)
+    model.warm_up()
+    return model
 
 
 def _one_thread() -> None:

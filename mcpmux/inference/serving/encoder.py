@@ -4,6 +4,13 @@ Pooling and normalization follow the model folder's sentence-transformers files 
 `1_Pooling/config.json`): all-MiniLM-L6-v2 uses mean pooling over real tokens, then L2 norm. Texts
 are split into length buckets (sorted by token count, grouped by power-of-two length class), and
 each bucket is padded only to its own longest text, so a short text never pays for a long one.
+
+A plain BERT folder (all-MiniLM-L6-v2) on a CPU loads without transformers: its tensors straight from
+`model.safetensors` into the packed forward and its `tokenizer.json` into `tokenizers`, the same
+tokenizer transformers' fast one runs. Tool search waits for this model before its first answer, and
+importing transformers and building its `BertModel` took 5 to 12 s of a loaded 2-core host against
+0.2 s this way (`benchmarks/tool_search.py --startup`). Other models, and any on CUDA, load through
+transformers.
 """
 
 from __future__ import annotations
@@ -17,10 +24,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from transformers import AutoModel, AutoTokenizer
 
 from mcpmux.inference.errors import EngineError
-from mcpmux.inference.serving.bert_encoder import pack
+from mcpmux.inference.serving.bert_encoder import pack, pack_weights, plain_bert
 
 log = logging.getLogger(__name__)
 
@@ -123,28 +129,47 @@ class PaddingCounter:
 class EmbeddingModel:
     """A loaded encoder: texts in, pooled (and normalized) vectors out. Synchronous; call off the loop."""
 
-    def __init__(self, spec: str, device: str = "auto") -> None:
+    def __init__(self, spec: str, device: str = "auto", *, weights: torch.dtype | None = None) -> None:
+        """`weights`: the packed forward's linear layers' dtype (None: bfloat16 where the CPU multiplies it
+        in hardware, else float32; see `bert_encoder.matmul_dtype`)."""
         self.spec = spec
         folder = resolve_folder(spec)
         self.pooling = read_pooling(folder)
         self.device = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else "cpu")
+        config = json.loads((folder / "config.json").read_text())
+        self.model: Any = None
+        """transformers' model, where the folder is not loaded straight into the packed forward."""
+        self._tokenizer: _Tokenizer | _HFTokenizer
         try:
-            self.tokenizer: Any = AutoTokenizer.from_pretrained(folder)
-            self.model: Any = AutoModel.from_pretrained(folder, dtype=torch.float32).to(self.device).eval()
-        except (OSError, ValueError) as exc:
+            if self.device.type == "cpu" and plain_bert(config) and _lean_files(folder):
+                self._tokenizer = _Tokenizer(folder, self.pooling.max_seq_length)
+                self.packed = pack_weights(_read_weights(folder), config, weights)
+            else:
+                self._tokenizer = _transformers_tokenizer(folder, self.pooling.max_seq_length)
+                self.model = _transformers_model(folder, self.device)
+                self.packed = pack(self.model, weights) if self.device.type == "cpu" else None
+        except (OSError, ValueError, KeyError) as exc:
             raise EmbeddingModelError(f"could not load embedding model {spec!r} from {folder}: {exc}") from exc
-        self.dimension = int(self.model.config.hidden_size)
-        self.packed = pack(self.model) if self.device.type == "cpu" else None
+        self.dimension = int(config["hidden_size"])
         self.precision = str(self.packed.dtype if self.packed is not None else torch.float32).removeprefix("torch.")
         """What the vectors are computed in ("float32", or "bfloat16" on CPUs that multiply it in hardware):
         part of the embedding cache's identity, so machines sharing a cache never mix the two."""
         self.padding = PaddingCounter()
         self.forward_passes = 0
 
+    def warm_up(self) -> None:
+        """One forward of a short text, uncounted: the first product of each shape sets up its oneDNN
+        kernels (a second on a busy host), which would otherwise fall on the first search's query."""
+        ids = torch.tensor([self.tokenize(["warm up"])[0]], device=self.device)
+        with torch.inference_mode():
+            if self.packed is not None:
+                self.packed(ids, None)
+            else:
+                self.model(input_ids=ids, attention_mask=torch.ones_like(ids))
+
     def tokenize(self, texts: list[str]) -> list[list[int]]:
         """Token ids per text, truncated to the model's max sequence length."""
-        encoded = self.tokenizer(texts, truncation=True, max_length=self.pooling.max_seq_length)
-        return [list(ids) for ids in encoded["input_ids"]]
+        return self._tokenizer.encode(texts)
 
     def embed(self, texts: list[str], *, bucketing: bool = True) -> list[list[float]]:
         """Vectors for `texts`, in order; one forward pass per length bucket, padded to its longest text."""
@@ -157,7 +182,7 @@ class EmbeddingModel:
 
     def _forward(self, batch: list[list[int]]) -> list[list[float]]:
         longest = max(len(x) for x in batch)
-        pad_id = self.tokenizer.pad_token_id or 0
+        pad_id = self._tokenizer.pad_id
         input_ids = torch.tensor([x + [pad_id] * (longest - len(x)) for x in batch], device=self.device)
         mask = torch.tensor([[1] * len(x) + [0] * (longest - len(x)) for x in batch], device=self.device)
         self.padding.real_tokens += int(mask.sum())
@@ -180,3 +205,53 @@ class EmbeddingModel:
         if self.pooling.mode == "max":
             return states.masked_fill(mask == 0, float("-inf")).amax(dim=1)
         return (states * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
+
+
+class _Tokenizer:
+    """The folder's `tokenizer.json` in `tokenizers` (what transformers' fast tokenizer runs): special
+    tokens added, truncated to `max_length`, no padding (the file may ask for some; batches pad themselves)."""
+
+    def __init__(self, folder: Path, max_length: int) -> None:
+        from tokenizers import Tokenizer
+
+        self._tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        self._tokenizer.no_padding()
+        self._tokenizer.enable_truncation(max_length)
+        pad = self._tokenizer.token_to_id("[PAD]")
+        self.pad_id = int(pad) if pad is not None else 0
+
+    def encode(self, texts: list[str]) -> list[list[int]]:
+        return [list(encoding.ids) for encoding in self._tokenizer.encode_batch(texts)]
+
+
+class _HFTokenizer:
+    def __init__(self, tokenizer: Any, max_length: int) -> None:
+        self._tokenizer = tokenizer
+        self._max_length = max_length
+        self.pad_id = int(tokenizer.pad_token_id or 0)
+
+    def encode(self, texts: list[str]) -> list[list[int]]:
+        encoded = self._tokenizer(texts, truncation=True, max_length=self._max_length)
+        return [list(ids) for ids in encoded["input_ids"]]
+
+
+def _lean_files(folder: Path) -> bool:
+    return (folder / "tokenizer.json").is_file() and (folder / "model.safetensors").is_file()
+
+
+def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return {name: tensor.float() for name, tensor in load_file(folder / "model.safetensors").items()}
+
+
+def _transformers_tokenizer(folder: Path, max_length: int) -> _HFTokenizer:
+    from transformers import AutoTokenizer
+
+    return _HFTokenizer(AutoTokenizer.from_pretrained(folder), max_length)
+
+
+def _transformers_model(folder: Path, device: torch.device) -> Any:
+    from transformers import AutoModel
+
+    return AutoModel.from_pretrained(folder, dtype=torch.float32).to(device).eval()

@@ -254,8 +254,8 @@ async def test_a_full_queue_answers_503(tiny_llama: Path) -> None:
 async def test_the_mcp_http_server_mounts_v1_when_asked(tiny_llama: Path, openai_api: bool) -> None:
     from mcpmux.core.config import config_from_dict
     from mcpmux.mux.multiplexer import Mux
-    from mcpmux.server.edge_policy import EdgePolicy
     from mcpmux.server.frontend import Frontend, bind
+    from mcpmux.server.http.edge_policy import EdgePolicy
 
     inference = {
         "backend": "local",

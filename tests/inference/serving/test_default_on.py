@@ -17,8 +17,8 @@ import pytest
 from mcpmux.core.config import config_from_dict
 from mcpmux.inference.serving.settings import InferenceSettings
 from mcpmux.mux.multiplexer import Mux
-from mcpmux.server.edge_policy import EdgePolicy
 from mcpmux.server.frontend import Frontend, bind
+from mcpmux.server.http.edge_policy import EdgePolicy
 
 pytestmark = pytest.mark.anyio
 

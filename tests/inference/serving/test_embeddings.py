@@ -146,14 +146,27 @@ def test_vectors_are_normalized_and_mean_pooled_as_the_model_says(model: Embeddi
 
 
 def test_packed_forward_gives_the_transformers_models_vectors(model: EmbeddingModel) -> None:
-    packed = pack(model.model, torch.float32)
+    """The folder loads straight into the packed forward (no transformers), and its states are those of
+    transformers' `BertModel`; the token ids are those of transformers' tokenizer."""
+    from transformers import AutoModel, AutoTokenizer
+
+    assert model.model is None  # a plain BERT on a CPU: loaded without transformers
+    folder = resolve_folder(MINILM)
+    reference_model = AutoModel.from_pretrained(folder, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    long_text = "a word " * 300  # past the model's 256 tokens: both truncate alike
+    assert model.tokenize([*MIXED, long_text]) == [
+        list(ids) for ids in tokenizer([*MIXED, long_text], truncation=True, max_length=256)["input_ids"]
+    ]
+    packed = EmbeddingModel(MINILM, device="cpu", weights=torch.float32).packed
     assert packed is not None  # all-MiniLM-L6-v2 is a plain BERT
+    assert pack(reference_model, torch.float32) is not None  # a transformers model packs the same way
     ids = model.tokenize(MIXED)
     longest = max(len(x) for x in ids)
     input_ids = torch.tensor([x + [0] * (longest - len(x)) for x in ids])
     mask = torch.tensor([[1] * len(x) + [0] * (longest - len(x)) for x in ids])
     with torch.inference_mode():
-        reference = model.model(input_ids=input_ids, attention_mask=mask).last_hidden_state
+        reference = reference_model(input_ids=input_ids, attention_mask=mask).last_hidden_state
         states = packed(input_ids, mask)
         alone = packed(input_ids[:1, : len(ids[0])], None)
     real = mask.unsqueeze(-1).bool()
@@ -176,10 +189,8 @@ def test_the_encoder_multiplies_in_bfloat16_only_where_the_cpu_has_the_instructi
 def test_bfloat16_weights_keep_the_float32_vectors_directions(model: EmbeddingModel) -> None:
     if matmul_dtype() != torch.bfloat16:
         pytest.skip("this CPU has no bfloat16 instructions: the encoder keeps float32 weights here")
-    float32 = EmbeddingModel(MINILM, device="cpu")
-    float32.packed = pack(float32.model, torch.float32)
-    bf16 = EmbeddingModel(MINILM, device="cpu")
-    bf16.packed = pack(bf16.model, torch.bfloat16)
+    float32 = EmbeddingModel(MINILM, device="cpu", weights=torch.float32)
+    bf16 = EmbeddingModel(MINILM, device="cpu", weights=torch.bfloat16)
     for text, want, got in zip(MIXED, float32.embed(MIXED), bf16.embed(MIXED), strict=True):
         assert cosine(got, want) > 0.9999, text
         assert got != want  # the bfloat16 products really ran

@@ -5,7 +5,7 @@ follow a reload (`EdgePolicy.reloaded`). `EdgePolicy.load` resolves the bearer t
 environment variable or a file: `[http]`'s, and each `[profiles.NAME]`'s, which bind their tokens
 to that profile), the allowed Host and Origin names, the profiles served at `/mcp/NAME` and the
 limits; `prepare_edge` also refuses to serve a non-loopback address without tokens unless told to.
-`mcpmux.server.http_edge.HttpEdge` enforces the policy on every request.
+`mcpmux.server.http.edge.HttpEdge` enforces the policy on every request.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ class EdgePolicy:
     profiles: frozenset[str] = frozenset()
     """The `[profiles.NAME]` defined: each is served at `<path>/NAME` too."""
     oauth: ResourceServerSettings | None = None
-    """`[http.oauth]`: OAuth access tokens are taken too (`mcpmux.server.oauth_resource`)."""
+    """`[http.oauth]`: OAuth access tokens are taken too (`mcpmux.server.http.oauth_resource`)."""
 
     @classmethod
     def load(cls, config: Config, bind_host: str, environ: Mapping[str, str] | None = None) -> EdgePolicy:

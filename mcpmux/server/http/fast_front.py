@@ -12,7 +12,7 @@ cancellation), runs in a task uvicorn's shutdown waits for. The client closing t
 cancels the call; a 2025 session's `notifications/cancelled` for it (which goes through ASGI)
 cancels it and the request gets the SDK's -32800, as in the middleware. An answer written here
 retires its connection (`Connection: close`) when the client's address holds more idle keep-alive
-connections than `[http] idle_connections_per_client` (mcpmux.server.http_keepalive).
+connections than `[http] idle_connections_per_client` (mcpmux.server.http.keepalive).
 
 Everything else goes to the ASGI app as before, which words every refusal: other paths and
 methods, a body over `MAX_HELD` bytes or announced with `Expect: 100-continue`, headers a proxy
@@ -36,10 +36,10 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from mcpmux.core.inbound import InboundCall
 from mcpmux.mux.call_sink import ServedCall, noted, serve
 from mcpmux.mux.fast_path import FastCall, FastPath
-from mcpmux.server.client_channels import Hears, ask_on
-from mcpmux.server.http_edge import HttpEdge
-from mcpmux.server.http_fast import CANCELLED_ERROR, FastPathMiddleware, http_status, session_of
-from mcpmux.server.http_keepalive import IdleConnections
+from mcpmux.server.http.edge import HttpEdge
+from mcpmux.server.http.fast import CANCELLED_ERROR, FastPathMiddleware, http_status, session_of
+from mcpmux.server.http.keepalive import IdleConnections
+from mcpmux.server.reach import Hears, ask_on
 from mcpmux.upstream.lane import ProgressFn
 from mcpmux.wire.batch_array import id_key
 from mcpmux.wire.json_bytes import dumps
@@ -131,8 +131,8 @@ class HttpFastFront:
         scope, body = cast(Scope, cycle.scope), bytes(cycle.body)
         self.edge.enter(scope)  # its profile (its token's), which `route` reads
         call = self.middleware.route(scope, body, self._askable)
-        if call is None:
-            return False
+        if not isinstance(call, FastCall):
+            return False  # the middleware decides again, below ASGI, and counts why
         session = session_of(scope)
         key = (session, id_key(call.request_id)) if session is not None else None
         if key in self.middleware.running:

@@ -1,7 +1,7 @@
 """JSON-RPC batch arrays on stdio: a line filter between the process's stdin/stdout and the SDK.
 
 The SDK's stdio transport reads one JSON-RPC message per line and drops anything else, arrays
-included. `StdioBatchEdge` hands it the lines instead: a line holding an array from a client that
+included. `StdioClientWire` hands it the lines instead: a line holding an array from a client that
 negotiated 2025-03-26 is split into one line per message, and the responses to those requests are
 held back as the server writes them and written as one array line once every request is answered.
 Every other line passes through untouched. The negotiated version is read off the `initialize`
@@ -55,7 +55,7 @@ def claimed_stdio() -> Iterator[tuple[BinaryIO, BinaryIO]]:
             os.dup2(wire, fd)
 
 
-class StdioBatchEdge:
+class StdioClientWire:
     """Splits inbound batch arrays and joins their responses; give `stdin`/`stdout` to `stdio_server`."""
 
     def __init__(self, wire_in: BinaryIO, wire_out: BinaryIO) -> None:
@@ -177,9 +177,9 @@ class StdioBatchEdge:
 
 
 class _Writer:
-    """The write side handed to the SDK; every line goes through `StdioBatchEdge._emit`."""
+    """The write side handed to the SDK; every line goes through `StdioClientWire._emit`."""
 
-    def __init__(self, edge: StdioBatchEdge) -> None:
+    def __init__(self, edge: StdioClientWire) -> None:
         self._edge = edge
 
     async def write(self, text: str) -> None:

@@ -33,8 +33,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mcpmux.core.inbound import Caller, serving
 from mcpmux.errors import ConfigError
-from mcpmux.mux.fast_path import FastCall, FastPath, decode, sampling_declared
-from mcpmux.server.http_edge import PROFILE_SCOPE
+from mcpmux.mux.fast_path import FastCall, FastPath, ToSdk, decode, sampling_declared
+from mcpmux.server.http.edge import PROFILE_SCOPE
 from mcpmux.wire.batch_array import id_key
 from mcpmux.wire.json_bytes import dumps
 
@@ -72,7 +72,7 @@ class FastPathMiddleware:
         """Per 2025 session id: whether its client declared sampling in `initialize`."""
         self.running: dict[tuple[str, str], Cancellable] = {}
         """2025 sessions' fast-path calls in flight, by (session id, request id key); also those
-        `mcpmux.server.http_fast_front` serves below ASGI."""
+        `mcpmux.server.http.fast_front` serves below ASGI."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (
@@ -88,11 +88,12 @@ class FastPathMiddleware:
             await send({"type": "http.response.start", "status": 202, "headers": []})
             await send({"type": "http.response.body", "body": b""})
             return
-        call = self.route(scope, body) if complete else None
+        call = self.route(scope, body) if complete else ToSdk.FRONT
         session = session_of(scope)
-        if call is not None and session is not None and (session, id_key(call.request_id)) in self.running:
-            call = None  # a duplicate id in flight: the SDK path answers that as it always has
-        if call is None:
+        if isinstance(call, FastCall) and session is not None and (session, id_key(call.request_id)) in self.running:
+            call = ToSdk.DUPLICATE_ID  # the SDK path answers that as it always has
+        if isinstance(call, ToSdk):
+            self.fast.to_sdk(call)
             if b'"initialize"' in body:
                 send = self._learning(body, send)
             await self.app(scope, _replaying(body, complete, receive), send)
@@ -106,38 +107,39 @@ class FastPathMiddleware:
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": payload})
 
-    def route(self, scope: Scope, body: bytes, askable: Callable[[str], object] | None = None) -> FastCall | None:
-        """The `FastCall` a POST of `body` is, or None when the SDK must serve it.
+    def route(self, scope: Scope, body: bytes, askable: Callable[[str], object] | None = None) -> FastCall | ToSdk:
+        """The `FastCall` a POST of `body` is, or why the SDK must serve it.
 
         A 2025 session whose client declared sampling or elicitation is taken only where `askable`
         gives its session something (`HttpFastFront`: its connection, while its standalone stream is
         open), for what an upstream asks of the client to reach it there."""
         if b'"tools/call"' not in body:
-            return None
+            return ToSdk.NOT_A_CALL
         raw_headers = _raw_headers(scope)
         headers = dict(reversed(raw_headers))  # the first of a repeated header wins, as in Starlette's `Headers`
         content_type = headers.get("content-type", "").lower()
         if not content_type.startswith("application/json") or not _accepts_json_and_sse(headers.get("accept", "")):
-            return None
+            return ToSdk.FRONT
         message = decode(body)
         if not self._in_profile(message, scope.get(PROFILE_SCOPE)):
-            return None  # the SDK path answers it: an unknown tool, as for any name outside the profile
+            return ToSdk.NOT_AN_UPSTREAM_TOOL  # the SDK path answers it: an unknown tool, as outside the profile
         version = headers.get("mcp-protocol-version")
         session = headers.get("mcp-session-id")
+        call: FastCall | ToSdk
         if session is None:
             if version not in MODERN_PROTOCOL_VERSIONS or not isinstance(message, dict):
-                return None
+                return ToSdk.FRONT
             if find_duplicated_routing_header(raw_headers) is not None:
-                return None
+                return ToSdk.FRONT
             call = self.fast.route(message, self.caller(scope), None, headers=headers)
         else:
             # The SDK keeps its sessions here; an unknown one must get its 404.
             if version is None or version in MODERN_PROTOCOL_VERSIONS or session not in self.sessions._server_instances:
-                return None
+                return ToSdk.FRONT
             asks = self.declares_sampling.get(session, True) and (askable is None or askable(session) is None)
             call = self.fast.route(message, self.caller(scope), version, asks, owner=task_owner(session))
-        if call is None or call.progress_token is not None:
-            return None
+        if isinstance(call, FastCall) and call.progress_token is not None:
+            return ToSdk.FRONT  # its progress needs the SDK's event stream
         return call
 
     def _in_profile(self, message: Any, profile: str | None) -> bool:

@@ -178,5 +178,5 @@ def _search(mux: Mux) -> dict[str, Any] | None:
         "active": search.search_mode(),
         "indexed": search.indexed.is_set(),
         "tools": len(search.index.docs),
-        "ranking": search.method(),
+        "ranking": search.ranking(),
     }

@@ -7,7 +7,7 @@ from typing import Any
 import anyio
 import pytest
 
-from mcpmux.upstream.client_tasks import CAPABILITY, ClientTasks, TaskFailed, declare
+from mcpmux.upstream.task_receiver import CAPABILITY, ClientTasks, TaskFailed, declare
 
 pytestmark = pytest.mark.anyio
 

@@ -37,15 +37,15 @@ from cachetools import LRUCache
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mcpmux.core.config import Config
-from mcpmux.server.edge_policy import EdgePolicy
-from mcpmux.server.oauth_resource import TokenChecker
+from mcpmux.server.http.edge_policy import EdgePolicy
+from mcpmux.server.http.oauth_resource import TokenChecker
 
 logger = logging.getLogger(__name__)
 
 REALM = 'Bearer realm="mcpmux"'
 METRICS_PATH = "/metrics"
 DASHBOARD_PATH = "/"
-"""The dashboard's page (`mcpmux.server.dashboard`): served without a token, as it holds no data."""
+"""The dashboard's page (`mcpmux.server.http.dashboard`): served without a token, as it holds no data."""
 PROFILE_SCOPE = "mcpmux.profile"
 """The ASGI scope key holding an MCP request's profile name (None: the whole catalog)."""
 _SESSION = b"mcp-session-id"

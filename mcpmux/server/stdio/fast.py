@@ -1,4 +1,4 @@
-"""The stdio half of the fast path: lines a `StdioBatchEdge` hands over before the SDK reads them.
+"""The stdio half of the fast path: lines a `StdioClientWire` hands over before the SDK reads them.
 
 `StdioFastFront.take(line)` answers a `tools/call` line itself when `FastPath.route` accepts it,
 and its response line is written straight to stdout. Where it can be, the call is launched right
@@ -28,9 +28,9 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from mcpmux.core.inbound import Caller, InboundCall
 from mcpmux.mux.call_sink import ServedCall, noted, serve
-from mcpmux.mux.fast_path import FastCall, FastPath, decode, sampling_declared
-from mcpmux.server.client_channels import Hears, ask_on
-from mcpmux.server.stdio_batch import StdioBatchEdge
+from mcpmux.mux.fast_path import FastCall, FastPath, ToSdk, decode, sampling_declared
+from mcpmux.server.reach import Hears, ask_on
+from mcpmux.server.stdio.batch import StdioClientWire
 from mcpmux.upstream.lane import ProgressFn
 from mcpmux.wire.batch_array import id_key
 from mcpmux.wire.json_bytes import line
@@ -75,7 +75,7 @@ class StdioFastFront:
     def __init__(
         self,
         fast: FastPath,
-        edge: StdioBatchEdge,
+        edge: StdioClientWire,
         tasks: TaskGroup,
         caller: Callable[[Connection | None], Caller],
         hears: Callable[[Connection | None], Hears],
@@ -105,11 +105,13 @@ class StdioFastFront:
             asks = self._declares_sampling and self.connection is None  # with no session yet, the SDK path asks
             caller = self._caller_now()
             call = self.fast.route(message, caller, self._edge.protocol_version, asks, owner=TASK_OWNER_STDIO)
-            if call is None:
+            if isinstance(call, ToSdk):
+                self.fast.to_sdk(call)
                 return False
             key = id_key(call.request_id)
             if key in self._running:
-                return False  # a duplicate id in flight: the SDK path answers that as it always has
+                self.fast.to_sdk(ToSdk.DUPLICATE_ID)  # the SDK path answers that as it always has
+                return False
             self._start(call, key)
             return True
         if '"notifications/cancelled"' in line:

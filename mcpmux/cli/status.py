@@ -2,7 +2,8 @@
 
 It scrapes the server's Prometheus endpoint, parses it with `prometheus_client.parser` and prints
 rich tables: upstreams (state, auth, calls, errors, p50/p99, restarts), the busiest tools,
-scheduling (in flight, queues, coalescing, batches, rejections), caches and the inference engine. Quantiles
+scheduling (in flight, queues, coalescing, batches, rejections), caches, the inference backends
+(state, load, failures, what each remote accepts) and the inference engine. Quantiles
 are estimated from the histogram buckets the way Prometheus' `histogram_quantile` does.
 """
 
@@ -170,6 +171,7 @@ def render(scrape: Scrape, console: Console, top: int = 10) -> None:
         _tools(scrape, top),
         _scheduling(scrape, sorted(states)),
         _caches(scrape),
+        _backends(scrape),
         _engine(scrape),
     ]
     shown = [table for table in tables if table.row_count]
@@ -240,6 +242,42 @@ def _caches(scrape: Scrape) -> Table:
         rate = f"{hits / (hits + misses):.0%}" if hits + misses else "-"
         entries = scrape.total("mcpmux_cache_entries", cache=cache)
         table.add_row(cache, _count(hits), _count(misses), rate, _count(entries))
+    return table
+
+
+def _backends(scrape: Scrape) -> Table:
+    columns = [
+        "backend",
+        "kind",
+        "state",
+        "in flight",
+        "requests",
+        "failed",
+        "busy",
+        "refused",
+        "json_schema",
+        "priority",
+    ]
+    table = _table("Inference backends", columns, names=3)
+    backends = [labels for labels, _ in scrape.samples.get("mcpmux_inference_backend_info", [])]
+    if [labels["kind"] for labels in backends] == ["local"]:
+        return table  # the embedded engine alone: its own table says it all
+    for labels in backends:
+        name = labels["backend"]
+        up = scrape.total("mcpmux_inference_backend_up", backend=name)
+        failures = "mcpmux_inference_backend_failures_total"
+        table.add_row(
+            name,
+            labels["kind"] + (", fallback" if labels["fallback"] == "yes" else ""),
+            "up" if up else "down",
+            _count(scrape.total("mcpmux_inference_backend_in_flight", backend=name)),
+            _count(scrape.total("mcpmux_inference_backend_requests_total", backend=name)),
+            _count(scrape.total(failures, backend=name, reason="failed")),
+            _count(scrape.total(failures, backend=name, reason="busy")),
+            _count(scrape.total(failures, backend=name, reason="refused")),
+            "-" if labels["kind"] == "local" else labels["json_schema"],
+            "-" if labels["kind"] == "local" else labels["priority"],
+        )
     return table
 
 

@@ -164,6 +164,53 @@ class MuxMetrics:
         return dict(self._calls)
 
 
+def _backend_metrics(stats: dict[str, Any]) -> Iterator[Metric]:
+    """Each inference backend's state and counts (`InferenceService.stats()["backends"]`)."""
+    backends: dict[str, dict[str, Any]] = stats.get("backends", {})
+    info = GaugeMetricFamily(
+        "mcpmux_inference_backend_info",
+        "1 per inference backend: its kind, server, and what it was found to accept (json_schema, priority).",
+        labels=["backend", "kind", "base_url", "json_schema", "priority", "fallback"],
+    )
+    up = GaugeMetricFamily("mcpmux_inference_backend_up", "1 while the backend is in, 0 while out.", labels=["backend"])
+    in_flight = GaugeMetricFamily(
+        "mcpmux_inference_backend_in_flight", "Requests on the backend now.", labels=["backend"]
+    )
+    requests = CounterMetricFamily(
+        "mcpmux_inference_backend_requests", "Requests routed to the backend.", labels=["backend"]
+    )
+    failures = CounterMetricFamily(
+        "mcpmux_inference_backend_failures",
+        "Requests the backend failed: failed (down, timeout, 5xx), busy (429, queue full), refused (a bad request).",
+        labels=["backend", "reason"],
+    )
+    known = {True: "yes", False: "no", None: "unknown"}
+    for name, figures in backends.items():
+        info.add_metric(
+            [name, figures["kind"], figures.get("base_url", ""), known[figures.get("json_schema")],
+             known[figures.get("priority")], known[figures["fallback"]]],
+            1,
+        )  # fmt: skip
+        up.add_metric([name], 1.0 if figures["state"] == "up" else 0.0)
+        in_flight.add_metric([name], figures["in_flight"])
+        requests.add_metric([name], figures["requests"])
+        for reason, key in (("failed", "failed"), ("busy", "busy"), ("refused", "errors")):
+            failures.add_metric([name, reason], figures[key])
+    if not backends:
+        return
+    yield from (info, up, in_flight, requests, failures)
+    yield CounterMetricFamily(
+        "mcpmux_inference_shared_requests",
+        "Greedy requests that read an identical request's generation.",
+        value=stats.get("shared", 0),
+    )
+    yield CounterMetricFamily(
+        "mcpmux_inference_moved_requests",
+        "Requests that went on to another backend after one failed them.",
+        value=stats.get("moved", 0),
+    )
+
+
 def engine_registry(service: InferenceService) -> CollectorRegistry:
     """A registry with only the engine metrics, for `mcpmux serve --openai-only`."""
     registry = CollectorRegistry()
@@ -340,7 +387,8 @@ class _MuxCollector:
 
 
 class EngineCollector:
-    """The inference engines' figures (`InferenceService.stats()`), per model; nothing while inference is off."""
+    """The inference engines' figures (`InferenceService.stats()`), per model, and each backend's state;
+    nothing while inference is off."""
 
     def __init__(self, service: Callable[[], InferenceService | None]) -> None:
         self._service = service
@@ -392,15 +440,4 @@ class EngineCollector:
         ):
             rows = [([m], f[key]["bounds"], f[key]["counts"], f[key]["total"]) for m, f in models.items()]
             yield _histogram(name, doc, ["model"], rows)
-        remote: dict[str, Any] = stats.get("remote", {})
-        if remote:
-            sent = CounterMetricFamily(
-                "mcpmux_remote_requests", "Requests to the remote backend, by endpoint.", labels=["endpoint"]
-            )
-            for endpoint, count in remote.items():
-                if endpoint.startswith("/"):
-                    sent.add_metric([endpoint], count)
-            yield sent
-            yield CounterMetricFamily(
-                "mcpmux_remote_errors", "Remote backend requests that failed.", value=remote.get("errors", 0)
-            )
+        yield from _backend_metrics(stats)

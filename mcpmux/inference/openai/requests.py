@@ -41,6 +41,7 @@ class GenerationRequest:
     include_usage: bool
     top_logprobs: int | None  # None: no logprobs
     tools: ToolUse | None = None  # chat only: the tools the model may call
+    priority: int = 0  # mcpmux's sense: larger runs first
 
     def choices(self) -> list[tuple[int, Prompt, SamplingParams]]:
         """(index, prompt, params) per choice; choice j > 0 of a seeded request gets seed + j, so the
@@ -223,7 +224,7 @@ def parse_generation(body: Any, *, chat: bool) -> GenerationRequest:
             raise OpenAIBadRequest("messages is required: a non-empty list of {role, content} objects", "messages")
         tools = _tools(body)
         chat_messages = [_message(i, m) for i, m in enumerate(messages)]
-        prompts = [tools.with_tools(chat_messages) if tools is not None else chat_messages]
+        prompts = [chat_messages]  # the tools are written in by the backend that serves them
         top = _int(body, "top_logprobs", None, 0, 20)
         top_logprobs = (top or 0) if body.get("logprobs") else None
     else:
@@ -242,14 +243,12 @@ def parse_generation(body: Any, *, chat: bool) -> GenerationRequest:
     max_tokens = max_tokens or _int(body, "max_tokens", DEFAULT_MAX_TOKENS, 1)
     seed = _int(body, "seed", None, -(2**63))
     grammar = _response_format(body)
-    if tools is not None and tools.may_call:
-        if grammar is not None:
-            raise OpenAIBadRequest(
-                "response_format cannot be combined with tools the model may call; set tool_choice to 'none' "
-                "or drop response_format",
-                "response_format",
-            )
-        grammar = tools.grammar
+    if tools is not None and tools.may_call and grammar is not None:
+        raise OpenAIBadRequest(
+            "response_format cannot be combined with tools the model may call; set tool_choice to 'none' "
+            "or drop response_format",
+            "response_format",
+        )
     try:
         params = SamplingParams(
             max_tokens=max_tokens or DEFAULT_MAX_TOKENS,
@@ -259,6 +258,7 @@ def parse_generation(body: Any, *, chat: bool) -> GenerationRequest:
             stop=_stop(body),
             logprobs=top_logprobs,
             grammar=grammar,
+            ignore_eos=body.get("ignore_eos") is True,  # vLLM's extension (benchmarks ask for exact lengths)
         )
     except InvalidSettingError as exc:
         raise OpenAIBadRequest(str(exc)) from exc
@@ -273,6 +273,8 @@ def parse_generation(body: Any, *, chat: bool) -> GenerationRequest:
         include_usage=bool(isinstance(options, dict) and options.get("include_usage")),
         top_logprobs=top_logprobs,
         tools=tools,
+        # vLLM's extension, in vLLM's sense (lower runs first), so one mcpmux can forward to another.
+        priority=-(_int(body, "priority", 0, -(2**31), 2**31) or 0),
     )
 
 

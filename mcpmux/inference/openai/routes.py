@@ -98,7 +98,9 @@ class OpenAIRoutes:
 
         async def run(index: int, prompt: Any, params: Any) -> None:
             try:
-                results[index] = await self.service.complete(prompt, params, model=model)
+                results[index] = await self.service.complete(
+                    prompt, params, model=model, priority=req.priority, tools=req.tools
+                )
             except Exception as exc:  # answered as one error response below
                 errors.append(exc)
 

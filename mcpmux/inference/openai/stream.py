@@ -124,7 +124,9 @@ class GenerationStream(Response):
     async def _produce(self, index: int, prompt: Prompt, params: SamplingParams, out: ObjectSendStream[Event]) -> None:
         async with out:
             try:
-                async for delta in self.service.stream(prompt, params, model=self.model):
+                req = self.req
+                deltas = self.service.stream(prompt, params, model=self.model, priority=req.priority, tools=req.tools)
+                async for delta in deltas:
                     await out.send((index, delta))
             except Exception as exc:  # relayed to the client as an error response or event
                 await out.send((index, exc))

@@ -23,7 +23,8 @@ conversation of its own to include. Images and audio are refused by name: the lo
 
 Tools (`tools` + `toolChoice`): the tools are written into the system message and the output is held
 by a grammar to one call of one of them (`required`), or to text or one call (`auto`, the default);
-`none` samples plain text. A call comes back as a `tool_use` block whose `input` matches the tool's
+`none` samples plain text. A remote backend is asked for the same as a JSON schema and its answer
+is checked on return (`serving.remote_form`). A call comes back as a `tool_use` block whose `input` matches the tool's
 `inputSchema`, with `stopReason: "toolUse"`; earlier `tool_use` and `tool_result` blocks are shown
 to the model in the same form (`serving.tool_calls`).
 """
@@ -172,12 +173,10 @@ class SamplingBridge:
         model = service.choose_model(hints, **priorities)
         use = tool_use_of(upstream, params)
         messages = to_chat_messages(upstream, model, params)
-        if use is not None:
-            messages = use.with_tools(messages)
-        sampling = to_sampling_params(params, settings, use)
+        sampling = to_sampling_params(params, settings)
         started = time.perf_counter()
         try:
-            out = await _generate(service, messages, sampling, model, settings.priority, params)
+            out = await _generate(service, messages, sampling, model, settings.priority, params, use)
         except InvalidSettingError as err:
             if use is None:
                 raise
@@ -243,11 +242,9 @@ def _block_text(upstream: str, model: str, index: int, block: Any) -> str:
     )
 
 
-def to_sampling_params(
-    params: types.CreateMessageRequestParams, settings: SamplingSettings, use: ToolUse | None = None
-) -> SamplingParams:
-    """Engine sampling parameters, with the tools' grammar; stop sequences are matched by the bridge to
-    report `stopSequence`."""
+def to_sampling_params(params: types.CreateMessageRequestParams, settings: SamplingSettings) -> SamplingParams:
+    """Engine sampling parameters; stop sequences are matched by the bridge to report `stopSequence`, and
+    the tools travel beside them (each backend asks for a call in its own way)."""
     extra: dict[str, Any] = {}
     for key, kind in _METADATA_PARAMS.items():
         value = (params.metadata or {}).get(key)
@@ -257,7 +254,6 @@ def to_sampling_params(
     return SamplingParams(
         max_tokens=min(params.max_tokens, settings.max_tokens),
         temperature=temperature,
-        grammar=use.grammar if use is not None else None,
         **extra,
     )
 
@@ -269,6 +265,7 @@ async def _generate(
     model: str,
     priority: int,
     params: types.CreateMessageRequestParams,
+    use: ToolUse | None,
 ) -> _Generated:
     """Run the completion; return its text, the MCP stop reason, time to first text and token count."""
     stops = [s for s in params.stop_sequences or () if s]
@@ -276,7 +273,7 @@ async def _generate(
     started = time.perf_counter()
     text, ttft, tokens = "", 0.0, 0
     # Closing the stream on early exit makes the engine abort the request at once.
-    async with aclosing(service.stream(messages, sampling, model=model, priority=priority)) as deltas:
+    async with aclosing(service.stream(messages, sampling, model=model, priority=priority, tools=use)) as deltas:
         async for delta in deltas:
             searched_from = max(0, len(text) - longest + 1)
             text += delta.text
@@ -289,7 +286,7 @@ async def _generate(
             if delta.finish_reason == "length":
                 return _Generated(text, "maxTokens", ttft, tokens)
             if delta.finish_reason == "abort":
-                raise EngineError(f"the local model {model!r} aborted the request (the engine is shutting down)")
+                raise EngineError(f"the model {model!r} aborted the request (the engine is shutting down)")
     return _Generated(text, "endTurn", ttft, tokens)
 
 

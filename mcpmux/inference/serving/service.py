@@ -1,48 +1,48 @@
 """`InferenceService`: every model the `[inference]` table configures, behind one object.
 
 The sampling bridge, the local tools and the OpenAI-compatible API all call this, never an engine
-directly, so switching `backend` between "local" (in-process `Engine`s) and "openai" (a remote
-OpenAI-compatible server) changes nothing for them.
+or a server directly, so what serves (the in-process engine, a remote OpenAI-compatible server, or a
+fleet of both: `[[inference.backends]]`) changes nothing for them. Each request is one `Generation`,
+routed by the `Fleet`.
 
     async with await InferenceService.start(settings) as svc:
         text = (await svc.complete("Hello", SamplingParams(max_tokens=16))).text
 
-Starting it costs nothing: no model loads and torch is not imported. Each local model loads on the
-first request for it (a builtin model is converted first if it is not cached yet), the embedding
-model on the first embedding request. Start and shut it down from the same task (its embedding
-batcher runs in a task group).
+Starting it costs nothing: no model loads, torch is not imported and no server is asked anything.
+Each local model loads on the first request for it (a builtin model is converted first if it is not
+cached yet), the embedding model on the first embedding request. Start and shut it down from the
+same task (its embedding batcher and the fleet's probes run in task groups).
 """
 
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import AsyncGenerator, Sequence
 from contextlib import AsyncExitStack
-from dataclasses import asdict
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any, cast
 
 import anyio
 import anyio.to_thread
+from anyio.abc import TaskGroup
 
-from mcpmux.inference.engine.config import EngineConfig, SamplingParams
-from mcpmux.inference.engine.outputs import Completion
-from mcpmux.inference.engine.stats import EngineStats
+from mcpmux.inference.engine.config import SamplingParams
+from mcpmux.inference.engine.outputs import Completion, TokenLogprob
 from mcpmux.inference.errors import EngineError, ModelLoadError
 from mcpmux.inference.models import builtin
 from mcpmux.inference.serving.delta import Delta
 from mcpmux.inference.serving.embeddings import Embedder
+from mcpmux.inference.serving.fleet import Fleet, Member
+from mcpmux.inference.serving.generation import Generation, Prompt
+from mcpmux.inference.serving.local import LocalBackend
 from mcpmux.inference.serving.remote import RemoteBackend
-from mcpmux.inference.serving.settings import InferenceSettings, ModelSettings
-
-if TYPE_CHECKING:
-    from mcpmux.inference.engine.async_engine import Engine
+from mcpmux.inference.serving.settings import BackendSettings, InferenceSettings, ModelSettings
+from mcpmux.inference.serving.tool_calls import ToolUse
 
 log = logging.getLogger(__name__)
 
-Prompt = str | list[dict[str, str]]
-
-# Used when backend = "local" and no [inference.models.NAME] table is given.
+# Used when no [inference.models.NAME] table is given.
 DEFAULT_MODELS = {"smollm2": ModelSettings(model="builtin:smollm2-135m", intelligence=0.2, speed=0.9, cost=0.9)}
 
 
@@ -55,24 +55,30 @@ class InferenceOffError(EngineError):
 
 
 class InferenceService:
-    """Local engines or a remote client, plus the embedder, chosen by `InferenceSettings`."""
+    """The fleet of backends (the local engines, remote servers) plus the embedder, chosen by `InferenceSettings`."""
 
     def __init__(self, settings: InferenceSettings) -> None:
         self.settings = settings
         self._stack = AsyncExitStack()
-        self._engines: dict[str, Engine] = {}  # the local models loaded so far
-        self._loading: dict[str, anyio.Lock] = {}
         self._models: dict[str, ModelSettings] = {}
-        self._remote: RemoteBackend | None = None
+        self._local: LocalBackend | None = None
+        self._fleet: Fleet | None = None
+        self._task_group: TaskGroup | None = None
         self._embedder: Embedder | None = None
         self._closed = False
         self.description: list[str] = []  # what serves and from where, one line each (logged at start)
 
     @classmethod
     async def start(cls, settings: InferenceSettings) -> InferenceService:
-        """Open the remote client (openai) or check the local models' sources (local); nothing loads yet."""
+        """Open the remote clients and check the local models' sources; nothing loads yet."""
         if settings.backend == "off":
-            raise InferenceOffError('[inference] backend is "off"; set it to "local" or "openai" to serve models')
+            raise InferenceOffError(
+                '[inference] backend is "off"; set it to "local", "openai" or "fleet" to serve models'
+            )
+        if settings.backend == "openai" and settings.remote is None:
+            raise InferenceOffError(
+                '[inference] backend = "openai" needs an [inference.remote] table with base_url and model'
+            )
         service = cls(settings)
         await service._stack.__aenter__()
         try:
@@ -84,70 +90,60 @@ class InferenceService:
 
     async def _open(self) -> None:
         settings = self.settings
-        if settings.backend == "openai":
-            if settings.remote is None:
-                raise InferenceOffError(
-                    '[inference] backend = "openai" needs an [inference.remote] table with base_url and model'
-                )
-            self._remote = await self._stack.enter_async_context(RemoteBackend(settings.remote, settings.embeddings))
-            self._models = {settings.remote.model: ModelSettings(model=settings.remote.model)}
-            remote = settings.remote
-            self._describe(f"model {remote.model} served by the OpenAI-compatible server at {remote.base_url}")
-            return
-        self._models = dict(settings.models) or dict(DEFAULT_MODELS)
-        for name, model in self._models.items():
-            self._loading[name] = anyio.Lock()
-            try:
-                where = source_of(model.model)
-            except ModelLoadError as err:  # served as an error to each request until it is fixed
-                self._describe(f"model {name} cannot load: {err}", logging.WARNING)
-            else:
-                self._describe(f"model {name} serves {where}; loads on first use")
-        if settings.embeddings.model:
+        self._task_group = await self._stack.enter_async_context(anyio.create_task_group())
+        members = [Member(await self._backend(backend), backend) for backend in settings.fleet()]
+        self._fleet = Fleet(members, self._task_group, share_identical=settings.share_identical)
+        for member in members:
+            for name in member.backend.models:
+                self._models.setdefault(name, self._model_settings(name))
+        remote_embeddings = [m.backend.name for m in members if m.settings.embeddings]
+        if settings.embeddings.model and remote_embeddings:
+            self._describe(f"embeddings from {settings.embeddings.model} on {', '.join(remote_embeddings)}")
+        elif settings.embeddings.model:
             self._describe(f"embeddings from {settings.embeddings.model}; loads on first use")
             self._embedder = await self._stack.enter_async_context(Embedder(settings.embeddings))
+
+    async def _backend(self, backend: BackendSettings) -> LocalBackend | RemoteBackend:
+        if backend.kind == "local":
+            self._local = LocalBackend(backend, dict(self.settings.models) or dict(DEFAULT_MODELS), self._stack)
+            for name, table in self._local.models.items():
+                self._describe_local(name, self._local.tables[table])
+            return self._local
+        in_fleet = bool(self.settings.backends)
+        key = f"[[inference.backends]] {backend.label!r}" if in_fleet else "[inference.remote]"
+        remote = await self._stack.enter_async_context(RemoteBackend(backend, self.settings.embeddings.model, key))
+        named = f" (backend {remote.name})" if in_fleet else ""
+        role = ", the fallback" if backend.fallback else ""
+        for name in remote.models:
+            self._describe(f"model {name} served by the OpenAI-compatible server at {remote.base_url}{named}{role}")
+        return remote
+
+    def _describe_local(self, name: str, table: ModelSettings) -> None:
+        try:
+            where = source_of(table.model)
+        except ModelLoadError as err:  # served as an error to each request until it is fixed
+            self._describe(f"model {name} cannot load: {err}", logging.WARNING)
+        else:
+            role = " (the fallback)" if self._local is not None and self._local.settings.fallback else ""
+            self._describe(f"model {name} serves {where}; loads on first use{role}")
+
+    def _model_settings(self, name: str) -> ModelSettings:
+        """The settings `choose_model` scores a model by: its local table where the local engine serves it."""
+        if self._local is not None and name in self._local.models:
+            return self._local.tables[self._local.models[name]]
+        return ModelSettings(model=name)
 
     def _describe(self, line: str, level: int = logging.INFO) -> None:
         self.description.append(line)
         log.log(level, "inference: %s", line)
 
-    async def _engine(self, name: str) -> Engine:
-        """The engine of local model `name`, started by the first request that needs it."""
-        engine = self._engines.get(name)
-        if engine is not None:
-            return engine
-        async with self._loading[name]:  # concurrent first requests wait for one load
-            engine = self._engines.get(name)
-            if engine is not None:
-                return engine
-            model = self._models[name]
-            log.info("loading model %s (%s)", name, model.model)
-            # Torch and transformers come in with the first model, not with the service, and off the
-            # event loop: importing them takes seconds, and every other call would wait that long.
-            engine_class = await anyio.to_thread.run_sync(_engine_class)
-            engine = await engine_class.start(
-                EngineConfig(
-                    model=model.model,
-                    dtype=model.dtype,
-                    device=model.device,
-                    max_num_seqs=model.max_num_seqs,
-                    max_num_batched_tokens=model.max_num_batched_tokens,
-                    kv_cache_memory_mb=model.kv_cache_memory_mb,
-                    max_waiting=model.max_waiting,
-                    cuda_graphs=model.cuda_graphs,
-                )
-            )
-            if self._closed:  # shut down while the model loaded
-                await engine.shutdown()
-                raise EngineError("the inference service is shut down; start a new one with InferenceService.start()")
-            self._stack.push_async_callback(engine.shutdown)
-            self._engines[name] = engine
-            log.info("model %s loaded", name)
-            return engine
-
     async def shutdown(self) -> None:
-        """Abort what is in flight, stop the engines, the embedder and the remote client."""
+        """Abort what is in flight, stop the engines, the embedder and the remote clients."""
         self._closed = True
+        if self._local is not None:
+            self._local.close()
+        if self._task_group is not None:
+            self._task_group.cancel_scope.cancel()  # shared generations and probes end first
         await self._stack.aclose()
 
     async def __aenter__(self) -> InferenceService:
@@ -214,39 +210,59 @@ class InferenceService:
     # -- generation ------------------------------------------------------------------------------
 
     async def stream(
-        self, prompt: Prompt, params: SamplingParams, *, model: str | None = None, priority: int = 0
+        self,
+        prompt: Prompt,
+        params: SamplingParams,
+        *,
+        model: str | None = None,
+        priority: int = 0,
+        tools: ToolUse | None = None,
     ) -> AsyncGenerator[Delta, None]:
-        """Stream a completion of a prompt or chat messages; larger `priority` runs first (local only).
+        """Stream a completion of a prompt or chat messages; larger `priority` runs first; `tools`: the
+        tools the model may call (the answer is a call in `serving.tool_calls`' text form, or text).
 
         Errors (unknown model, queue full, request too large, remote failures) are `EngineError`s
         raised on the first iteration. Leaving the loop early aborts the request.
         """
-        name = self.resolve_model(model)
-        if self._remote is not None:
-            async for delta in self._remote.stream(prompt, params, name):
-                yield delta
-            return
-        engine = await self._engine(name)
-        async for out in engine.generate(prompt, params, priority):
-            yield Delta(
-                out.text,
-                out.finish_reason,
-                out.token_ids,
-                out.logprobs,
-                out.prompt_tokens,
-                out.cached_prompt_tokens,
-                out.completion_tokens,
-            )
+        generation = Generation(prompt, params, self.resolve_model(model), priority, tools)
+        async for delta in self._routed().stream(generation):
+            yield delta
 
     async def complete(
-        self, prompt: Prompt, params: SamplingParams, *, model: str | None = None, priority: int = 0
+        self,
+        prompt: Prompt,
+        params: SamplingParams,
+        *,
+        model: str | None = None,
+        priority: int = 0,
+        tools: ToolUse | None = None,
     ) -> Completion:
         """Run a completion to the end; the same errors as `stream`."""
-        name = self.resolve_model(model)
-        if self._remote is not None:
-            return await self._remote.complete(prompt, params, name)
-        engine = await self._engine(name)
-        return await engine.complete(prompt, params, priority)
+        generation = Generation(prompt, params, self.resolve_model(model), priority, tools, incremental=False)
+        text: list[str] = []
+        tokens: list[int] = []
+        logprobs: list[TokenLogprob] = []
+        last = Delta("", "abort")
+        async for delta in self._routed().stream(generation):
+            text.append(delta.text)
+            tokens += delta.token_ids
+            logprobs += delta.logprobs
+            last = delta
+        return Completion(
+            uuid.uuid4().hex,
+            "".join(text),
+            tokens,
+            last.finish_reason or "abort",
+            last.prompt_tokens,
+            last.cached_prompt_tokens,
+            last.completion_tokens,
+            logprobs if params.logprobs is not None else None,
+        )
+
+    def _routed(self) -> Fleet:
+        if self._fleet is None:
+            raise EngineError("the inference service is not started; use InferenceService.start()")
+        return self._fleet
 
     async def embed(self, texts: list[str]) -> list[list[float]]:
         """One L2-normalized vector per text (batched with other callers' texts)."""
@@ -257,10 +273,13 @@ class InferenceService:
                 'embeddings are off ([inference.embeddings] model = ""); set it to "builtin:all-minilm-l6-v2" '
                 "or a sentence-transformers folder"
             )
-        if self._remote is not None:
-            return await self._remote.embed(texts)
-        assert self._embedder is not None, "the service was not started"
-        return await self._embedder.embed(texts)
+        if self._embedder is not None:
+            return await self._embedder.embed(texts)
+        return await self._routed().call(
+            lambda m: m.settings.embeddings,  # kind openai only (BackendSettings checks)
+            f"embeddings ({self.settings.embeddings.model})",
+            lambda m: cast(RemoteBackend, m.backend).embed(texts),
+        )
 
     async def embedding_token_count(self, texts: list[str]) -> int:
         """Tokens the embedding model reads for `texts` (for `usage`); 0 where the remote server counts."""
@@ -278,10 +297,7 @@ class InferenceService:
 
     def token_text(self, model: str | None, token_id: int) -> str:
         """The text of one token of a local model (for logprobs); empty for remote or not yet loaded models."""
-        engine = self._engines.get(self.resolve_model(model))
-        if engine is None:
-            return ""
-        return str(engine.core.loaded.tokenizer.decode([token_id]))
+        return "" if self._local is None else self._local.token_text(self.resolve_model(model), token_id)
 
     @property
     def embedding_model(self) -> str:
@@ -289,20 +305,22 @@ class InferenceService:
         return self.settings.embeddings.model
 
     def stats(self) -> dict[str, Any]:
-        """Per-model engine stats (local; zeros and `loaded: false` until a model's first request) or
-        remote counters, plus the embedder's (padding waste)."""
-        result: dict[str, Any] = {"backend": self.settings.backend}
-        if self._remote is not None:
-            result["remote"] = self._remote.stats()
-        else:
-            result["models"] = {name: self._model_stats(name) for name in self._models}
+        """Each backend's state (`backends`), the local engines' stats per model (`models`: zeros and
+        `loaded: false` until a model's first request), requests that shared another's generation or
+        moved to another backend, and the embedder's figures (padding waste)."""
+        fleet = self._routed()
+        result: dict[str, Any] = {
+            "backend": self.settings.backend,
+            "backends": fleet.stats(),
+            "shared": fleet.shared,
+            "moved": fleet.moved,
+            "resumed": fleet.resumed,
+        }
+        if self._local is not None:
+            result["models"] = self._local.model_stats()
         if self._embedder is not None:
             result["embeddings"] = self._embedder.stats()
         return result
-
-    def _model_stats(self, name: str) -> dict[str, Any]:
-        engine = self._engines.get(name)
-        return asdict(engine.stats() if engine is not None else EngineStats()) | {"loaded": engine is not None}
 
 
 def source_of(spec: str) -> str:
@@ -317,9 +335,3 @@ def source_of(spec: str) -> str:
         f"{spec} ({model.description}) from the {model.distribution} package ({builtin.gguf_path(model)}), "
         f"{converted} to {folder}"
     )
-
-
-def _engine_class() -> type[Engine]:
-    from mcpmux.inference.engine.async_engine import Engine
-
-    return Engine

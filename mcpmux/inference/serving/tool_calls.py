@@ -18,6 +18,12 @@ Grammar (llguidance Lark, one JSON layout: `grammar.JSON_LAYOUT`):
 - `auto`: plain text (which cannot start with "<") or one call, the model's choice;
 - `none`: no grammar, and the tools are not offered (earlier calls and results are still shown).
 
+JSON form (a remote server, which takes a JSON schema but not this grammar): the system message asks
+for `{"name": ..., "arguments": ...}`, or under `auto` `{"content": "..."}` for plain text, and
+`json_schema()` is the schema that holds the answer to that. `read_json` checks the answer (the
+arguments against the tool's own schema) and turns it into the text form above, so every caller
+reads local and remote answers alike.
+
 One call per turn: a model that needs two tools calls them in two turns.
 """
 
@@ -30,12 +36,15 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from mcpmux.inference.engine.config import Grammar
+from mcpmux.inference.serving.json_check import schema_problem
 
 CALL_MARKER = "<tool_call>"
+CONTENT_KEY = "content"  # the JSON form's plain-text answer: {"content": "..."}
 MODES = ("auto", "required", "none")
 Mode = Literal["auto", "required", "none"]
 # The layout the engine's JSON grammar writes (engine.grammar.JSON_LAYOUT), inside a Lark %json block.
 _JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+_CUT_CONTENT = re.compile(r'\s*\{\s*"content"\s*:\s*"')
 _CALL_HEAD = re.compile(re.escape(CALL_MARKER) + r'\{"name": ("(?:[^"\\]|\\.)*"), "arguments": ')
 
 
@@ -89,31 +98,70 @@ class ToolUse:
         """The tools the grammar lets the model call."""
         return tuple(t for t in self.tools if self.forced in (None, t.name))
 
-    def system_prompt(self, system: str | None) -> str | None:
-        """The request's system prompt followed by the tools and the call format (unchanged under `none`)."""
+    def system_prompt(self, system: str | None, *, as_json: bool = False) -> str | None:
+        """The request's system prompt followed by the tools and the call format (unchanged under `none`);
+        `as_json`: the JSON form a remote server is held to."""
         if not self.may_call:
             return system
         lines = [system] if system else []
         lines.append("You can call these tools:")
         for tool in self.offered():
             lines.append(json.dumps({"name": tool.name, "description": tool.description, "parameters": tool.schema}))
+        marker = "" if as_json else CALL_MARKER
         lines.append(
-            f'To call a tool, answer with only {CALL_MARKER}{{"name": "<tool name>", "arguments": <JSON arguments>}}'
+            f'To call a tool, answer with only {marker}{{"name": "<tool name>", "arguments": <JSON arguments>}}'
         )
         if self.mode == "auto" and self.forced is None:
-            lines.append("To answer without a tool, write plain text.")
+            lines.append(
+                f'To answer without a tool, answer with only {{"{CONTENT_KEY}": "<your answer>"}}'
+                if as_json
+                else "To answer without a tool, write plain text."
+            )
         else:
             lines.append("You must call one of these tools now.")
         return "\n".join(lines)
 
-    def with_tools(self, messages: list[dict[str, str]]) -> list[dict[str, str]]:
+    def with_tools(self, messages: list[dict[str, str]], *, as_json: bool = False) -> list[dict[str, str]]:
         """Chat messages with the tools written into the system message (one is added if there is none)."""
         if messages and messages[0]["role"] == "system":
             head, rest = messages[0]["content"], messages[1:]
         else:
             head, rest = None, messages
-        system = self.system_prompt(head)
+        system = self.system_prompt(head, as_json=as_json)
         return ([{"role": "system", "content": system}] if system is not None else []) + rest
+
+    def json_schema(self) -> dict[str, Any]:
+        """The JSON schema of an answer in the JSON form: one call of an offered tool, or under `auto` also
+        `{"content": text}`."""
+        answers: list[dict[str, Any]] = [
+            _object({"name": {"const": tool.name}, "arguments": tool.schema}) for tool in self.offered()
+        ]
+        if self.mode == "auto" and self.forced is None:
+            answers.append(_object({CONTENT_KEY: {"type": "string"}}))
+        return answers[0] if len(answers) == 1 else {"anyOf": answers}
+
+    def read_json(self, text: str) -> str:
+        """An answer in the JSON form as the text form (a call as `call_text` writes it, or the plain text);
+        `ValueError` saying what is wrong when it is not one (not JSON, no offered tool, arguments that do
+        not match the tool's schema)."""
+        try:
+            value = json.loads(text)
+        except ValueError as err:
+            raise ValueError(f"the answer is not JSON ({err}): {text[:200]!r}") from None
+        offered = {tool.name: tool for tool in self.offered()}
+        text_allowed = self.mode == "auto" and self.forced is None
+        if text_allowed and isinstance(value, dict) and set(value) == {CONTENT_KEY}:
+            content = value[CONTENT_KEY]
+            if isinstance(content, str):
+                return content
+        if not isinstance(value, dict) or set(value) != {"name", "arguments"} or value["name"] not in offered:
+            raise ValueError(f"the answer is not a call of one of the tools {', '.join(offered)}: {text[:200]!r}")
+        problem = schema_problem(value["arguments"], offered[value["name"]].schema)
+        if problem is not None:
+            raise ValueError(
+                f"the arguments of its call of {value['name']!r} do not match the tool's schema: {problem}"
+            )
+        return call_text(value["name"], value["arguments"])
 
     def parse(self, text: str) -> ToolCall | None:
         """The call `text` holds, or None for plain text (or a call cut short by max_tokens)."""
@@ -139,6 +187,23 @@ class ToolUse:
         alternatives = " | ".join(f"call_{i}" for i in range(len(calls)))
         start = "start: TEXT | call\nTEXT: /[^<][\\s\\S]*/\n" if self.mode == "auto" and self.forced is None else ""
         return (start or "start: call\n") + f"call: {json.dumps(CALL_MARKER)} ({alternatives})\n" + "".join(calls)
+
+    def read_json_cut(self, text: str) -> str:
+        """An answer in the JSON form that max_tokens cut short, as the text form says it: the plain text
+        so far, or the call so far after the call marker (as a local model's cut call reads)."""
+        content = _CUT_CONTENT.match(text)
+        if content is not None and self.mode == "auto" and self.forced is None:
+            rest = text[content.end() :]
+            for end in range(len(rest), max(-1, len(rest) - 7), -1):  # a cut escape: drop its start
+                try:
+                    return str(json.JSONDecoder().raw_decode('"' + rest[:end] + '"')[0])
+                except ValueError:
+                    continue
+        return CALL_MARKER + text.strip() if text.lstrip().startswith("{") else text
+
+
+def _object(properties: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "object", "properties": properties, "required": list(properties), "additionalProperties": False}
 
 
 def _laid_out(schema: dict[str, Any]) -> dict[str, Any]:
@@ -174,9 +239,11 @@ class CallStream:
     _sent: int = 0  # argument characters already handed out
 
     def sees_call(self, delta: str) -> bool:
-        """Whether the output is a call, known from its first character (plain text cannot start with "<")."""
+        """Whether the output is a call, known from its first delta (the start of the call marker)."""
         if self.is_call is None and delta:
-            self.is_call = self.use.may_call and delta.startswith("<")
+            # A local model's plain text cannot start with "<"; a remote's (held to the JSON form) can.
+            head = delta[: len(CALL_MARKER)]
+            self.is_call = self.use.may_call and CALL_MARKER.startswith(head)
         return bool(self.is_call)
 
     def feed(self, delta: str, *, final: bool = False) -> str:

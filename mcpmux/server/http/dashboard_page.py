@@ -149,6 +149,18 @@ function engine(state) {
       el("td", {}, ms(m.ttft_p50_ms)), el("td", {}, ms(m.ttft_p99_ms)))));
 }
 
+function backends(state) {
+  const rows = state.backends || [];
+  if (rows.length === 1 && rows[0].kind === "local") return [];  // the embedded engine alone
+  const headers = ["backend", "kind", "state", "in flight", "requests", "failed", "busy", "refused"];
+  return [el("h2", {}, "Backends"), table(headers, rows.map(b => {
+    const state = el("td", {class: "state state-" + (b.state === "up" ? "ready" : "down")}, b.state);
+    return el("tr", {data: {backend: b.name}, title: b.last_error},
+      el("td", {class: "name"}, b.name), el("td", {}, b.kind), state, el("td", {}, b.in_flight),
+      el("td", {}, b.requests), el("td", {}, b.failed), el("td", {}, b.busy), el("td", {}, b.refused));
+  }))];
+}
+
 function search(state) {
   const s = state.search;
   if (!s) return el("p", {class: "dim"}, "Tool search is off ([mux] tool_search = \\"off\\").");
@@ -172,7 +184,7 @@ function draw(state) {
     section("Upstreams", upstreams(state), true),
     section("Calls per tool", tools(state, now), true),
     section("Sessions", sessions(state)),
-    section("Inference engine", engine(state)),
+    section("Inference engine", [engine(state), ...backends(state)]),
     section("Tool search", search(state)));
   const calls = {};
   for (const t of state.tools) calls[t.upstream + "/" + t.tool] = t.calls;

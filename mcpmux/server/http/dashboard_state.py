@@ -34,6 +34,7 @@ def snapshot(mux: Mux, connections: Callable[[], Iterable[Connection]]) -> dict[
         "sessions": _sessions(connections()),
         "profiles": _profiles(mux),
         "engine": _engine(mux),
+        "backends": _backends(mux),
         "search": _search(mux),
     }
 
@@ -133,6 +134,28 @@ def _engine(mux: Mux) -> list[dict[str, Any]] | None:
             "ttft_p99_ms": _histogram_ms(figures["ttft"], 0.99),
         }
         for model, figures in models.items()
+    ]
+
+
+def _backends(mux: Mux) -> list[dict[str, Any]] | None:
+    """The inference backends (the fleet), each with its state, load and failures; None while inference is off."""
+    service = mux.inference
+    if service is None:
+        return None
+    backends: dict[str, dict[str, Any]] = service.stats().get("backends", {})
+    return [
+        {
+            "name": name,
+            "kind": figures["kind"] + (", fallback" if figures["fallback"] else ""),
+            "state": figures["state"],
+            "in_flight": figures["in_flight"],
+            "requests": figures["requests"],
+            "failed": figures["failed"],
+            "busy": figures["busy"],
+            "refused": figures["errors"],
+            "last_error": figures["last_error"],
+        }
+        for name, figures in backends.items()
     ]
 
 

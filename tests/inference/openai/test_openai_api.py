@@ -233,17 +233,17 @@ async def test_a_full_queue_answers_503(tiny_llama: Path) -> None:
         statuses: list[int] = []
         refusals: list[dict[str, str]] = []
 
-        async def one() -> None:
+        async def one(i: int) -> None:  # distinct prompts: identical greedy requests would share one
             try:
-                await client.completions.create(model="tiny", prompt="Hello", max_tokens=48, temperature=0)
+                await client.completions.create(model="tiny", prompt=f"Hello {i}", max_tokens=48, temperature=0)
                 statuses.append(200)
             except openai.APIStatusError as exc:
                 refusals.append(exc.response.json()["error"])
                 statuses.append(exc.status_code)
 
         async with anyio.create_task_group() as tg:
-            for _ in range(6):
-                tg.start_soon(one)
+            for i in range(6):
+                tg.start_soon(one, i)
     assert 200 in statuses
     assert 503 in statuses
     assert set(statuses) == {200, 503}

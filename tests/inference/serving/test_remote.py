@@ -95,7 +95,8 @@ async def test_upstream_errors_name_the_url_status_and_message(remote_url: str) 
         assert caught.value.status == 400
         with pytest.raises(RemoteError, match="HTTP 400"):
             [d async for d in svc.stream([{"role": "user", "content": "hi"}], GREEDY)]
-        assert svc.stats()["remote"]["errors"] == 2
+        (backend,) = svc.stats()["backends"].values()
+        assert (backend["state"], backend["errors"], backend["sent"]["errors"]) == ("up", 2, 2)  # not its fault
 
 
 async def test_a_silent_server_times_out_with_the_url_and_limit() -> None:

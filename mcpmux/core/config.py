@@ -14,6 +14,8 @@ Paths in a file mean what they say wherever mcpmux was started from (as in Compo
 stdio server runs in the config file's folder unless its `cwd` says otherwise (a relative `cwd` is
 relative to that folder), and a relative `command` with a `/` in it is made absolute against it, so
 `command = ".venv/bin/server"` and `args = ["server.py"]` work when a client launches mcpmux from `/`.
+A local model's path (`[inference.models.NAME] model`, `[inference.embeddings] model`) that exists
+next to the file is read from there too.
 
 `mcpmux.toml` is mcpmux's own: an unknown key is a mistake and named as one. A client's own file
 (Claude Desktop, Cursor, VS Code JSON, Codex's `[mcp_servers]`) carries that client's settings too
@@ -306,7 +308,8 @@ class Config(_Model):
 def load_config(path: str | Path, environ: dict[str, str] | None = None) -> Config:
     """Read, expand and validate a config file (`.toml` or `.json`); raise `ConfigError` on any problem.
 
-    Relative paths in it (a stdio server's `command` and `cwd`) are resolved against its folder."""
+    Relative paths in it (a stdio server's `command` and `cwd`, a local model's folder or file) are
+    resolved against its folder."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -355,7 +358,25 @@ def _resolved(config: Config, folder: Path) -> Config:
                 command = os.path.normpath(folder / Path(command).expanduser())
             server = server.model_copy(update={"cwd": cwd, "command": command})
         servers[name] = server
-    return config.model_copy(update={"servers": servers})
+    return config.model_copy(update={"servers": servers, "inference": _resolved_models(config.inference, folder)})
+
+
+def _resolved_models(inference: InferenceSettings, folder: Path) -> InferenceSettings:
+    """`[inference]` with each model given as a relative path that exists next to the file made
+    absolute against `folder` (a `builtin:` name, an absolute path, or anything not found there is kept)."""
+
+    def resolved(model: str) -> str:
+        if not model or model.startswith("builtin:") or Path(model).expanduser().is_absolute():
+            return model
+        candidate = os.path.normpath(folder / model)
+        return candidate if os.path.exists(candidate) else model
+
+    models = {
+        name: settings.model_copy(update={"model": resolved(settings.model)})
+        for name, settings in inference.models.items()
+    }
+    embeddings = inference.embeddings.model_copy(update={"model": resolved(inference.embeddings.model)})
+    return inference.model_copy(update={"models": models, "embeddings": embeddings})
 
 
 def _parse(path: Path, text: str) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
 from tests.e2e.conftest import DEMO, PY, ROOT, demo, free_port, stop, text_of, wait_for_port
+from tests.inference.tiny_models import build_tiny_model
 
 MCPMUX = [PY, "-m", "mcpmux"]
 # Never answers the handshake: prints a line that is not JSON-RPC, then sleeps.
@@ -250,3 +251,19 @@ def test_help_and_readme_name_what_exists() -> None:
 def _doc_refs(text: str) -> list[str]:
     words = text.replace("(", " ").replace(")", " ").replace(";", " ").replace(",", " ").split()
     return [word.strip(".`'\"") for word in words if word.startswith("docs/") and word.strip(".`'\"").endswith(".md")]
+
+
+@pytest.mark.slow
+def test_a_local_model_next_to_the_config_loads_when_mcpmux_starts_elsewhere(tmp_path: Path) -> None:
+    """`[inference.models.NAME] model = "models/tiny"` means the folder beside the file, as a server's
+    relative `command` does, when a client starts mcpmux from `/`."""
+    project = tmp_path / "project"
+    build_tiny_model("llama", project / "models" / "tiny")
+    (project / "mcpmux.toml").write_text(
+        '[inference]\nbackend = "local"\n[inference.models.tiny]\nmodel = "models/tiny"\nkv_cache_memory_mb = 16\n'
+        '[inference.embeddings]\nmodel = ""\n'
+    )
+    arguments = json.dumps({"prompt": "Hello", "max_tokens": 3, "seed": 1})
+    called = run("call", "--config", str(project / "mcpmux.toml"), "local__generate", arguments, cwd="/", timeout=600)
+    assert called.returncode == 0, called.stderr
+    assert "cannot load" not in called.stderr

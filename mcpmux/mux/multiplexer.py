@@ -590,7 +590,10 @@ class Mux:
         if local is not None and self.view(caller.profile).allows_local(name):
             try:
                 with self.track_call():
-                    return await local.handler(arguments or {}, progress, caller)
+                    answered = await local.handler(arguments or {}, progress, caller)
+                if not local.fitted:
+                    return answered
+                return self.results.fit_own(local.tool, answered, self.config.mux.max_result_bytes)
             except CallCancelledError as err:
                 return error_result(str(err))
         try:

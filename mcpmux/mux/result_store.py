@@ -37,21 +37,34 @@ class ResultStore:
     def fit(self, plan: CallPlan, raw: Any, upstream: str) -> Any:
         """`raw`, or, beyond the plan's `result_limit`, the cut result whose whole is kept here."""
         keeps_structured = plan.output is not None  # an outputSchema validates it: never changed
-        if fits(raw, plan.result_limit, keeps_structured):
-            return raw
-        label = f"tool {plan.tool!r} of {upstream!r}"
-        shaped, kept = fit(raw, plan.result_limit, keeps_structured, label, _new_uri)
-        if kept is not None:
-            self._kept.put((kept.uri,), kept)
-        return shaped
+        return self._fit(raw, plan.result_limit, keeps_structured, f"tool {plan.tool!r} of {upstream!r}")
 
     def fit_model(self, plan: CallPlan, result: types.CallToolResult, upstream: str) -> types.CallToolResult:
         """`fit` for a result already in the SDK's model (the SDK path), read and rebuilt only when cut."""
-        if not plan.result_limit or _model_fits(result, plan.result_limit, plan.output is not None):
+        label = f"tool {plan.tool!r} of {upstream!r}"
+        return self._fit_model(result, plan.result_limit, plan.output is not None, label)
+
+    def fit_own(self, tool: types.Tool, result: types.CallToolResult, limit: int) -> types.CallToolResult:
+        """`fit_model` for a result of mcpmux's own tools (`mux_parallel` gathering several, say), under
+        `[mux] max_result_bytes`: what the model reads of it fits as an upstream's result does."""
+        return self._fit_model(result, limit, tool.output_schema is not None, f"mcpmux's tool {tool.name!r}")
+
+    def _fit_model(
+        self, result: types.CallToolResult, limit: int, keeps_structured: bool, label: str
+    ) -> types.CallToolResult:
+        if not limit or _model_fits(result, limit, keeps_structured):
             return result
         raw = result.model_dump(by_alias=True, mode="json", exclude_none=True)
-        shaped = self.fit(plan, raw, upstream)
+        shaped = self._fit(raw, limit, keeps_structured, label)
         return result if shaped is raw else types.CallToolResult.model_validate(shaped, by_name=False)
+
+    def _fit(self, raw: Any, limit: int, keeps_structured: bool, label: str) -> Any:
+        if fits(raw, limit, keeps_structured):
+            return raw
+        shaped, kept = fit(raw, limit, keeps_structured, label, _new_uri)
+        if kept is not None:
+            self._kept.put((kept.uri,), kept)
+        return shaped
 
     @staticmethod
     def holds(uri: str) -> bool:

@@ -22,6 +22,9 @@ class LocalTool:
 
     tool: types.Tool
     handler: Callable[[dict[str, Any], ProgressFn | None, Caller], Awaitable[types.CallToolResult]]
+    fitted: bool = True
+    """Whether its result is cut to `[mux] max_result_bytes` (False: it relays one call's result,
+    already fitted to that tool's own limit)."""
 
 
 class ToolCaller(Protocol):

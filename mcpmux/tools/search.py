@@ -206,7 +206,7 @@ class ToolSearch:
         mux.on_catalog_changed(self._catalog_changed)
 
     def local_tools(self) -> list[LocalTool]:
-        return [LocalTool(SEARCH_TOOL, self._search_tool), LocalTool(CALL_TOOL, self._call_tool)]
+        return [LocalTool(SEARCH_TOOL, self._search_tool), LocalTool(CALL_TOOL, self._call_tool, fitted=False)]
 
     # -- what tools/list shows -----------------------------------------------------------------------
 

@@ -114,3 +114,27 @@ async def test_a_large_file_from_the_reference_filesystem_server_fits_by_default
         assert len(shown.encode()) <= DEFAULT_MAX_RESULT_BYTES < big.stat().st_size
         read = await client.read_resource(link_of(result).uri)
         assert read.contents[0].text == big.read_text()
+
+
+@pytest.mark.slow
+async def test_mcpmux_own_tools_fit_their_results_too(tmp_path: Path) -> None:
+    """`mux_parallel` gathers several results: together they fit `[mux] max_result_bytes` as one
+    tool's would, the whole kept; `mux_call_tool` relays one result, cut once, to its tool's own limit."""
+    config = write(tmp_path / "c.json")
+    raw = json.loads(config.read_text())
+    raw["mux"].update(max_result_bytes=3000, tool_search="on")
+    config.write_text(json.dumps(raw))
+    async with mux_over_stdio(config) as client:
+        calls = [{"tool": "big__log", "arguments": {"lines": 5000}} for _ in range(3)]
+        gathered = await client.call_tool("mux_parallel", {"calls": calls})
+        shown = "".join(block.text for block in gathered.content if block.type == "text")
+        assert "more than its limit of 3,000" in shown
+        whole = (await client.read_resource(link_of(gathered).uri)).contents
+        outcomes = json.loads(whole[-1].text)["results"]
+        assert [outcome["ok"] for outcome in outcomes] == [True, True, True]
+        assert all(len(outcome["result"]["text"].encode()) > 2000 for outcome in outcomes)  # each cut once
+
+        relayed = await client.call_tool("mux_call_tool", {"tool": "big__log", "arguments": {"lines": 5000}})
+        assert [link_of(relayed).size] == [len(log_text(5000))]  # one link: the tool's own whole
+        read = await client.read_resource(link_of(relayed).uri)
+        assert [item.text for item in read.contents] == [log_text(5000)]

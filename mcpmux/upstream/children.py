@@ -8,14 +8,21 @@ after that. Each child runs in a session of its own (a terminal's Ctrl-C reaches
 a child mcpmux did not end outlives it with no parent. A signal that arrives while mcpmux is
 shutting down therefore calls `hurry`: every child's group gets SIGTERM at once, and SIGKILL
 `HURRY_GRACE` seconds later if it is still there.
+
+Where mcpmux is killed outright (SIGKILL, the OOM killer), nothing of it runs to end them: on Linux
+each child asks the kernel, before it runs its command, for SIGKILL when mcpmux dies
+(`PR_SET_PDEATHSIG`, `dies_with_us`); a grandchild whose stdin is mcpmux's pipe reads its end.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import signal
 import subprocess
+import sys
+from collections.abc import Callable
 from contextlib import suppress
 
 import anyio
@@ -26,6 +33,23 @@ HURRY_GRACE = 1.0
 """Seconds a hurried child has between SIGTERM and SIGKILL: well inside the TypeScript SDK's two."""
 
 _running: set[subprocess.Popen[bytes]] = set()
+
+_PR_SET_PDEATHSIG = 1
+_libc = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
+
+
+def dies_with_us() -> Callable[[], None] | None:
+    """A `preexec_fn` for a child that must not outlive this process, however it ends (None off Linux)."""
+    if _libc is None:
+        return None
+    libc, parent = _libc, os.getpid()
+
+    def in_the_child() -> None:  # after fork, before exec: nothing here may take a lock
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # died before the request was made: it would never come
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return in_the_child
 
 
 def started(child: subprocess.Popen[bytes]) -> None:

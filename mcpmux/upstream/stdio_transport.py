@@ -76,6 +76,7 @@ async def stdio_transport(
         env=get_default_environment() | env,
         cwd=cwd,
         start_new_session=True,
+        preexec_fn=children.dies_with_us(),  # it only asks the kernel: no lock taken after fork
     )
     children.started(child)
     stderr.started()

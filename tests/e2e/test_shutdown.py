@@ -291,3 +291,18 @@ async def test_a_second_sigterm_over_http_ends_a_stubborn_child_at_once(tmp_path
         _, stderr = process.communicate()
     assert child_gone, "the child outlived the second SIGTERM by more than the hurry grace"
     assert code == 0, stderr.decode()
+
+
+def test_a_child_that_ignores_every_signal_but_sigkill_dies_with_a_killed_mcpmux(tmp_path: Path) -> None:
+    """SIGKILL gives mcpmux no time to end anything: the kernel ends its children (Linux)."""
+    config = write_config(tmp_path / "c.json", {"alpha": _stubborn("ignore")})
+    process = _serve(config)
+    try:
+        pid = _StdioClient(process).upstream_pid()
+        process.kill()
+        process.wait(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.communicate()
+    assert _gone(pid, timeout=5), "the child outlived a SIGKILLed mcpmux"

@@ -60,7 +60,7 @@ class ServedCall:
 
     call: FastCall
     sink: CallSink
-    flight: Launched | None = None
+    launched: Launched | None = None
     """The launched call, while it may still need a task (None: it was not launched)."""
     scope: anyio.CancelScope | None = None
     """Its task's scope, once it has a task."""
@@ -74,13 +74,13 @@ class ServedCall:
         self.cancelled = True
         if self.scope is not None:
             self.scope.cancel()
-        if self.flight is not None:
-            self.flight.wake()  # a launched call with no task yet gets one, to tell the upstream
+        if self.launched is not None:
+            self.launched.wake()  # a launched call with no task yet gets one, to tell the upstream
 
     def detach(self) -> None:
         """The front is closing: a launched call still without a task gets one (which the front then cancels)."""
-        if self.flight is not None:
-            self.flight.wake()
+        if self.launched is not None:
+            self.launched.wake()
 
     def end(self) -> None:
         if not self.over:
@@ -114,13 +114,13 @@ def serve(fast: FastPath, call: FastCall, sink: CallSink) -> ServedCall:
         try:
             sink.start(lambda: _answer(fast, served))
         except RuntimeError:  # the front has ended abnormally: nobody is left to answer
-            assert served.flight is not None
-            fast.abandon(call, served.flight)
+            assert served.launched is not None
+            fast.abandon(call, served.launched)
             served.end()
 
     try:
-        served.flight = fast.launch(call, deliver_now, escalate)
-        if served.flight is None:
+        served.launched = fast.launch(call, deliver_now, escalate)
+        if served.launched is None:
             sink.start(lambda: _answer(fast, served))
     except BaseException:
         served.end()
@@ -143,7 +143,7 @@ async def _answer(fast: FastPath, served: ServedCall) -> None:
     failed = False
     try:
         with served.scope, serving(call.inbound):
-            await fast.answer(call, sink.progress, deliver=deliver, flight=served.flight)
+            await fast.answer(call, sink.progress, deliver=deliver, launched=served.launched)
     except Exception:  # the request still gets an answer, as an unexpected error does on the SDK path
         logger.exception("fast-path call %r failed", call.tool)
         failed = True

@@ -131,14 +131,14 @@ DeliverNow = Callable[[dict[str, Any]], bool]
 
 
 Escalate = Callable[[], None]
-"""Starts the task that finishes a launched call: `answer(call, ..., flight=)`."""
+"""Starts the task that finishes a launched call: `answer(call, ..., launched=)`."""
 
 
 @dataclass(slots=True)
 class Launched:
     """A call `FastPath.launch` took on: sent, or waiting in the gate's line to be sent. It ends at once
     when its result is answered the moment it is read; anything else (`wake`) has a task finish it,
-    with `answer(..., flight=)`."""
+    with `answer(..., launched=)`."""
 
     tracked: TrackedCall
     gate: AdmissionGate
@@ -331,7 +331,7 @@ class FastPath:
         the call ends there, its books kept: no task, no trip through the event loop either way.
         Anything else (progress, an error, a result not answered at once, the connection's end, a
         cancellation by mcpmux, the timeout, a wire that could not take the request once admitted)
-        calls `escalate`, once, which must start a task that runs `answer(call, ..., flight=)`; so
+        calls `escalate`, once, which must start a task that runs `answer(call, ..., launched=)`; so
         must the caller's own reasons (`Launched.wake`: the client cancelled, the caller shuts down).
         """
         try:
@@ -356,13 +356,13 @@ class FastPath:
                 return None  # an identical call is under way: a task waits for its answer
         gate = dispatcher.gate
         tracked = calls.track(upstream.name, call.inbound, upstream)
-        flight = Launched(tracked, gate, time.perf_counter(), loop.time() + upstream.timeout, escalate)
-        flight.lead = lead
+        launched = Launched(tracked, gate, time.perf_counter(), loop.time() + upstream.timeout, escalate)
+        launched.lead = lead
         if lead is not None:
-            flight.arguments_key = arguments
+            launched.arguments_key = arguments
         if gate.try_acquire():
             try:
-                sent = self._send_now(call, flight, deliver_now)
+                sent = self._send_now(call, launched, deliver_now)
             except BaseException:
                 gate.refund()
                 _give_up(lead)
@@ -372,21 +372,21 @@ class FastPath:
                 _give_up(lead)
                 return None
         else:
-            flight.deadline = dispatcher.queue_deadline()  # `anyio.current_time()`, on asyncio
-            flight.held = gate.hold(
-                lambda: self._admitted_held(call, flight, deliver_now),
+            launched.deadline = dispatcher.queue_deadline()  # `anyio.current_time()`, on asyncio
+            launched.held = gate.hold(
+                lambda: self._admitted_held(call, launched, deliver_now),
                 priority=call.plan.priority,
-                deadline=flight.deadline,
+                deadline=launched.deadline,
             )
-            if flight.held is None:
+            if launched.held is None:
                 _give_up(lead)
                 return None
-        flight.tracked.on_cancel = flight.wake
-        flight.tracked.admit()  # cannot refuse: nothing yielded since the refusal was checked
-        flight.timer = loop.call_at(flight.deadline, flight.wake)
-        return flight
+        launched.tracked.on_cancel = launched.wake
+        launched.tracked.admit()  # cannot refuse: nothing yielded since the refusal was checked
+        launched.timer = loop.call_at(launched.deadline, launched.wake)
+        return launched
 
-    def _send_now(self, call: FastCall, flight: Launched, deliver_now: DeliverNow) -> bool:
+    def _send_now(self, call: FastCall, launched: Launched, deliver_now: DeliverNow) -> bool:
         """Write the admitted call's request at once (`UpstreamLane.launch`); False (nothing sent) if it would wait."""
         upstream = call.upstream
         lane, client = upstream.lane, upstream.client
@@ -398,81 +398,81 @@ class FastPath:
             output = call.plan.output
             if methods.is_input_required(raw) or (output is not None and output.problem(raw) is not None):
                 return False  # the task takes these: another round, or the error
-            self._share(call, flight, raw, version)
+            self._share(call, launched, raw, version)
             try:
                 response, outcome = self._response(call, raw, version)
             except ValidationError:
                 return False  # likewise
             if not deliver_now(response):
                 return False
-            flight.response, flight.outcome = response, outcome
-            if flight.escalated:
+            launched.response, launched.outcome = response, outcome
+            if launched.escalated:
                 return False  # its task is under way: it keeps the books
-            self._ended_at_once(call, flight)
+            self._ended_at_once(call, launched)
             return True
 
         wants_progress = call.progress_token is not None
-        flight.sent = lane.launch(
+        launched.sent = lane.launch(
             client,
             call.tool,
             call.arguments,
             answered,
-            flight.wake,
+            launched.wake,
             logs=_logs_for(call),
             progress=wants_progress,
             caller=call.inbound,
         )
-        return flight.sent is not None
+        return launched.sent is not None
 
-    def _admitted_held(self, call: FastCall, flight: Launched, deliver_now: DeliverNow) -> None:
+    def _admitted_held(self, call: FastCall, launched: Launched, deliver_now: DeliverNow) -> None:
         """The gate admitted a call waiting in its line (called by whoever released the slot): its
         request goes out now, its timeout running from here; or its task sends it."""
-        flight.held = None
-        if flight.escalated:
+        launched.held = None
+        if launched.escalated:
             return  # its task is under way: it sends the call, with this admission
-        flight.stop_timer()
+        launched.stop_timer()
         loop = asyncio.get_running_loop()
-        flight.deadline = loop.time() + call.upstream.timeout
+        launched.deadline = loop.time() + call.upstream.timeout
         try:
-            sent = self._send_now(call, flight, deliver_now)
+            sent = self._send_now(call, launched, deliver_now)
         except Exception:  # whoever released the slot must not fail for this call
             logger.exception("sending fast-path call %r on its turn failed; its task sends it", call.tool)
             sent = False
         if not sent:
-            flight.wake()
+            launched.wake()
             return
-        flight.timer = loop.call_at(flight.deadline, flight.wake)
+        launched.timer = loop.call_at(launched.deadline, launched.wake)
 
-    def abandon(self, call: FastCall, flight: Launched) -> None:
+    def abandon(self, call: FastCall, launched: Launched) -> None:
         """End a launched call no task can finish (its caller is gone): out of the gate's line or
         forgotten by the lane, books kept."""
-        if flight.sent is not None:
-            flight.sent.abandon()
-        flight.outcome = "cancelled"
-        self._ended_at_once(call, flight)
+        if launched.sent is not None:
+            launched.sent.abandon()
+        launched.outcome = "cancelled"
+        self._ended_at_once(call, launched)
 
-    def _ended_at_once(self, call: FastCall, flight: Launched) -> None:
+    def _ended_at_once(self, call: FastCall, launched: Launched) -> None:
         """The books of a call that ended without a task (answered the moment its result was read,
         or abandoned), as `answer` keeps them."""
-        flight.stop_timer()
-        if flight.held is not None:
-            flight.gate.withdraw(flight.held)  # never admitted: no slot to give back
+        launched.stop_timer()
+        if launched.held is not None:
+            launched.gate.withdraw(launched.held)  # never admitted: no slot to give back
         else:
-            flight.gate.release()
-        flight.tracked.release()
-        _give_up(flight.lead)
-        flight.unlink()
-        elapsed = time.perf_counter() - flight.started
-        self.mux.metrics.observe_call(call.upstream.name, call.tool, elapsed, flight.outcome)
+            launched.gate.release()
+        launched.tracked.release()
+        _give_up(launched.lead)
+        launched.unlink()
+        elapsed = time.perf_counter() - launched.started
+        self.mux.metrics.observe_call(call.upstream.name, call.tool, elapsed, launched.outcome)
 
     async def answer(
         self,
         call: FastCall,
         progress: ProgressFn | None = None,
         deliver: Deliver | None = None,
-        flight: Launched | None = None,
+        launched: Launched | None = None,
     ) -> dict[str, Any]:
-        """Serve `call` (sent already when `flight`); the JSON-RPC response (result or error), with the client's id.
+        """Serve `call` (sent already when `launched`); the JSON-RPC response (result or error), with the client's id.
 
         Failures read as on the SDK path: an unavailable or timed-out upstream, or a limit's refusal,
         is an `isError` result saying so; the upstream's JSON-RPC errors pass through. `deliver`, when
@@ -480,15 +480,16 @@ class FastPath:
         release, shutdown tracking, metrics): what the client waits for goes first. A response the
         flight already delivered is not delivered again.
         """
-        started = time.perf_counter() if flight is None else flight.started
+        started = time.perf_counter() if launched is None else launched.started
         outcome = "error"
         delivered = False
         try:
             try:
                 # Shutdown waits for (or cancels) it and a reload that stops its upstream cancels it.
                 calls = self.mux.calls
-                with calls.track(call.upstream.name, call.inbound, call.upstream) if flight is None else flight.tracked:
-                    if flight is None:
+                tracking = launched.tracked if launched is not None else None
+                with tracking if tracking is not None else calls.track(call.upstream.name, call.inbound, call.upstream):
+                    if launched is None:
                         fetch = call.dispatcher.run(
                             call.plan,
                             call.arguments,
@@ -499,42 +500,42 @@ class FastPath:
                         )
                         response, outcome = await self._respond(call, fetch, None)
                     else:
-                        async with self._admitted(flight):
-                            response, outcome = await self._respond(call, self._led(call, progress, flight), flight)
-                    if deliver is not None and not _answered(flight):
+                        async with self._admitted(launched):
+                            response, outcome = await self._respond(call, self._led(call, progress, launched), launched)
+                    if deliver is not None and not _answered(launched):
                         delivered = True
                         await deliver(response)
             except (UpstreamUnavailableError, RejectedError) as err:
                 # Refused by a limit, or by mcpmux (shutting down, the upstream being stopped), or
                 # cancelled by it after the grace period (`CallCancelledError`). Once the client has
                 # its answer, what came after was bookkeeping's and changes nothing.
-                if not delivered and not _answered(flight):
+                if not delivered and not _answered(launched):
                     response, outcome = self._failed(call, err), outcome_of(err)
                     if deliver is not None:
                         await deliver(response)
-            if flight is not None and flight.response is not None:  # the books follow what the client got
-                response, outcome = flight.response, flight.outcome
+            if launched is not None and launched.response is not None:  # the books follow what the client got
+                response, outcome = launched.response, launched.outcome
             return response
         except BaseException as err:
             outcome = outcome_of(err)
             raise
         finally:
             self.mux.metrics.observe_call(call.upstream.name, call.tool, time.perf_counter() - started, outcome)
-            if flight is not None:
-                _give_up(flight.lead)
-                flight.unlink()
+            if launched is not None:
+                _give_up(launched.lead)
+                launched.unlink()
 
     @asynccontextmanager
-    async def _admitted(self, flight: Launched) -> AsyncIterator[None]:
+    async def _admitted(self, launched: Launched) -> AsyncIterator[None]:
         """A launched call's admission through its upstream's gate for the body: had already, or
         waited for now where it stands in the gate's line."""
-        if flight.held is not None:
-            await flight.gate.wait_held(flight.held)
-            flight.held = None
+        if launched.held is not None:
+            await launched.gate.wait_held(launched.held)
+            launched.held = None
         try:
             yield
         finally:
-            flight.gate.release()
+            launched.gate.release()
 
     def _from_cache(self, call: FastCall, arguments: str, deliver_now: DeliverNow) -> Launched | None:
         """A launched call answered from the cache at once: an ended flight; None when there is no
@@ -547,37 +548,37 @@ class FastPath:
         if not deliver_now(response):
             return None
         tracked, gate = self.mux.calls.track(call.upstream.name, call.inbound, call.upstream), call.dispatcher.gate
-        flight = Launched(tracked, gate, started, 0.0, _nothing, escalated=True, response=response, outcome=outcome)
+        launched = Launched(tracked, gate, started, 0.0, _nothing, escalated=True, response=response, outcome=outcome)
         self.mux.metrics.observe_call(call.upstream.name, call.tool, time.perf_counter() - started, outcome)
-        return flight
+        return launched
 
-    def _share(self, call: FastCall, flight: Launched, raw: Any, version: str | None) -> None:
+    def _share(self, call: FastCall, launched: Launched, raw: Any, version: str | None) -> None:
         """A launched call's raw result, read: cached where the plan says so, and given to the
         identical calls that wait for it (a copy of their own, as this call's answer is shaped in place)."""
-        lead = flight.lead
+        lead = launched.lead
         if lead is None or lead.ended:
             return
         inbound = call.inbound
         personal = (inbound.caller.client or "") if inbound.asked else None
         if personal is None:
-            call.dispatcher.keep(call.plan, flight.arguments_key, None, raw, version)
+            call.dispatcher.keep(call.plan, launched.arguments_key, None, raw, version)
         lead.finish((copy.deepcopy(raw), version, personal) if lead.waiting else (raw, version, personal))
 
-    async def _led(self, call: FastCall, progress: ProgressFn | None, flight: Launched) -> RawResult:
+    async def _led(self, call: FastCall, progress: ProgressFn | None, launched: Launched) -> RawResult:
         """`_call`; a launched call that others may share gives them its result, or its error."""
-        lead = flight.lead
+        lead = launched.lead
         if lead is None:
-            return await self._call(call, progress, flight)
+            return await self._call(call, progress, launched)
         try:
-            raw, version = await self._call(call, progress, flight)
+            raw, version = await self._call(call, progress, launched)
         except Exception as err:
             lead.fail(err)
             raise
-        self._share(call, flight, raw, version)
+        self._share(call, launched, raw, version)
         return raw, version
 
     async def _respond(
-        self, call: FastCall, fetch: Awaitable[tuple[Any, str | None]], flight: Launched | None
+        self, call: FastCall, fetch: Awaitable[tuple[Any, str | None]], launched: Launched | None
     ) -> tuple[dict[str, Any], str]:
         """The response to `call` and the outcome to count, from `fetch` (the raw result and its revision)."""
         try:
@@ -587,8 +588,8 @@ class FastPath:
         except UpstreamError as err:
             error = types.ErrorData(code=err.code, message=str(err), data=err.data)
             return {"jsonrpc": "2.0", "id": call.request_id, "error": _dump(error)}, "error"
-        if flight is not None and flight.response is not None:
-            return flight.response, flight.outcome  # shaped and sent already
+        if launched is not None and launched.response is not None:
+            return launched.response, launched.outcome  # shaped and sent already
         if call.task is not None and created_task(raw):
             assert call.owner is not None  # `route` takes no task-augmented call without one
             adopted = self.mux.tasks.adopt(call.upstream.name, raw, call.owner)
@@ -607,12 +608,12 @@ class FastPath:
         self.mux.catalog.name_raw_result(call.upstream.name, result)  # its `ui://` URIs, as clients see them
         return {"jsonrpc": "2.0", "id": call.request_id, "result": result}, "error" if result.get("isError") else "ok"
 
-    async def _call(self, call: FastCall, progress: ProgressFn | None, flight: Launched) -> RawResult:
+    async def _call(self, call: FastCall, progress: ProgressFn | None, launched: Launched) -> RawResult:
         """A launched call's raw result and its protocol revision, as `UpstreamDispatcher.send` gives it
         (the same checks; `UpstreamResultError` for a result that breaks the tool's output schema)."""
         dispatcher = call.dispatcher
         logs = _logs_for(call)
-        sent = flight.sent
+        sent = launched.sent
         if sent is None:  # not sent yet: its task sends it
             return await dispatcher.send(call.plan, call.arguments, progress, logs=logs)
 
@@ -623,8 +624,8 @@ class FastPath:
             return dispatcher.send(call.plan, call.arguments, progress, logs=logs)
 
         what = f"tool {call.tool!r}"
-        raw, version = await call.upstream.request(what, wait_or_resend, sent.client, flight.deadline)
-        if _answered(flight):
+        raw, version = await call.upstream.request(what, wait_or_resend, sent.client, launched.deadline)
+        if _answered(launched):
             return raw, version  # it passed the checks before it was sent
         return await dispatcher.checked(call.plan, call.arguments, progress, raw, version)
 
@@ -673,8 +674,8 @@ def _give_up(lead: Lead[Shared] | None) -> None:
         lead.abandon()
 
 
-def _answered(flight: Launched | None) -> bool:
-    return flight is not None and flight.answered
+def _answered(launched: Launched | None) -> bool:
+    return launched is not None and launched.answered
 
 
 def _logs_for(call: FastCall) -> bool:

@@ -380,21 +380,21 @@ class UpstreamLane:
         message = {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params}
         return request_id, message, opts.get("headers")
 
-    async def _settle(self, flight: LaneRequest, progress: ProgressFn | None, sending: Awaitable[None] | None) -> Any:
+    async def _settle(self, request: LaneRequest, progress: ProgressFn | None, sending: Awaitable[None] | None) -> Any:
         """Finish sending (when `sending`), then wait for the answer; cancelled, tell the upstream."""
         try:
             if sending is not None:
                 await sending
-            return await self._outcome(flight.outcomes, progress)
+            return await self._outcome(request.outcomes, progress)
         except anyio.get_cancelled_exc_class():
             send = self.send
-            if self._pending.pop(flight.request_id, None) is not None and send is not None:
-                await self._cancel(send, flight.client.session, flight.request_id)
+            if self._pending.pop(request.request_id, None) is not None and send is not None:
+                await self._cancel(send, request.client.session, request.request_id)
             raise
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             raise MCPError(code=CONNECTION_CLOSED, message="Connection closed") from None
         finally:
-            self._pending.pop(flight.request_id, None)
+            self._pending.pop(request.request_id, None)
 
     async def _outcome(self, outcomes: _Outcomes, progress: ProgressFn | None) -> Any:
         while True:

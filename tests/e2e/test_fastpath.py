@@ -371,11 +371,11 @@ async def test_fast_path_calls_leave_nothing_for_the_cycle_collector(tmp_path: P
                 return True
 
             async def finish() -> None:
-                response = await fast.answer(call, flight=flight)
+                response = await fast.answer(call, launched=launched)
                 deliver_now(response)
 
-            flight = fast.launch(call, deliver_now, lambda: tasks.start_soon(finish))
-            assert flight is not None  # sent at once, or waiting in the gate's line
+            launched = fast.launch(call, deliver_now, lambda: tasks.start_soon(finish))
+            assert launched is not None  # sent at once, or waiting in the gate's line
 
         gc.collect()
         gc.set_debug(gc.DEBUG_SAVEALL)

@@ -152,8 +152,12 @@ async def test_32_concurrent_requests_from_4_upstreams_share_engine_steps(mux: M
     before = mux.inference.stats()["models"]["tiny"]
     results: list[dict[str, Any]] = []
 
-    async def one(upstream: str, i: int) -> None:
-        results.append(await sample(mux, f"{upstream}__sample", prompt=f"Request {i}", max_tokens=CAP, temperature=0))
+    async def one(upstream: str, i: int) -> None:  # distinct prompts: identical greedy ones would share one request
+        results.append(
+            await sample(
+                mux, f"{upstream}__sample", prompt=f"Request {i} from {upstream}", max_tokens=CAP, temperature=0
+            )
+        )
 
     async with anyio.create_task_group() as tasks:
         for upstream in ("modern", "legacy", "capped", "fourth"):

@@ -18,9 +18,8 @@ from hypothesis import strategies as st
 from mcpmux.inference.engine.async_engine import Engine
 from mcpmux.inference.engine.config import Grammar, SamplingParams
 from mcpmux.inference.engine.llm_engine import LLMEngine
-from mcpmux.inference.errors import EngineError, InvalidSettingError
+from mcpmux.inference.errors import InvalidSettingError
 from mcpmux.inference.models.loader import load_model
-from mcpmux.inference.serving.remote import request_body
 from tests.inference.engine_harness import MAX_TOKENS, drive, engine_config, greedy_params
 
 SCHEMA = {
@@ -95,11 +94,6 @@ def test_grammars_that_cannot_be_used_are_clear_errors(tiny_llama: Path, kind: s
 def test_unknown_grammar_kinds_are_refused() -> None:
     with pytest.raises(InvalidSettingError, match="grammar kind must be one of json_schema, regex, lark"):
         Grammar("xml", "<a/>")
-
-
-def test_the_remote_backend_refuses_a_grammar_rather_than_dropping_it() -> None:
-    with pytest.raises(EngineError, match="served by the local engine only"):
-        request_body("Hello", constrained("regex", DIGITS), "far-model", stream=False)
 
 
 @pytest.mark.anyio

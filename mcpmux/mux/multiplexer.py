@@ -351,6 +351,7 @@ class Mux:
             self._events,
             sampling=self.sampling.callback(name, server.sampling),
             sampling_tools=server.sampling.asks_client,
+            samples_for=self.sampling.samples_for(server.sampling),
             elicitation=requests.elicitation_callback(name, server.elicitation),
             list_roots=requests.roots_callback(
                 name,

@@ -5,7 +5,8 @@ mcpmux (in process, over real HTTP on loopback) fronts `tests/servers/rounds_ser
 `mcp.Client`s call through mcpmux, driving the rounds by hand (`allow_input_required=True`) or
 letting the SDK drive them with their callbacks: each round's keys and state are the upstream's, the
 retry goes back to it with the client's answers, a prompt's round is relayed as a tool's is, and a
-client that cannot answer is never handed a round.
+client that cannot answer is never handed a round. A 2026 request tells the upstream the capabilities
+that can serve it: sampling only where the client (or mcpmux's own model) can answer it (SEP-2575).
 """
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ def anyio_backend() -> str:
 @pytest.fixture(scope="module")
 async def url(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[str]:
     folder = tmp_path_factory.mktemp("rounds")
-    config = write_config(folder / "mcpmux.json", {"rounds": {"command": sys.executable, "args": [str(SERVER)]}})
+    # Sampling only by the calling client: mcpmux then declares it upstream only for clients that declared it.
+    rounds = {"command": sys.executable, "args": [str(SERVER)], "sampling": {"policy": "client"}}
+    config = write_config(folder / "mcpmux.json", {"rounds": rounds})
     async with served_in_process(config) as (_, _, served):
         yield served
 
@@ -120,3 +123,19 @@ async def test_a_client_that_cannot_answer_is_never_handed_a_round(url: str) -> 
     async with Client(url, mode="auto") as client:
         with pytest.raises(MCPError, match="no accepted answer under 'user_name'"):
             await client.session.call_tool("rounds__greet", {}, allow_input_required=True)
+
+
+async def test_an_upstream_refuses_what_needs_sampling_nobody_behind_the_request_can_answer(url: str) -> None:
+    """SEP-2575: without sampling declared (and no local model under policy "client"), the upstream sees
+    none declared and refuses with -32021, relayed as it is; a client that can sample is served."""
+    async with Client(url, mode="auto") as client:
+        with pytest.raises(MCPError, match="MissingRequiredClientCapabilityError") as refused:
+            await client.call_tool("rounds__sampler", {})
+    assert refused.value.error.code == -32021
+    assert refused.value.error.data == {"requiredCapabilities": {"sampling": {}}}
+
+    async def sample(context: Any, params: types.CreateMessageRequestParams) -> types.CreateMessageResult:
+        raise AssertionError("the tool does not sample")
+
+    async with Client(url, mode="auto", sampling_callback=sample) as client:
+        assert text_of(await client.call_tool("rounds__sampler", {})) == "the client can sample"

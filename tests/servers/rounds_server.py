@@ -8,6 +8,8 @@ exactly its own, as a test of mcpmux relaying them needs:
   `"<name> likes <color>"`. A state it did not write, or a missing answer, is refused.
 - prompt `briefing`: asks `topic` (elicitation, no state); the retry with the answer gets the prompt.
 - tool `seen`: what each `greet` request carried (its input response keys and state), in order.
+- tool `sampler`: needs the client's sampling; a request whose `clientCapabilities` declare none is
+  refused with -32021 (SEP-2575's MissingRequiredClientCapabilityError), as the SDK's `Sample` does.
 """
 
 from __future__ import annotations
@@ -42,7 +44,9 @@ def _text(text: str) -> types.CallToolResult:
 
 async def list_tools(ctx: ServerRequestContext, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
     schema: dict[str, Any] = {"type": "object", "properties": {}}
-    return types.ListToolsResult(tools=[types.Tool(name=name, input_schema=schema) for name in ("greet", "seen")])
+    return types.ListToolsResult(
+        tools=[types.Tool(name=name, input_schema=schema) for name in ("greet", "seen", "sampler")]
+    )
 
 
 async def call_tool(
@@ -50,6 +54,12 @@ async def call_tool(
 ) -> types.CallToolResult | types.InputRequiredResult:
     if params.name == "seen":
         return _text(repr(seen))
+    if params.name == "sampler":
+        declared = ((ctx.params or {}).get("_meta") or {}).get("io.modelcontextprotocol/clientCapabilities") or {}
+        if "sampling" not in declared:
+            required = {"requiredCapabilities": {"sampling": {}}}
+            raise MCPError(-32021, "MissingRequiredClientCapabilityError: sampling", data=required)
+        return _text("the client can sample")
     seen.append({"answers": sorted(params.input_responses or {}), "state": params.request_state})
     state = params.request_state
     if state is None:

@@ -377,6 +377,9 @@ class Frontend:
             ((ctx.params or {}).get("_meta") or {}).get(types.LOG_LEVEL_META_KEY)
         )
         inbound = self._inbound(ctx, hears_logs)
+        if params.name in self.mux.local_tools:
+            # mcpmux's own tools' inner calls answer their rounds here: a retry would name the local tool.
+            inbound.takes_rounds = False
         caller = inbound.caller
         asks_client = False
         resumes_parked = params.request_state is not None  # a retry of mcpmux's own rounds

@@ -139,3 +139,14 @@ async def test_an_upstream_refuses_what_needs_sampling_nobody_behind_the_request
 
     async with Client(url, mode="auto", sampling_callback=sample) as client:
         assert text_of(await client.call_tool("rounds__sampler", {})) == "the client can sample"
+
+
+async def test_a_round_inside_mcpmuxs_own_tool_is_not_handed_to_the_client(url: str) -> None:
+    """`mux_batch`'s inner call cannot be retried by the client (its retry would name `mux_batch`): mcpmux
+    answers that round itself (declined here, as the client is asked only in its own rounds)."""
+    async with Client(url, mode="auto", elicitation_callback=answers({"name": "Ada"})) as client:
+        result = await client.session.call_tool(
+            "mux_batch", {"tool": "rounds__greet", "arguments": [{}]}, allow_input_required=True
+        )
+    assert isinstance(result, types.CallToolResult)
+    assert "no accepted answer under 'user_name'" in text_of(result)

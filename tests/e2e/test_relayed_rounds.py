@@ -11,11 +11,13 @@ that can serve it: sampling only where the client (or mcpmux's own model) can an
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
+import httpx2
 import mcp_types as types
 import pytest
 from mcp import Client
@@ -89,6 +91,13 @@ async def test_each_round_and_its_state_are_the_upstreams_own(url: str) -> None:
         "{'answers': [], 'state': None}, {'answers': ['user_name'], 'state': 'greet:1'}, "
         "{'answers': ['color'], 'state': 'greet:2:Alice'}]"
     )
+    # Each relayed round is counted as such, not as a failed call.
+    async with httpx2.AsyncClient() as http:
+        scraped = (await http.get(url.replace("/mcp", "/metrics"))).text
+    counted = re.findall(r"mcpmux_tool_calls_total\{([^}]*)\} (\S+)", scraped)
+    by_outcome = {labels: float(n) for labels, n in counted if 'tool="greet"' in labels}
+    assert any('outcome="input_required"' in labels and n >= 2 for labels, n in by_outcome.items()), by_outcome
+    assert not any('outcome="error"' in labels for labels in by_outcome), by_outcome
 
 
 async def test_the_sdk_client_drives_the_relayed_rounds_and_two_clients_answer_their_own(url: str) -> None:

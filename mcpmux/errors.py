@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import mcp_types as types
 
 
@@ -59,3 +61,17 @@ class UpstreamError(MuxError):
         super().__init__(message)
         self.code = code
         self.data = data
+
+
+class InputRequired(Exception):
+    """An upstream answered a 2026-07-28 client's request with an input-required result (SEP-2322) that
+    goes to that client as it is: the round is the client's own, and its retry, carrying its
+    `inputResponses` and the upstream's `requestState`, goes back to the same upstream. Raised where
+    the result is read (`mcpmux.mux.dispatcher`), it travels through flights and gates to the front
+    that answers the client. `raw`: the result as the upstream wrote it; `call`: the inbound call
+    (`mcpmux.core.inbound.InboundCall`) it is for, and no other."""
+
+    def __init__(self, raw: Any, call: object) -> None:
+        super().__init__("the upstream asked the calling client for input")
+        self.raw = raw
+        self.call = call

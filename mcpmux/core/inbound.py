@@ -109,6 +109,12 @@ class InboundCall:
     """Notes for the model (why mcpmux declined an elicitation), added to the call's result."""
     asked: bool = False
     """Whether the upstream asked this call's client something: its answer is that client's own."""
+    takes_rounds: bool = False
+    """A 2026-07-28 request: an upstream's input-required round that its client can answer, and that the
+    upstream's policy lets it answer, is relayed to it as it is (`mcpmux.errors.InputRequired`)."""
+    resumes: dict[str, Any] | None = None
+    """A 2026-07-28 retry of a relayed round: its `inputResponses` and `requestState` as the client wrote
+    them, sent on to the upstream with the request (never shared with another call, nor cached)."""
 
     def can_answer(self, request: ClientRequest) -> bool:
         """Whether this call's client can be asked `request` (it declared what the request needs)."""

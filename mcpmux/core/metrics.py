@@ -32,7 +32,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from mcpmux.batching import AdmissionGate, DynamicBatcher, RejectedError, ResultCache, SingleFlight
-from mcpmux.errors import UpstreamTimeoutError, UpstreamUnavailableError
+from mcpmux.errors import InputRequired, UpstreamTimeoutError, UpstreamUnavailableError
 
 if TYPE_CHECKING:
     from mcpmux.inference.serving.service import InferenceService
@@ -42,7 +42,7 @@ CALL_BUCKETS: tuple[float, ...] = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
 )  # fmt: skip
 BATCH_SIZE_BUCKETS: tuple[float, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-OUTCOMES = ("ok", "error", "rejected", "unavailable", "timeout", "cancelled")
+OUTCOMES = ("ok", "error", "rejected", "unavailable", "timeout", "cancelled", "input_required")
 """The `outcome` label of `mcpmux_tool_calls_total`; `observe_call` takes one of these."""
 
 CallObserver = Callable[[str, str, float, str], None]
@@ -58,6 +58,8 @@ def outcome_of(err: BaseException) -> str:
         return "timeout"
     if isinstance(err, anyio.get_cancelled_exc_class()):
         return "cancelled"
+    if isinstance(err, InputRequired):
+        return "input_required"
     return "error"
 
 
@@ -150,7 +152,8 @@ class MuxMetrics:
         """Count one finished call of `tool` (its upstream name) on `upstream` and its latency.
 
         `outcome` is one of `OUTCOMES`: "ok", "error" (isError result or JSON-RPC error), "rejected"
-        (a queue or rate limit refused it), "unavailable", "timeout", "cancelled".
+        (a queue or rate limit refused it), "unavailable", "timeout", "cancelled", "input_required" (the
+        upstream's round went to the client, whose retry is a call of its own).
         """
         stats = self._calls.get((upstream, tool))
         if stats is None:

@@ -35,9 +35,7 @@ from typing import Any
 
 import anyio
 import mcp_types as types
-from anyio.abc import TaskGroup
 from mcp import Client
-from mcp.client.session import ClientRequestContext
 from mcp.shared.exceptions import MCPError
 from mcp_types import methods
 from mcp_types.jsonrpc import CONNECTION_CLOSED
@@ -61,7 +59,8 @@ from mcpmux.core.inbound import current_call
 from mcpmux.core.metrics import CallObserver, outcome_of
 from mcpmux.core.output_schema import result_error
 from mcpmux.core.server_policy import BatchForm
-from mcpmux.errors import UpstreamError, error_result
+from mcpmux.errors import InputRequired, UpstreamError, error_result
+from mcpmux.mux.relayed_rounds import answer_inputs, relays_round, resumed
 from mcpmux.upstream.lane import ProgressFn
 from mcpmux.upstream.supervisor import Upstream
 from mcpmux.upstream.tasks import call_as_task
@@ -195,7 +194,7 @@ class UpstreamDispatcher:
         plan = self.plan(tool)
         priority = plan.priority + client_priority
         form = plan.batch
-        if form is not None and form.argument in arguments:
+        if form is not None and form.argument in arguments and resumed() is None:
             batcher = self.batchers[tool]
             others = {k: v for k, v in arguments.items() if k != form.argument}
             item = (canonical_json(others), others, arguments[form.argument])
@@ -225,7 +224,7 @@ class UpstreamDispatcher:
         `in_order`: as `send`'s. A task-augmented call (`task`) shares nothing: its answer is a task of
         its caller's.
         """
-        if not plan.shares or task is not None:
+        if not plan.shares or task is not None or resumed() is not None:  # a retry's answers are its own
             async with self.slot(priority):
                 return await self.send(plan, arguments, progress, logs=logs, task=task, in_order=in_order)
         key = canonical_json(arguments)
@@ -242,7 +241,14 @@ class UpstreamDispatcher:
                 self.keep(plan, key, scope, raw, version)
             return raw, version, personal
 
-        raw, version, personal = await self.flights.call((scope, plan.tool, key), fetch)
+        try:
+            raw, version, personal = await self.flights.call((scope, plan.tool, key), fetch)
+        except InputRequired as relayed:
+            if relayed.call is current_call():
+                raise
+            # That round is the leading call's client's to answer: this call is sent on its own.
+            async with self.slot(priority):
+                return await self.send(plan, arguments, progress, logs=logs, in_order=in_order)
         if personal is not None and personal != _client():
             # The upstream asked another client something for that answer: it is that client's own.
             async with self.slot(priority):
@@ -272,7 +278,8 @@ class UpstreamDispatcher:
         upstream, tool = self.upstream, plan.tool
         what = f"tool {tool!r}"
         logger.debug("upstream call sent: %s", tool)
-        if task is None and (plan.as_task or in_order or not self._raw_upstream(plan)):
+        resumes = resumed()  # a retry's answers go raw: the SDK's client would answer the rounds itself
+        if task is None and (plan.as_task or (in_order and resumes is None) or not self._raw_upstream(plan)):
             result: types.CallToolResult = await upstream.request(
                 what, lambda client: self._send_modelled(client, plan, arguments, progress)
             )
@@ -283,7 +290,8 @@ class UpstreamDispatcher:
             lane = upstream.lane
             if lane is None:  # the connection is closing under us
                 raise MCPError(code=CONNECTION_CLOSED, message="Connection closed")
-            raw = await lane.call(client, tool, arguments, progress, logs=logs, task=task, caller=current_call())
+            caller = current_call()
+            raw = await lane.call(client, tool, arguments, progress, logs=logs, task=task, caller=caller, extra=resumes)
             return raw, client.protocol_version
 
         raw, version = await upstream.request(what, send_raw)
@@ -308,6 +316,11 @@ class UpstreamDispatcher:
         what = f"tool {plan.tool!r}"
         if methods.is_input_required(raw):
             logger.debug("%s on %r asked for input", what, self.upstream.name)
+            call = current_call()
+            if relays_round(call, self._input_required(plan, raw).input_requests or {}, self.upstream.config):
+                assert call is not None  # `relays_round` says so
+                call.asked = True
+                raise InputRequired(raw, call)
             first = raw
             raw = await self.upstream.request(
                 what, lambda client: self._rounds(client, plan, arguments, progress, first, logs)
@@ -335,18 +348,12 @@ class UpstreamDispatcher:
         for _ in range(MAX_INPUT_ROUNDS):
             if not methods.is_input_required(raw):
                 return raw
-            try:
-                interim = types.InputRequiredResult.model_validate(raw, by_name=False)
-            except ValidationError as err:
-                raise UpstreamError(
-                    f"upstream {self.upstream.name!r} asked for input on tool {plan.tool!r} in a form that is not "
-                    f"an input-required result: {err}",
-                    types.INTERNAL_ERROR,
-                ) from None
+            interim = self._input_required(plan, raw)
             extra: dict[str, Any] = {}
             if interim.input_requests:
                 state_only_wait = _STATE_ONLY_WAIT
-                extra["inputResponses"] = await _answer_inputs(client, interim.input_requests)
+                answers = await answer_inputs(client, interim.input_requests)
+                extra["inputResponses"] = {key: _dumped(answer) for key, answer in answers.items()}
             else:
                 await anyio.sleep(state_only_wait)
                 state_only_wait = min(state_only_wait * 2, _STATE_ONLY_WAIT_CAP)
@@ -361,6 +368,16 @@ class UpstreamDispatcher:
             f"{MAX_INPUT_ROUNDS} rounds; mcpmux gave up on the call",
             types.INTERNAL_ERROR,
         )
+
+    def _input_required(self, plan: CallPlan, raw: Any) -> types.InputRequiredResult:
+        try:
+            return types.InputRequiredResult.model_validate(raw, by_name=False)
+        except ValidationError as err:
+            raise UpstreamError(
+                f"upstream {self.upstream.name!r} asked for input on tool {plan.tool!r} in a form that is not "
+                f"an input-required result: {err}",
+                types.INTERNAL_ERROR,
+            ) from None
 
     def _scope(self, scope: str | None) -> str | None:
         """Whose cache entries and flights a call may share: a session of clients' own keeps its own."""
@@ -463,31 +480,6 @@ class UpstreamDispatcher:
         return call_batch
 
 
-async def _answer_inputs(client: Client, requests: types.InputRequests) -> dict[str, Any]:
-    """The answers to one round's input requests, asked concurrently through the session's callbacks
-    (as the SDK's client answers them); a refusal ends the call with the refusal's error."""
-    answers: dict[str, Any] = {}
-    refused: types.ErrorData | None = None
-
-    async def answer(key: str, request: types.InputRequest, tasks: TaskGroup) -> None:
-        nonlocal refused
-        meta = request.params.meta if request.params is not None else None
-        context = ClientRequestContext(session=client.session, request_id=key, meta=meta)
-        outcome = await client.session.dispatch_input_request(context, request)
-        if isinstance(outcome, types.ErrorData):
-            refused = outcome
-            tasks.cancel_scope.cancel()
-        else:
-            answers[key] = outcome.model_dump(by_alias=True, mode="json", exclude_none=True)
-
-    async with anyio.create_task_group() as tasks:
-        for key, request in requests.items():
-            tasks.start_soon(answer, key, request, tasks)
-    if refused is not None:
-        raise MCPError.from_error_data(refused)
-    return answers
-
-
 def personal_to() -> str | None:
     """The client the answer the running call just got is personal to: its own, if the upstream asked
     it something for it (an elicitation, its roots); None when anyone may share it."""
@@ -501,6 +493,10 @@ def _client() -> str | None:
     """The identity of the running call's client ("" for a call of nobody's)."""
     call = current_call()
     return (call.caller.client or "") if call is not None else ""
+
+
+def _dumped(answer: types.InputResponse) -> Any:
+    return answer.model_dump(by_alias=True, mode="json", exclude_none=True)
 
 
 def _is_error(raw: Any) -> bool:

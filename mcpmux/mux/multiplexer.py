@@ -50,6 +50,7 @@ from mcpmux.mux.ask_policies import ClientRequests
 from mcpmux.mux.catalog import Catalog, CatalogView, Route
 from mcpmux.mux.dispatcher import CachedResult, UpstreamDispatcher
 from mcpmux.mux.lifetime import UpstreamLifetime
+from mcpmux.mux.relayed_rounds import get_prompt
 from mcpmux.mux.reload import ReloadReport, ServerDiff, log_reload, plan_reload
 from mcpmux.mux.result_store import ResultStore
 from mcpmux.mux.sessions import ServerSessions, Session, reap_forever
@@ -350,6 +351,7 @@ class Mux:
             self._events,
             sampling=self.sampling.callback(name, server.sampling),
             sampling_tools=server.sampling.asks_client,
+            samples_for=self.sampling.samples_for(server.sampling),
             elicitation=requests.elicitation_callback(name, server.elicitation),
             list_roots=requests.roots_callback(
                 name,
@@ -765,7 +767,7 @@ class Mux:
         upstream, _ = await self.session(route.upstream, caller)
         with self.track_call(route.upstream, upstream):
             result: types.GetPromptResult = await upstream.request(
-                f"prompt {route.name!r}", lambda client: client.get_prompt(route.name, arguments)
+                f"prompt {route.name!r}", lambda client: get_prompt(client, route.name, arguments, upstream.config)
             )
         return result
 

@@ -46,7 +46,7 @@ from mcpmux import __version__
 from mcpmux.core.config import Config
 from mcpmux.core.inbound import ANONYMOUS, Caller, InboundCall, serving
 from mcpmux.core.metrics import metrics_route
-from mcpmux.errors import MuxError, UnknownToolError, UpstreamError
+from mcpmux.errors import InputRequired, MuxError, UnknownToolError, UpstreamError
 from mcpmux.mux.fast_path import FastPath
 from mcpmux.mux.multiplexer import Mux
 from mcpmux.server.client_relay import ClientRelay
@@ -126,6 +126,15 @@ def _profile_of(ctx: Any) -> str | None:
     """The request's profile: over HTTP, from its path or token (`HttpEdge`); on stdio, the Mux's own."""
     request = ctx.request
     return request.scope.get(PROFILE_SCOPE) if request is not None else None
+
+
+def _resumes(ctx: Any) -> dict[str, Any] | None:
+    """A 2026-07-28 retry's `inputResponses` and `requestState`, as its client wrote them (None: no retry)."""
+    if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+        return None
+    params = ctx.params or {}
+    resumes = {key: params[key] for key in ("inputResponses", "requestState") if params.get(key) is not None}
+    return resumes or None
 
 
 def _declares_roots(connection: Connection) -> bool:
@@ -305,6 +314,8 @@ class Frontend:
         ask, log = on_session(session, ctx.request_id, lambda level: self._hears(connection, level))
         if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
             call.ask, call.notify = ask, connection.notify
+        else:
+            call.takes_rounds = True  # an upstream's input-required rounds are relayed to it
         if hears_logs:
             call.log = log
         return call
@@ -366,15 +377,23 @@ class Frontend:
             ((ctx.params or {}).get("_meta") or {}).get(types.LOG_LEVEL_META_KEY)
         )
         inbound = self._inbound(ctx, hears_logs)
+        if params.name in self.mux.local_tools:
+            # mcpmux's own tools' inner calls answer their rounds here: a retry would name the local tool.
+            inbound.takes_rounds = False
         caller = inbound.caller
         asks_client = False
-        if params.name not in self.mux.local_tools and params.request_state is None:
+        resumes_parked = params.request_state is not None  # a retry of mcpmux's own rounds
+        if params.name not in self.mux.local_tools and not self.rounds.issued(params.request_state):
             try:
                 await self.mux.prepare(caller)
                 route = self.mux.resolve_tool(params.name, caller.profile, caller)
             except MuxError as err:
                 raise _as_mcp_error(err) from None
             asks_client = self.mux.dispatchers[route.upstream].plan(route.name).asks_client
+            # A retry of an upstream's own round (relayed as it was) goes back to that upstream; any
+            # other state is refused by `InputRounds.resume`, never sent to an upstream that cannot read it.
+            resumes_parked = resumes_parked and not self._speaks_2026(route.upstream)
+            inbound.resumes = _resumes(ctx) if not resumes_parked else None
 
         async def call(progress_to: Callable[[], ServerSession | None]) -> types.CallToolResult:
             async def relay_progress(progress: float, total: float | None, message: str | None) -> None:
@@ -397,7 +416,7 @@ class Frontend:
             return call(lambda: call_.current)
 
         try:
-            if params.request_state is not None:  # a 2026-07-28 client's retry of a call parked for sampling
+            if resumes_parked:  # a 2026-07-28 client's retry of a call parked for sampling
                 return await self.rounds.resume(params, session)
             # A 2026-07-28 client has no back channel: sampling it may answer goes out in input-required rounds.
             if self.rounds.available and parks(session, asks_client):
@@ -405,6 +424,14 @@ class Frontend:
             return await call(lambda: session)
         except MuxError as err:
             raise _as_mcp_error(err) from None
+        except InputRequired as relayed:  # the upstream's round, the client's own to answer
+            return types.InputRequiredResult.model_validate(relayed.raw, by_name=False)
+
+    def _speaks_2026(self, server: str) -> bool:
+        """Whether `server`'s upstream speaks 2026-07-28 (it may have issued the input-required round
+        a client retries)."""
+        client = self.mux.upstreams[server].client
+        return client is not None and client.protocol_version in MODERN_PROTOCOL_VERSIONS
 
     async def _read_resource(self, ctx: Any, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
         self._seen(ctx)
@@ -416,13 +443,19 @@ class Frontend:
         except MuxError as err:
             raise _as_mcp_error(err) from None
 
-    async def _get_prompt(self, ctx: Any, params: types.GetPromptRequestParams) -> types.GetPromptResult:
+    async def _get_prompt(
+        self, ctx: Any, params: types.GetPromptRequestParams
+    ) -> types.GetPromptResult | types.InputRequiredResult:
         self._seen(ctx)
+        inbound = self._inbound(ctx, hears_logs=False)
+        inbound.resumes = _resumes(ctx)  # a retry of the upstream's round: its answers go back with it
         try:
-            with serving(self._inbound(ctx, hears_logs=False)):
+            with serving(inbound):
                 return await self.mux.get_prompt(params.name, params.arguments, _profile_of(ctx))
         except MuxError as err:
             raise _as_mcp_error(err) from None
+        except InputRequired as relayed:  # the upstream's round, the client's own to answer
+            return types.InputRequiredResult.model_validate(relayed.raw, by_name=False)
 
     async def _complete(self, ctx: Any, params: types.CompleteRequestParams) -> types.CompleteResult:
         self._seen(ctx)

@@ -1,4 +1,9 @@
-"""Sampling and elicitation forwarded to 2026-07-28 clients through input-required rounds.
+"""Sampling and elicitation forwarded to 2026-07-28 clients through input-required rounds of mcpmux's own.
+
+These are the rounds of requests an upstream *pushes* (a 2025 upstream's `sampling/createMessage`,
+or a round mcpmux's SDK client answers for it): a 2026 upstream's own input-required rounds reach
+the client as the upstream wrote them instead (`mcpmux.mux.relayed_rounds`), and a retry whose
+`requestState` is not one of mcpmux's (`STATE_PREFIX`) goes back to that upstream.
 
 A 2026-07-28 client has no back channel: mcpmux cannot push `sampling/createMessage` or
 `elicitation/create` to it. So when such a client (one that declared sampling or elicitation in its
@@ -51,6 +56,9 @@ _KINDS: dict[type[Any], tuple[str, tuple[type[Any], ...]]] = {
 RoundResult = types.CallToolResult | types.InputRequiredResult
 DEFAULT_IDLE_TIMEOUT = 30.0
 """Half the default upstream call timeout: a client that went away is noticed while the upstream still waits."""
+STATE_PREFIX = "mcpmux."
+"""How the `requestState` of mcpmux's own rounds begins: a retry carrying one is a parked call's, even
+after the call expired; any other state is an upstream's own round's (`mcpmux.mux.relayed_rounds`)."""
 GATHER_SECONDS = 0.01
 """How long a round waits, after a first sampling request, for others asked at the same time."""
 
@@ -85,7 +93,7 @@ class ParkedCall:
     def __init__(
         self, rounds: InputRounds, tool: str, arguments: dict[str, Any], caller: ServerSession, timeout: float
     ) -> None:
-        self.token = secrets.token_urlsafe(32)
+        self.token = STATE_PREFIX + secrets.token_urlsafe(32)
         self.tool = tool
         self.arguments = arguments
         self.timeout = timeout
@@ -274,6 +282,11 @@ class InputRounds:
     def parked(self) -> int:
         """How many calls are parked now (running, or finished and not yet collected by the client)."""
         return len(self._calls)
+
+    @staticmethod
+    def issued(request_state: str | None) -> bool:
+        """Whether `request_state` is one of mcpmux's own rounds' (live or not)."""
+        return request_state is not None and request_state.startswith(STATE_PREFIX)
 
     def call_of(self, caller: ServerSession) -> ParkedCall | None:
         """The parked call whose first request came on `caller`, if it is still running."""

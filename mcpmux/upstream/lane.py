@@ -38,6 +38,8 @@ from pydantic import ValidationError
 
 from mcpmux.core.inbound import InboundCall
 
+CLIENT_CAPABILITIES = "io.modelcontextprotocol/clientCapabilities"
+
 logger = logging.getLogger(__name__)
 
 
@@ -182,7 +184,10 @@ def session_sender(write_stream: Any) -> Send:
 class UpstreamLane:
     """Raw `tools/call` requests and their responses on one upstream connection."""
 
-    def __init__(self) -> None:
+    def __init__(self, samples_for: Callable[[types.ClientCapabilities | None], bool] | None = None) -> None:
+        self.samples_for = samples_for
+        """Whether the upstream's sampling can be answered for a call's client (by that client or by
+        mcpmux): a 2026-07-28 request of one it cannot declares no sampling (None: the session's stamp)."""
         self.send: Send | None = None
         self.send_now: SendNow | None = None
         self._ids = itertools.count(1)
@@ -320,7 +325,7 @@ class UpstreamLane:
         send = self.send
         if self.closed or send is None:
             raise MCPError(code=CONNECTION_CLOSED, message="Connection closed")
-        request_id, message, headers = self._request(client, tool, arguments, logs, progress is not None)
+        request_id, message, headers = self._request(client, tool, arguments, logs, progress is not None, caller)
         if task is not None:
             message["params"]["task"] = task
         if extra:
@@ -349,7 +354,7 @@ class UpstreamLane:
         """
         if self.send_now is None or self.closed:
             return None
-        request_id, message, headers = self._request(client, tool, arguments, logs, progress)
+        request_id, message, headers = self._request(client, tool, arguments, logs, progress, caller)
         outcomes = self._pending[request_id] = _Outcomes(answered, on_put, self.others, caller)
         sent = False
         try:
@@ -360,7 +365,13 @@ class UpstreamLane:
         return LaneRequest(self, request_id, outcomes, client) if sent else None
 
     def _request(
-        self, client: Client, tool: str, arguments: dict[str, Any], logs: bool, progress: bool
+        self,
+        client: Client,
+        tool: str,
+        arguments: dict[str, Any],
+        logs: bool,
+        progress: bool,
+        caller: InboundCall | None,
     ) -> tuple[str, dict[str, Any], dict[str, str] | None]:
         """A new lane id, and the request with it, stamped as the session stamps its own."""
         request_id = f"{_ID_PREFIX}{next(self._ids)}"
@@ -372,6 +383,16 @@ class UpstreamLane:
         meta = params.setdefault("_meta", {})
         if not logs:
             meta.pop(types.LOG_LEVEL_META_KEY, None)
+        capabilities = meta.get(CLIENT_CAPABILITIES)
+        if (
+            isinstance(capabilities, dict)
+            and "sampling" in capabilities
+            and caller is not None
+            and self.samples_for is not None
+            and not self.samples_for(caller.caller.capabilities)
+        ):
+            # SEP-2575: the upstream must refuse (-32021) what needs a capability nobody behind this request has.
+            meta[CLIENT_CAPABILITIES] = {key: value for key, value in capabilities.items() if key != "sampling"}
         # Progress is asked for (the lane id as its token, as the SDK's session does) only for a caller who
         # will hear it: otherwise an upstream that reports progress sends notifications mcpmux must read,
         # and a launched call takes a task to read them, only to drop them.

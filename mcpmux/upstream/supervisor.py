@@ -71,6 +71,8 @@ class UpstreamEvents:
     sampling: SamplingFnT | None = None
     # Declares `sampling.tools` too: the calling client may answer a request that carries tools.
     sampling_tools: bool = False
+    # Whether sampling can be answered for a call's client (by it or by mcpmux): `UpstreamLane.samples_for`.
+    samples_for: Callable[[types.ClientCapabilities | None], bool] | None = None
     # Answer elicitation/create (form and url) and roots/list; None declares no such capability.
     elicitation: ElicitationFnT | None = None
     list_roots: ListRootsFnT | None = None
@@ -293,7 +295,7 @@ class Upstream:
     async def _connect(self) -> AsyncIterator[Client]:
         self._health = _Health()
         health = self._health
-        lane = UpstreamLane()
+        lane = UpstreamLane(self.events.samples_for)
         config = self.config
         spoke = anyio.Event()  # the handshake ended: a stdio child then gets its grace to exit
         if config.transport == "stdio":

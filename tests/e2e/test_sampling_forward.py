@@ -208,7 +208,8 @@ def _answer(text: str) -> types.CreateMessageResult:
 
 
 async def test_a_request_left_unanswered_is_asked_again(served: Served) -> None:
-    """Two requests asked together (one round or two): answering one key per retry still completes the call."""
+    """Two requests asked together (one round or two): answering one key per retry still completes the call.
+    A 2026 upstream's rounds reach the client as the upstream wrote them: its own keys."""
     async with Client(served.url, mode="auto", sampling_callback=RecordingClient()) as client:
         arguments = {"prompt": "R"}
         result = await client.session.call_tool("modern__both", arguments, allow_input_required=True)
@@ -229,7 +230,7 @@ async def test_a_request_left_unanswered_is_asked_again(served: Served) -> None:
                 allow_input_required=True,
             )
     assert result.structured_content == {"result": ["answer to R", "answer to R (other)"]}
-    assert set().union(*asked) == {"sampling-1", "sampling-2"}
+    assert set().union(*asked) == {"__main__:first_request", "__main__:other_request"}
     assert len(asked) == 2
 
 
@@ -259,6 +260,9 @@ async def test_rounds_on_the_wire_and_an_expired_or_unknown_request_state(served
                 request_state=first.request_state,
             )
         with pytest.raises(MCPError, match=r"unknown or expired: .* call the tool again without requestState"):
+            await client.session.call_tool("modern__sample", {"prompt": "Hi"}, request_state="mcpmux.made-up")
+        # Any other state is a 2026 upstream's own round's: it goes back to that upstream, which judges it.
+        with pytest.raises(MCPError, match="Invalid or expired requestState"):
             await client.session.call_tool("modern__sample", {"prompt": "Hi"}, request_state="made-up")
     # The upstream was told its sampling request failed, and nothing stays parked.
     assert served.mux.sampling.counts.refused == refused_before + 1

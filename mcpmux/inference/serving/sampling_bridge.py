@@ -119,6 +119,18 @@ class SamplingBridge:
 
         return on_sampling
 
+    def samples_for(self, settings: SamplingSettings) -> Callable[[types.ClientCapabilities | None], bool]:
+        """Whether an upstream under `settings` can have its sampling answered for a client that declared
+        `capabilities`: by that client (a `client*` policy, and it declared sampling) or by the local
+        model (`local`, `client-then-local`, with local inference on)."""
+
+        def answers(capabilities: types.ClientCapabilities | None) -> bool:
+            if settings.asks_client and capabilities is not None and capabilities.sampling is not None:
+                return True
+            return settings.policy in ("local", "client-then-local") and self.service is not None
+
+        return answers
+
     async def answer(
         self, upstream: str, settings: SamplingSettings, params: types.CreateMessageRequestParams
     ) -> SamplingResult | types.ErrorData:

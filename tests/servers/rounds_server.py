@@ -1,0 +1,110 @@
+"""A 2026-07-28 upstream whose input-required rounds (SEP-2322) are its own: `python rounds_server.py`.
+
+Written on the low-level server so that the keys of its input requests and its `requestState` are
+exactly its own, as a test of mcpmux relaying them needs:
+
+- tool `greet`: round 1 asks `user_name` (elicitation) with state `greet:1`; the retry with that
+  answer and state gets round 2, `color`, with state `greet:2:<name>`; the retry with that gets
+  `"<name> likes <color>"`. A state it did not write, or a missing answer, is refused.
+- prompt `briefing`: asks `topic` (elicitation, no state); the retry with the answer gets the prompt.
+- tool `seen`: what each `greet` request carried (its input response keys and state), in order.
+- tool `sampler`: needs the client's sampling; a request whose `clientCapabilities` declare none is
+  refused with -32021 (SEP-2575's MissingRequiredClientCapabilityError), as the SDK's `Sample` does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import mcp_types as types
+from mcp.server.context import ServerRequestContext
+from mcp.server.lowlevel.server import NotificationOptions, Server
+from mcp.server.stdio import stdio_server
+from mcp.shared.exceptions import MCPError
+
+seen: list[dict[str, Any]] = []
+
+
+def _elicit(message: str, field: str) -> types.ElicitRequest:
+    schema = {"type": "object", "properties": {field: {"type": "string"}}, "required": [field]}
+    return types.ElicitRequest(params=types.ElicitRequestFormParams(message=message, requested_schema=schema))
+
+
+def _answer(responses: types.InputResponses | None, key: str, field: str) -> str:
+    answer = (responses or {}).get(key)
+    if not isinstance(answer, types.ElicitResult) or answer.action != "accept" or not answer.content:
+        raise MCPError(types.INVALID_PARAMS, f"no accepted answer under {key!r}")
+    return str(answer.content[field])
+
+
+def _text(text: str) -> types.CallToolResult:
+    return types.CallToolResult(content=[types.TextContent(type="text", text=text)])
+
+
+async def list_tools(ctx: ServerRequestContext, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
+    schema: dict[str, Any] = {"type": "object", "properties": {}}
+    return types.ListToolsResult(
+        tools=[types.Tool(name=name, input_schema=schema) for name in ("greet", "seen", "sampler")]
+    )
+
+
+async def call_tool(
+    ctx: ServerRequestContext, params: types.CallToolRequestParams
+) -> types.CallToolResult | types.InputRequiredResult:
+    if params.name == "seen":
+        return _text(repr(seen))
+    if params.name == "sampler":
+        declared = ((ctx.params or {}).get("_meta") or {}).get("io.modelcontextprotocol/clientCapabilities") or {}
+        if "sampling" not in declared:
+            required = {"requiredCapabilities": {"sampling": {}}}
+            raise MCPError(-32021, "MissingRequiredClientCapabilityError: sampling", data=required)
+        return _text("the client can sample")
+    seen.append({"answers": sorted(params.input_responses or {}), "state": params.request_state})
+    state = params.request_state
+    if state is None:
+        return types.InputRequiredResult(
+            input_requests={"user_name": _elicit("What is your name?", "name")}, request_state="greet:1"
+        )
+    if state == "greet:1":
+        name = _answer(params.input_responses, "user_name", "name")
+        return types.InputRequiredResult(
+            input_requests={"color": _elicit(f"{name}, your favourite colour?", "color")},
+            request_state=f"greet:2:{name}",
+        )
+    if state.startswith("greet:2:"):
+        return _text(f"{state.removeprefix('greet:2:')} likes {_answer(params.input_responses, 'color', 'color')}")
+    raise MCPError(types.INVALID_PARAMS, f"requestState {state!r} was not written by this server")
+
+
+async def list_prompts(
+    ctx: ServerRequestContext, params: types.PaginatedRequestParams | None
+) -> types.ListPromptsResult:
+    return types.ListPromptsResult(prompts=[types.Prompt(name="briefing")])
+
+
+async def get_prompt(
+    ctx: ServerRequestContext, params: types.GetPromptRequestParams
+) -> types.GetPromptResult | types.InputRequiredResult:
+    if not params.input_responses:
+        return types.InputRequiredResult(input_requests={"topic": _elicit("Brief on what?", "topic")})
+    topic = _answer(params.input_responses, "topic", "topic")
+    message = types.PromptMessage(role="user", content=types.TextContent(type="text", text=f"Brief me on {topic}."))
+    return types.GetPromptResult(messages=[message])
+
+
+async def _serve() -> None:
+    server = Server(
+        "rounds",
+        version="1.0",
+        on_list_tools=list_tools,
+        on_call_tool=call_tool,
+        on_list_prompts=list_prompts,
+        on_get_prompt=get_prompt,
+    )
+    async with stdio_server() as (read_stream, write_stream):
+        await server.run(read_stream, write_stream, server.create_initialization_options(NotificationOptions()))
+
+
+if __name__ == "__main__":
+    anyio.run(_serve)

@@ -198,11 +198,13 @@ class Engine:
         return self._stats
 
     async def shutdown(self) -> None:
-        """Abort what is in flight, stop the step thread and wait for it."""
+        """Abort what is in flight, stop the step thread and wait for it, even when cancelled: a step
+        thread still running as the interpreter exits aborts the process as its tensors are freed."""
         if not self._closed:
             self._closed = True
             self._inbox.put(_STOP)
-        await anyio.to_thread.run_sync(self._thread.join)
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(self._thread.join)
 
     # --- the step thread -------------------------------------------------------------------------
 

@@ -228,6 +228,18 @@ async def test_shutdown_aborts_in_flight_and_joins_the_thread(tiny_llama: Path, 
         await engine.complete("Hello")
 
 
+async def test_shutdown_joins_the_thread_even_when_its_caller_is_cancelled(
+    tiny_llama: Path, loaded: LoadedModel
+) -> None:
+    """A service that closes inside a cancelled scope still waits for the step thread: one still
+    stepping as the interpreter exits aborts the process ("terminate called without an active exception")."""
+    engine = await Engine.start(engine_config(tiny_llama, num_blocks=128), loaded)
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        await engine.shutdown()
+    assert not any(t.name == "mcpmux-engine" and t.is_alive() for t in threading.enumerate())
+
+
 async def test_a_model_that_fails_to_load_fails_start_and_leaves_no_thread(tmp_path: Path) -> None:
     missing = tmp_path / "no-such-model"
     before = {t.ident for t in threading.enumerate()}

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -38,6 +37,7 @@ from typing import Any
 import anyio
 import httpx2
 from engine_peers import PeerUnavailable, VLLMServer
+from mux_overhead import _free_port
 
 from mcpmux.inference.models.builtin import ensure_converted
 
@@ -57,12 +57,6 @@ def cpu_seconds(pid: int) -> float:
     """User and system CPU seconds of process `pid` so far (Linux /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def wait_for(url: str, process: subprocess.Popen[bytes], what: str, timeout: float) -> None:
@@ -86,7 +80,7 @@ def start_mcpmux(vllm_url: str, folder: Path, log: Path) -> tuple[subprocess.Pop
         '[inference]\n[inference.embeddings]\nmodel = ""\n[[inference.backends]]\nname = "vllm"\n'
         f'base_url = "{vllm_url}"\nmodels = ["smollm2"]\ntimeout = 600\n'
     )
-    port = free_port()
+    port = _free_port()
     command = [sys.executable, "-m", "mcpmux", "serve", "--openai-only", "--config", str(config), "--port", str(port)]
     with log.open("ab") as out:
         process = subprocess.Popen(command, stdout=out, stderr=out)
@@ -165,7 +159,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="mcpmux-remote-"))
     print(f"logs in {work}", flush=True)
     try:
-        vllm = VLLMServer(str(folder), free_port(), work / "vllm.log", threads=args.threads)
+        vllm = VLLMServer(str(folder), _free_port(), work / "vllm.log", threads=args.threads)
     except PeerUnavailable as err:
         raise SystemExit(f"vLLM left out, nothing to compare: {err}") from err
     mux: subprocess.Popen[bytes] | None = None

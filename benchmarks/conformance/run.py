@@ -22,17 +22,18 @@ import json
 import os
 import re
 import shlex
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from install import ROOT, SUITES, Suite, install, node_env
+
+sys.path.insert(0, str(ROOT))  # run as a script: the repository's packages come first
+from tests.e2e.conftest import free_port, stop, wait_for_port
 
 HERE = Path(__file__).resolve().parent
 RESULTS = ROOT / "benchmarks" / "results" / "conformance.json"
@@ -86,41 +87,13 @@ class Table:
         return f"{sum(o.passed for o in outcomes.values())} of {len(outcomes)} passed"
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def wait_for_port(port: int, process: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{process.args!r} exited with {process.returncode} before listening on {port}")
-        with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.1)
-    raise TimeoutError(f"nothing listened on port {port} within {timeout:g}s")
-
-
-def stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
 @contextmanager
 def serving(command: list[str], port: int, log: Path, cwd: Path | None = None, **env: str) -> Iterator[None]:
     """`command` running (its output in `log`) until the block ends; it must listen on `port`."""
     with log.open("wb") as out:
         process = subprocess.Popen(command, cwd=cwd, env=node_env() | env, stdout=out, stderr=subprocess.STDOUT)
         try:
-            wait_for_port(port, process)
+            wait_for_port(port, process, timeout=60.0)
             yield
         finally:
             stop(process)

@@ -486,9 +486,8 @@ class FastPath:
         try:
             try:
                 # Shutdown waits for (or cancels) it and a reload that stops its upstream cancels it.
-                calls = self.mux.calls
-                tracking = launched.tracked if launched is not None else None
-                with tracking if tracking is not None else calls.track(call.upstream.name, call.inbound, call.upstream):
+                upstream, calls = call.upstream, self.mux.calls
+                with calls.track(upstream.name, call.inbound, upstream) if launched is None else launched.tracked:
                     if launched is None:
                         fetch = call.dispatcher.run(
                             call.plan,

@@ -10,7 +10,6 @@ once, the servers 2-3 to compile at each start on 2 cores); `make test-peers` ru
 from __future__ import annotations
 
 import json
-import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +24,7 @@ from mcp import Client
 from mcpmux.inference.engine.config import SamplingParams
 from mcpmux.inference.serving.service import InferenceService
 from mcpmux.inference.serving.settings import BackendSettings, EmbeddingSettings, InferenceSettings
-from tests.e2e.conftest import PY, served_in_process, text_of
+from tests.e2e.conftest import PY, free_port, served_in_process, text_of
 from tests.inference.openai.test_openai_api import serve
 from tests.inference.serving.tool_sampling_server import ADD, WEATHER
 
@@ -52,12 +51,6 @@ CAPITAL = {
 @pytest.fixture(scope="module")
 def anyio_backend() -> str:
     return "asyncio"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @pytest.fixture(scope="module")

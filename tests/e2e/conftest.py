@@ -65,6 +65,25 @@ def wait_for_port(port: int, process: subprocess.Popen[bytes], timeout: float = 
     raise TimeoutError(f"nothing listened on port {port} within {timeout}s")
 
 
+def alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie waiting for its parent to reap it does not, nor one that vanishes as it is read)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def gone(pid: int, timeout: float = 10.0) -> bool:
+    """Wait up to `timeout` seconds for `pid` to end; whether it did."""
+    deadline = time.monotonic() + timeout
+    while alive(pid):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 def stop(process: subprocess.Popen[bytes]) -> None:
     if process.poll() is None:
         process.terminate()

@@ -7,7 +7,6 @@ import os
 import signal
 import socket
 import subprocess
-import time
 from pathlib import Path
 
 import anyio
@@ -22,6 +21,7 @@ from tests.e2e.conftest import (
     demo,
     everything_available,
     free_port,
+    gone,
     mux_over_stdio,
     text_of,
     wait_for_port,
@@ -33,20 +33,6 @@ MCPMUX = [PY, "-m", "mcpmux"]
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*MCPMUX, *args], capture_output=True, text=True, timeout=120)
-
-
-def _gone(pid: int, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        stat = Path(f"/proc/{pid}/stat")
-        if stat.exists() and stat.read_text().split(")")[-1].split()[0] == "Z":
-            return True  # a zombie waiting for its reaper has already ended
-        time.sleep(0.05)
-    return False
 
 
 def test_version_and_help() -> None:
@@ -125,7 +111,7 @@ async def test_closing_stdin_ends_mcpmux_and_its_children(tmp_path: Path) -> Non
     config = write_config(tmp_path / "c.json", {"alpha": demo("alpha")})
     async with mux_over_stdio(config) as client:
         pid = int(text_of(await client.call_tool("alpha__pid", {})))
-    assert _gone(pid)
+    assert gone(pid)
 
 
 @pytest.mark.anyio
@@ -145,7 +131,7 @@ async def test_sigterm_ends_the_http_server_and_its_children(tmp_path: Path) -> 
     assert process.returncode == 0
     assert f"http://127.0.0.1:{port}/mcp" in stderr
     assert '"mcpServers"' in stderr
-    assert _gone(pid)
+    assert gone(pid)
 
 
 @pytest.mark.anyio

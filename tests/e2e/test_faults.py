@@ -14,21 +14,13 @@ import pytest
 from mcpmux.core.config import config_from_dict
 from mcpmux.mux.multiplexer import Mux
 from mcpmux.upstream.supervisor import UpstreamState
-from tests.e2e.conftest import DEMO, PY, demo, free_port, stop, text_of, wait_for_port
+from tests.e2e.conftest import DEMO, PY, alive, demo, free_port, stop, text_of, wait_for_port
 
 pytestmark = pytest.mark.anyio
 
 
 def _mux(servers: dict[str, dict[str, object]], **mux: object) -> Mux:
     return Mux(config_from_dict({"servers": servers, "mux": {"startup_timeout": 20, **mux}}))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
 
 
 async def _wait_ready(mux: Mux, name: str, timeout: float = 20) -> None:
@@ -126,8 +118,8 @@ async def test_closing_the_mux_ends_children_tasks_and_files() -> None:
     tasks_before = asyncio.all_tasks()
     async with _mux({"alpha": demo("alpha"), "beta": demo("beta")}) as mux:
         pids = [int(text_of(await mux.call_tool(f"{name}__pid"))) for name in ("alpha", "beta")]
-        assert all(_alive(pid) for pid in pids)
-    assert not any(_alive(pid) for pid in pids)
+        assert all(alive(pid) for pid in pids)
+    assert not any(alive(pid) for pid in pids)
     assert asyncio.all_tasks() - tasks_before == set()
     assert len(os.listdir("/proc/self/fd")) <= fds_before
 
@@ -153,7 +145,7 @@ async def test_closing_the_mux_also_ends_what_a_stdio_upstream_left_running() ->
         leader = int(text_of(await mux.call_tool("alpha__pid")))
         group = _group(leader)
         assert len(group) == 2, group  # the server and the helper it left running
-    assert not any(_alive(pid) for pid in group)
+    assert not any(alive(pid) for pid in group)
 
 
 @pytest.mark.parametrize("protocol", ["auto", "legacy"])

@@ -18,8 +18,7 @@ from mcp import Client
 from mcpmux import Mux
 from mcpmux.core.config import config_from_dict, load_config
 from mcpmux.mux.reload import ConfigReloader
-from tests.e2e.conftest import PY, demo, free_port, text_of, wait_for_port, write_config
-from tests.e2e.test_cli import _gone
+from tests.e2e.conftest import PY, demo, free_port, gone, text_of, wait_for_port, write_config
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -76,7 +75,7 @@ async def test_rewritten_file_is_applied_without_touching_unchanged_upstreams(tm
                 beta = {**demo("beta"), "env": {"RELOADED": "1"}}
                 write_config(config, {"alpha": demo("alpha"), "beta": beta, "delta": demo("delta")}, tool_search="off")
                 with anyio.fail_after(10):
-                    while not _gone(pids["gamma"], timeout=0.01):
+                    while not gone(pids["gamma"], timeout=0.01):
                         await anyio.sleep(0.05)
                 reloading_while_in_flight = "result" not in slow
                 with anyio.fail_after(20):
@@ -88,7 +87,7 @@ async def test_rewritten_file_is_applied_without_touching_unchanged_upstreams(tm
         assert reloading_while_in_flight, "the reload did not stop gamma while the slow call was in flight"
         assert not slow["result"].is_error
         assert text_of(slow["result"]) == "slept 6.0"
-        assert _gone(pids["beta"])
+        assert gone(pids["beta"])
     finally:
         stderr = _ended(process)
     assert "config reloaded from" in stderr

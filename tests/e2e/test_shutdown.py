@@ -17,8 +17,7 @@ import anyio
 import pytest
 from mcp import Client
 
-from tests.e2e.conftest import PY, demo, free_port, text_of, wait_for_port, write_config
-from tests.e2e.test_cli import _gone
+from tests.e2e.conftest import PY, demo, free_port, gone, text_of, wait_for_port, write_config
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -75,7 +74,7 @@ async def test_sigterm_over_http_finishes_short_calls_and_cancels_long_ones(tmp_
     assert text_of(results["short"]) == "slept 1.0"
     assert results["long"].is_error
     assert text_of(results["long"]) == SHUTDOWN
-    assert _gone(pid)
+    assert gone(pid)
 
 
 class _StdioClient:
@@ -159,7 +158,7 @@ def test_sigterm_over_stdio_drains_refuses_new_calls_and_exits_0(tmp_path: Path,
     assert answers[5]["result"]["isError"]
     assert _text(answers[5]) == "mcpmux is shutting down and accepts no new calls"
     assert b"SIGTERM received: shutting down" in stderr
-    assert _gone(pid)
+    assert gone(pid)
 
 
 def test_a_second_sigint_skips_the_rest_of_the_grace(tmp_path: Path) -> None:
@@ -212,7 +211,7 @@ def test_stdin_closing_with_a_call_in_flight_ends_mcpmux_at_once(tmp_path: Path,
     assert exited < 6, f"exit took {exited:.1f}s after stdin closed"
     assert b" WARNING " not in stderr, stderr.decode()  # nothing in flight broke on the way out
     assert b" ERROR " not in stderr, stderr.decode()
-    assert _gone(pid)
+    assert gone(pid)
 
 
 STUBBORN = Path(__file__).resolve().parents[1] / "servers" / "stubborn_server.py"
@@ -227,7 +226,7 @@ def _sigterm(process: subprocess.Popen[bytes], child: int) -> tuple[bool, int]:
     """SIGTERM to mcpmux: whether its `child` was gone within 1.8 s (a TypeScript SDK client SIGKILLs
     mcpmux 2 s after its SIGTERM), and mcpmux's exit code."""
     process.send_signal(signal.SIGTERM)
-    return _gone(child, timeout=1.8), process.wait(timeout=30)
+    return gone(child, timeout=1.8), process.wait(timeout=30)
 
 
 def _close_stdin(process: subprocess.Popen[bytes]) -> None:
@@ -249,7 +248,7 @@ def test_a_child_that_ignores_stdin_closing_is_terminated_then_killed(tmp_path: 
             process.kill()
         _, stderr = process.communicate()
     assert code == 0, stderr.decode()
-    assert _gone(pid, timeout=0.5), "mcpmux exited with its child still running"
+    assert gone(pid, timeout=0.5), "mcpmux exited with its child still running"
 
 
 @pytest.mark.parametrize("term", ["", "ignore"], ids=["ends-on-sigterm", "ignores-sigterm"])
@@ -305,4 +304,4 @@ def test_a_child_that_ignores_every_signal_but_sigkill_dies_with_a_killed_mcpmux
         if process.poll() is None:
             process.kill()
         process.communicate()
-    assert _gone(pid, timeout=5), "the child outlived a SIGKILLed mcpmux"
+    assert gone(pid, timeout=5), "the child outlived a SIGKILLed mcpmux"

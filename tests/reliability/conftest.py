@@ -24,7 +24,7 @@ from typing import IO, Any
 import httpx2
 import pytest
 
-from tests.e2e.conftest import DEMO, PY, ROOT, free_port, stop, wait_for_port, wait_for_upstreams
+from tests.e2e.conftest import DEMO, PY, ROOT, alive, free_port, stop, wait_for_port, wait_for_upstreams
 
 FAULT = ROOT / "tests" / "servers" / "fault_server.py"
 RUN_ENV = "MCPMUX_RELIABILITY_RUN"
@@ -64,15 +64,6 @@ def tagged_pids(run_id: str) -> list[int]:
             if marker in (entry / "environ").read_bytes().split(b"\0") and alive(int(entry.name)):
                 found.append(int(entry.name))
     return found
-
-
-def alive(pid: int) -> bool:
-    """Whether `pid` runs (a zombie waiting for its parent to reap it does not)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,22 +34,24 @@ class UnlistedToolError(UnknownToolError):
     exit_code = 1
 
 
-class UpstreamUnavailableError(MuxError):
+class CallFailedError(MuxError):
+    """A call that failed on its way to or from its upstream (down, too slow, or answering against the
+    tool's schema). A tool call answers it as an `isError` result, which the model reads and carries on
+    from; any other request, as a JSON-RPC error (`error_data`)."""
+
+    exit_code = 1
+
+
+class UpstreamUnavailableError(CallFailedError):
     """The upstream that owns the tool is not connected (starting, restarting or failed)."""
 
-    exit_code = 1
 
-
-class UpstreamTimeoutError(MuxError):
+class UpstreamTimeoutError(CallFailedError):
     """The upstream did not answer within its call timeout."""
 
-    exit_code = 1
 
-
-class UpstreamResultError(MuxError):
+class UpstreamResultError(CallFailedError):
     """The upstream's result breaks the tool's declared output schema (reported as an `isError` result)."""
-
-    exit_code = 1
 
 
 class UpstreamError(MuxError):
@@ -75,3 +77,13 @@ class InputRequired(Exception):
         super().__init__("the upstream asked the calling client for input")
         self.raw = raw
         self.call = call
+
+
+def error_data(err: MuxError) -> types.ErrorData:
+    """The JSON-RPC error that every front answers a request failed by `err` with: an upstream's own
+    error unchanged, a name the catalog does not hold as the client's error (-32602), anything else as
+    mcpmux's (-32603)."""
+    if isinstance(err, UpstreamError):
+        return types.ErrorData(code=err.code, message=str(err), data=err.data)
+    code = types.INVALID_PARAMS if isinstance(err, UnknownToolError) else types.INTERNAL_ERROR
+    return types.ErrorData(code=code, message=str(err))

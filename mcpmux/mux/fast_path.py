@@ -56,11 +56,11 @@ from mcpmux.core.call_tracker import TrackedCall
 from mcpmux.core.inbound import Caller, InboundCall
 from mcpmux.core.metrics import outcome_of
 from mcpmux.errors import (
+    CallFailedError,
     MuxError,
     UpstreamError,
-    UpstreamResultError,
-    UpstreamTimeoutError,
     UpstreamUnavailableError,
+    error_data,
     error_result,
 )
 from mcpmux.mux.dispatcher import RawResult, Shared, UpstreamDispatcher, created_task
@@ -582,11 +582,10 @@ class FastPath:
         """The response to `call` and the outcome to count, from `fetch` (the raw result and its revision)."""
         try:
             raw, upstream_version = await fetch
-        except (UpstreamUnavailableError, UpstreamTimeoutError, UpstreamResultError) as err:
+        except CallFailedError as err:
             return self._failed(call, err), outcome_of(err)
         except UpstreamError as err:
-            error = types.ErrorData(code=err.code, message=str(err), data=err.data)
-            return {"jsonrpc": "2.0", "id": call.request_id, "error": _dump(error)}, "error"
+            return {"jsonrpc": "2.0", "id": call.request_id, "error": _dump(error_data(err))}, "error"
         if launched is not None and launched.response is not None:
             return launched.response, launched.outcome  # shaped and sent already
         if call.task is not None and created_task(raw):

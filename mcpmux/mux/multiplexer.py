@@ -36,12 +36,11 @@ from mcpmux.core.logs import RequestContext, set_upstream
 from mcpmux.core.metrics import MuxMetrics, outcome_of
 from mcpmux.core.server_policy import priority_for
 from mcpmux.errors import (
+    CallFailedError,
     ConfigError,
     MuxError,
     UnknownToolError,
     UnlistedToolError,
-    UpstreamResultError,
-    UpstreamTimeoutError,
     UpstreamUnavailableError,
     error_result,
 )
@@ -615,7 +614,7 @@ class Mux:
                     )
                     result = self.catalog.name_result(route.upstream, result)
                     return self.results.fit_model(dispatcher.plan(route.name), result, route.upstream)
-        except (UpstreamUnavailableError, UpstreamTimeoutError, UpstreamResultError) as err:
+        except CallFailedError as err:
             return error_result(str(err))
 
     def _boost(self, caller: Caller) -> int:

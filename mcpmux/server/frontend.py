@@ -46,7 +46,7 @@ from mcpmux import __version__
 from mcpmux.core.config import Config
 from mcpmux.core.inbound import ANONYMOUS, Caller, InboundCall, serving
 from mcpmux.core.metrics import metrics_route
-from mcpmux.errors import InputRequired, MuxError, UnknownToolError, UpstreamError
+from mcpmux.errors import InputRequired, MuxError, error_data
 from mcpmux.mux.fast_path import FastPath
 from mcpmux.mux.multiplexer import Mux
 from mcpmux.server.client_relay import ClientRelay
@@ -115,11 +115,7 @@ def _page(items: list[T], cursor: str | None, size: int) -> tuple[list[T], str |
 
 
 def _as_mcp_error(err: MuxError) -> MCPError:
-    if isinstance(err, UpstreamError):
-        return MCPError(err.code, str(err), err.data)
-    if isinstance(err, UnknownToolError):
-        return MCPError(types.INVALID_PARAMS, str(err))
-    return MCPError(types.INTERNAL_ERROR, str(err))
+    return MCPError.from_error_data(error_data(err))
 
 
 def _profile_of(ctx: Any) -> str | None:

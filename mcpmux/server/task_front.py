@@ -38,11 +38,9 @@ from mcpmux.core.call_plan import CallPlan
 from mcpmux.core.call_tracker import CallCancelledError
 from mcpmux.core.inbound import ClientRequest, ClientResult
 from mcpmux.errors import (
+    CallFailedError,
     MuxError,
-    UpstreamError,
-    UpstreamResultError,
-    UpstreamTimeoutError,
-    UpstreamUnavailableError,
+    error_data,
     error_result,
 )
 from mcpmux.mux.ask_policies import ClientAsker
@@ -103,10 +101,10 @@ async def _worded(answer: Awaitable[T]) -> T:
     """`answer`, with mcpmux's errors as the client's JSON-RPC errors."""
     try:
         return await answer
-    except UpstreamError as err:
-        raise MCPError(err.code, str(err), err.data) from None
+    except CallFailedError:
+        raise  # a tool call words it in its result
     except MuxError as err:
-        raise MCPError(types.INTERNAL_ERROR, str(err)) from None
+        raise MCPError.from_error_data(error_data(err)) from None
 
 
 class TaskFront:
@@ -149,7 +147,7 @@ class TaskFront:
                     tasks = self.mux.tasks.extension
                     call = tasks.call(owner, target.upstream, target.dispatcher, target.plan, arguments, asks)
                     answer = await _worded(call)
-            except (UpstreamUnavailableError, UpstreamTimeoutError, UpstreamResultError) as err:
+            except CallFailedError as err:
                 return error_result(str(err))  # as a plain call words them: the model reads what happened
             return await plain(ctx, params) if answer is None else answer
 

@@ -31,8 +31,9 @@ async def _check_catalog_and_routing(client: Client) -> None:
     failed = await client.call_tool("alpha__fail", {"reason": "no good"})
     assert failed.is_error
 
-    with pytest.raises(MCPError, match="unknown tool 'alpha__nope'"):
+    with pytest.raises(MCPError, match="unknown tool 'alpha__nope'") as unknown:
         await client.call_tool("alpha__nope", {})
+    assert unknown.value.code == -32602  # the client's error (invalid params), on every front and era
 
     prompts = {prompt.name for prompt in (await client.list_prompts()).prompts}
     assert {"alpha__summarize", "beta__summarize"} <= prompts

@@ -54,14 +54,18 @@ def test_bm25_ranks_by_name_description_and_arguments() -> None:
     assert [hit.doc.name for hit in only] == ["gitlab__search_issues"]
 
 
-def test_each_tool_is_embedded_whole_by_its_first_sentence_and_by_its_name() -> None:
+def test_each_tool_is_embedded_whole_by_its_first_sentence_by_its_name_and_by_a_synonym() -> None:
     doc = _doc("files", "read_file", "Read a file from disk. Use absolute paths.\nWARNING: large files.", path="p")
     assert doc.dense_texts() == (
         "read file (files). Read a file from disk. Use absolute paths.\nWARNING: large files. Arguments: path.",
         "read file (files). Read a file from disk.",
         "read file (files)",
+        "get file (files)",
     )
     assert len(doc.dense_texts()) == VIEWS
+    # The first action of the name is swapped (camelCase split too); a name without one repeats the name.
+    assert _doc("github", "mergePullRequest", "Merge a PR.").dense_texts()[3] == "land pull request (github)"
+    assert _doc("maps", "geocode", "Turn an address into coordinates.").dense_texts()[2:] == ("geocode (maps)",) * 2
 
 
 async def test_embeddings_are_kept_by_content_and_reused_from_disk(tmp_path: Path) -> None:
@@ -90,8 +94,8 @@ async def test_embeddings_are_kept_by_content_and_reused_from_disk(tmp_path: Pat
     vector = np.fromfile(next(tmp_path.rglob("*.f32")), dtype=np.float32)  # noqa: ASYNC240
     assert vector.shape == (3,)
     assert abs(float(np.linalg.norm(vector)) - 1.0) < 1e-5
-    # Three texts a tool (VIEWS), each embedded once: the changed description re-embeds its two views
-    # that hold it, not the name alone.
+    # Four texts a tool (VIEWS), each embedded once: the changed description re-embeds its two views
+    # that hold it, not the name alone nor its synonym.
     assert len(texts_embedded) == 3 * VIEWS + 2 + VIEWS
     assert [text for text in texts_embedded[3 * VIEWS :] if text.startswith("searchIssues")] == [
         "searchIssues (github). New. Arguments: q.",

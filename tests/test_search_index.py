@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from mcpmux.inference.serving.embeddings import Embedder
+from mcpmux.inference.serving.encoder import EmbeddingModel
+from mcpmux.inference.serving.settings import EmbeddingSettings
 from mcpmux.tools.search_index import VIEWS, EmbeddingCache, ToolDoc, ToolIndex, default_cache_dir, words
 
 pytestmark = pytest.mark.anyio
+
+DATA = Path(__file__).parent / "data"
 
 
 @pytest.fixture
@@ -119,3 +125,30 @@ def test_an_unwritable_cache_only_costs_a_re_embed(tmp_path: Path, caplog: pytes
     cache.put(cache.key("y"), np.ones(3, dtype=np.float32))
     assert cache.get(cache.key("x")) is None
     assert sum("cannot write the embedding cache" in r.getMessage() for r in caplog.records) == 1
+
+
+@pytest.mark.slow
+async def test_the_synonym_view_finds_tasks_worded_with_another_verb() -> None:
+    """With the real MiniLM over the tuning servers' stored tools (tests/data): paraphrases from the tuning
+    queries whose verb is not the tool name's are ranked first, found through the name said with a synonym."""
+    splits = json.loads((DATA / "tool_servers.json").read_text())
+    docs = [
+        ToolDoc(f"{server}__{tool['name']}", server, tool["name"], "", tool.get("description") or "", {})
+        for server, tools in json.loads((DATA / "tool_catalogs.json").read_text()).items()
+        if splits[server]["split"] == "tune"
+        for tool in tools
+    ]
+    model = EmbeddingModel("builtin:all-minilm-l6-v2", device="cpu")
+    async with Embedder(EmbeddingSettings(model="builtin:all-minilm-l6-v2"), model=model) as embedder:
+        index = ToolIndex()
+        index.update(docs)
+        await index.embed_missing(embedder.embed)
+        asked = {
+            "land this PR into main": "github__merge_pull_request",  # merge: land
+            "show me the issue tracker entries on github that are still open": "github__list_issues",  # list: show
+        }
+        vectors = await embedder.embed(list(asked))
+    for (query, right), vector in zip(asked.items(), vectors, strict=True):
+        assert [hit.doc.name for hit in index.search(query, 1, vector)] == [right], query
+        views = np.asarray(index.view_scores(vector))[[doc.name for doc in docs].index(right)]
+        assert int(views.argmax()) == VIEWS - 1, (query, views)  # the synonym's text came closest

@@ -60,7 +60,7 @@ from mcpmux.inference.serving.settings import EmbeddingSettings
 from mcpmux.tools.meta_schemas import BATCH_TOOL, PARALLEL_TOOL, PIPELINE_TOOL
 from mcpmux.tools.search import CALL_TOOL, SEARCH_TOOL, SEARCH_TOOL_INTRO
 from mcpmux.tools.search_description import describe_catalog
-from mcpmux.tools.search_index import CC_ALPHA, CC_FLOOR, CC_MIN, RRF_K, SERVER_BONUS, EmbeddingCache, ToolIndex
+from mcpmux.tools.search_index import RRF_K, EmbeddingCache, ToolIndex
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "builtin:all-minilm-l6-v2"
@@ -122,11 +122,9 @@ async def quality(embed: Callable[[list[str]], Any], only: tuple[str, ...] = ())
     methods: dict[str, Score] = {
         "bm25": lambda kw, views: (kw, kw > 0),
         "dense, one view (whole tool)": lambda kw, views: (views[:, 0], None),
-        "dense, three views": lambda kw, views: (views[:, :3].max(axis=1), None),
-        "dense, four views (+ synonym)": lambda kw, views: (views.max(axis=1), None),
+        "dense, three views": lambda kw, views: (views.max(axis=1), None),
         "rrf k=60": lambda kw, views: (rrf(kw, views.max(axis=1)), None),
         "cc a=0.7 floor=10, one view": lambda kw, views: (convex(kw, views[:, 0], 0.7, 10.0), None),
-        "cc a=0.7 floor=10, three views": lambda kw, views: (convex(kw, views[:, :3].max(axis=1), 0.7, 10.0), None),
     }
     for alpha in (0.5, 0.6, 0.7, 0.8):
         for floor in (0.0, 5.0, 10.0, 15.0):
@@ -143,16 +141,6 @@ async def quality(embed: Callable[[list[str]], Any], only: tuple[str, ...] = ())
             scores, valid = score(index.keyword_scores(query.text), np.asarray(index.view_scores(vector)))
             ranks.append(rank_of(scores, names, query.right, valid))
         results[method] = grouped(queries, ranks)
-    # The shipped ranking without the synonym view (three views, server bonus, threshold), as shipped before it.
-    ranks = []
-    for query, vector in zip(queries, vectors, strict=True):
-        views = np.asarray(index.view_scores(vector))[:, :3].max(axis=1)
-        fused = convex(index.keyword_scores(query.text), views, CC_ALPHA, CC_FLOOR) + SERVER_BONUS * index.named(
-            query.text
-        )
-        ranks.append(rank_of(fused, names, query.right) if fused.max() >= CC_MIN else 0)
-    if not only or "three views (+ bonus, threshold)" in only:
-        results["three views (+ bonus, threshold)"] = grouped(queries, ranks)
     # What mux_search_tools answers (the threshold included): a nonsense query is right when nothing comes back.
     answers = [[hit.doc.name for hit in index.search(q.text, 50, v)] for q, v in zip(queries, vectors, strict=True)]
     shipped = grouped(queries, [rank_in(answer, q.right) for q, answer in zip(queries, answers, strict=True)])
@@ -312,9 +300,7 @@ async def main() -> None:
         if "quality" in args.parts:
             report["quality"] = await quality(model.embed)
             if loaded.packed is not None and loaded.packed.dtype != torch.float32:
-                same = await quality(
-                    model.embed_float32, ("dense, four views (+ synonym)", "shipped (ToolIndex.search)")
-                )
+                same = await quality(model.embed_float32, ("dense, three views", "shipped (ToolIndex.search)"))
                 report["quality"] |= {f"{method}, float32": groups for method, groups in same.items()}
             report["listing"] = listing_size()
             sys.stdout.write(_table(report))

@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from mcpmux.inference.serving.embeddings import Embedder
-from mcpmux.inference.serving.encoder import EmbeddingModel
-from mcpmux.inference.serving.settings import EmbeddingSettings
 from mcpmux.tools.search_index import VIEWS, EmbeddingCache, ToolDoc, ToolIndex, default_cache_dir, words
 
 pytestmark = pytest.mark.anyio
-
-DATA = Path(__file__).parent / "data"
 
 
 @pytest.fixture
@@ -60,18 +54,14 @@ def test_bm25_ranks_by_name_description_and_arguments() -> None:
     assert [hit.doc.name for hit in only] == ["gitlab__search_issues"]
 
 
-def test_each_tool_is_embedded_whole_by_its_first_sentence_by_its_name_and_by_a_synonym() -> None:
+def test_each_tool_is_embedded_whole_by_its_first_sentence_and_by_its_name() -> None:
     doc = _doc("files", "read_file", "Read a file from disk. Use absolute paths.\nWARNING: large files.", path="p")
     assert doc.dense_texts() == (
         "read file (files). Read a file from disk. Use absolute paths.\nWARNING: large files. Arguments: path.",
         "read file (files). Read a file from disk.",
         "read file (files)",
-        "get file (files)",
     )
     assert len(doc.dense_texts()) == VIEWS
-    # The first action of the name is swapped (camelCase split too); a name without one repeats the name.
-    assert _doc("github", "mergePullRequest", "Merge a PR.").dense_texts()[3] == "land pull request (github)"
-    assert _doc("maps", "geocode", "Turn an address into coordinates.").dense_texts()[2:] == ("geocode (maps)",) * 2
 
 
 async def test_embeddings_are_kept_by_content_and_reused_from_disk(tmp_path: Path) -> None:
@@ -100,8 +90,8 @@ async def test_embeddings_are_kept_by_content_and_reused_from_disk(tmp_path: Pat
     vector = np.fromfile(next(tmp_path.rglob("*.f32")), dtype=np.float32)  # noqa: ASYNC240
     assert vector.shape == (3,)
     assert abs(float(np.linalg.norm(vector)) - 1.0) < 1e-5
-    # Four texts a tool (VIEWS), each embedded once: the changed description re-embeds its two views
-    # that hold it, not the name alone nor its synonym.
+    # Three texts a tool (VIEWS), each embedded once: the changed description re-embeds its two views
+    # that hold it, not the name alone.
     assert len(texts_embedded) == 3 * VIEWS + 2 + VIEWS
     assert [text for text in texts_embedded[3 * VIEWS :] if text.startswith("searchIssues")] == [
         "searchIssues (github). New. Arguments: q.",
@@ -125,30 +115,3 @@ def test_an_unwritable_cache_only_costs_a_re_embed(tmp_path: Path, caplog: pytes
     cache.put(cache.key("y"), np.ones(3, dtype=np.float32))
     assert cache.get(cache.key("x")) is None
     assert sum("cannot write the embedding cache" in r.getMessage() for r in caplog.records) == 1
-
-
-@pytest.mark.slow
-async def test_the_synonym_view_finds_tasks_worded_with_another_verb() -> None:
-    """With the real MiniLM over the tuning servers' stored tools (tests/data): paraphrases from the tuning
-    queries whose verb is not the tool name's are ranked first, found through the name said with a synonym."""
-    splits = json.loads((DATA / "tool_servers.json").read_text())
-    docs = [
-        ToolDoc(f"{server}__{tool['name']}", server, tool["name"], "", tool.get("description") or "", {})
-        for server, tools in json.loads((DATA / "tool_catalogs.json").read_text()).items()
-        if splits[server]["split"] == "tune"
-        for tool in tools
-    ]
-    model = EmbeddingModel("builtin:all-minilm-l6-v2", device="cpu")
-    async with Embedder(EmbeddingSettings(model="builtin:all-minilm-l6-v2"), model=model) as embedder:
-        index = ToolIndex()
-        index.update(docs)
-        await index.embed_missing(embedder.embed)
-        asked = {
-            "land this PR into main": "github__merge_pull_request",  # merge: land
-            "show me the issue tracker entries on github that are still open": "github__list_issues",  # list: show
-        }
-        vectors = await embedder.embed(list(asked))
-    for (query, right), vector in zip(asked.items(), vectors, strict=True):
-        assert [hit.doc.name for hit in index.search(query, 1, vector)] == [right], query
-        views = np.asarray(index.view_scores(vector))[[doc.name for doc in docs].index(right)]
-        assert int(views.argmax()) == VIEWS - 1, (query, views)  # the synonym's text came closest

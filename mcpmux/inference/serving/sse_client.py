@@ -16,7 +16,6 @@ connection and each wait for the next byte, as httpx's does.
 from __future__ import annotations
 
 import asyncio
-import select
 import ssl
 import urllib.request
 from collections import deque
@@ -27,6 +26,7 @@ from urllib.parse import urlsplit
 
 import httpx2
 
+from mcpmux.wire import idle
 from mcpmux.wire.http_response import EventStream, Head, HttpWireError, ResponseReader
 
 MAX_EVENT_SIZE = 4 * 1024 * 1024
@@ -108,13 +108,6 @@ class _Connection(asyncio.Protocol):
             self._timer = loop.call_at(due, self._expire)
         else:
             self._fail(TimeoutError(f"no answer within {self.client.timeout:g} s"))
-
-    def reusable(self) -> bool:
-        transport = self.transport
-        if transport is None or transport.is_closing():
-            return False
-        sock = transport.get_extra_info("socket")
-        return sock is None or not _readable(sock.fileno())
 
     def data_received(self, data: bytes) -> None:
         response = self.response
@@ -254,7 +247,7 @@ class SseClient:
     async def _connection(self) -> _Connection:
         while self._idle:
             connection = self._idle.pop()
-            if connection.reusable():
+            if idle.reusable(connection.transport):
                 return connection
             connection.close()
         loop = asyncio.get_running_loop()
@@ -291,12 +284,3 @@ def _reason(status: int) -> str:
         return HTTPStatus(status).phrase
     except ValueError:
         return ""
-
-
-def _readable(fd: int) -> bool:
-    """Whether the socket `fd` has input (or its peer's close) waiting, without reading it."""
-    if hasattr(select, "poll"):
-        poller = select.poll()
-        poller.register(fd, select.POLLIN)
-        return bool(poller.poll(0))
-    return bool(select.select([fd], [], [], 0)[0])

@@ -1,4 +1,4 @@
-"""`SseClient`: streamed completions from one OpenAI-compatible server, at a few microseconds a chunk.
+"""`SseClient`: streamed completions from one OpenAI-compatible server, with little work per chunk.
 
 A streamed completion is dozens of small server-sent events a second per request. Read through
 httpx, each one passes a dozen layers (a timeout scope and an exception map per read, h11, the byte,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import select
 import time
 from typing import Any, Protocol, cast
 from urllib.parse import urlsplit
@@ -21,6 +20,7 @@ from mcp_types.jsonrpc import CONNECTION_CLOSED
 from pydantic import ValidationError
 from pydantic_core import from_json
 
+from mcpmux.wire import idle
 from mcpmux.wire.http_response import Event, EventStream, Head, HttpWireError, ResponseReader
 
 LINGER = 1.0
@@ -120,11 +120,7 @@ class Connection(asyncio.Protocol):
         """Open, and nothing waiting to be read on it: an idle connection's next byte can only be the
         server's close, which a busy event loop may not have read yet (httpcore checks the same before
         reusing one). A close still on the wire as the request goes out is met by `RESEND_WINDOW`."""
-        transport = self.transport
-        if self.dropped or transport is None or transport.is_closing():
-            return False
-        sock = transport.get_extra_info("socket")
-        return sock is None or not _readable(sock.fileno())
+        return not self.dropped and idle.reusable(self.transport)
 
     def drop(self) -> None:
         """Close it now (a 2026 cancellation, a broken response, shutdown); what it carried is not sent again."""
@@ -349,12 +345,3 @@ def _unfollowed(location: str) -> str:
     parts = urlsplit(location)
     where = f"{parts.scheme}://{parts.hostname}{f':{parts.port}' if parts.port else ''}{parts.path}"
     return f"Redirect to {where} not followed; use that URL as the endpoint if it is the intended server"
-
-
-def _readable(fd: int) -> bool:
-    """Whether the socket `fd` has input (or its peer's close) waiting, without reading it."""
-    if hasattr(select, "poll"):
-        poller = select.poll()
-        poller.register(fd, select.POLLIN)
-        return bool(poller.poll(0))
-    return bool(select.select([fd], [], [], 0)[0])

@@ -1,7 +1,8 @@
 """Streamed (SSE) OpenAI responses and the pieces streamed and whole responses share.
 
-`GenerationStream` runs every choice of a request concurrently in its own task group (so they share
-engine steps), relays their deltas as `chat.completion.chunk` / `text_completion` events and ends
+`GenerationStream` runs the choices of a request (`n` > 1) concurrently in its own task group (so they
+share engine steps; a single choice is read in the response's own task, with no hand-over per
+delta), relays their deltas as `chat.completion.chunk` / `text_completion` events and ends
 with `data: [DONE]`. An error before the first delta becomes an ordinary HTTP error response (so a
 full queue is a 503, not a 200 stream); a later one is sent as an `error` event before `[DONE]`.
 A client that disconnects cancels the task group, which aborts its requests in the engine.
@@ -13,12 +14,13 @@ import json
 import math
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
 import anyio
-from anyio.abc import ObjectReceiveStream, ObjectSendStream
+from anyio.abc import ObjectSendStream
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
@@ -110,26 +112,39 @@ class GenerationStream(Response):
         self.created = int(time.time())
         tools = req.tools if req.tools is not None and req.tools.may_call else None
         self.calls = {index: CallStream(tools) for index, _, _ in req.choices()} if tools is not None else {}
+        self._out: list[bytes] = []  # events not yet written
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        sender, events = anyio.create_memory_object_stream[Event](math.inf)
+        choices = list(self.req.choices())
         async with anyio.create_task_group() as tg:
-            async with sender:
-                for index, prompt, params in self.req.choices():
-                    tg.start_soon(self._produce, index, prompt, params, sender.clone())
             tg.start_soon(self._cancel_on_disconnect, receive, tg.cancel_scope)
-            await self._relay(events, scope, receive, send)
+            if len(choices) == 1:  # read in this very task: no hand-over from task to task per delta
+                async with aclosing(self._events(*choices[0])) as events:
+                    await self._relay(events, scope, receive, send)
+            else:
+                sender, received = anyio.create_memory_object_stream[Event](math.inf)
+                async with sender:
+                    for index, prompt, params in choices:
+                        tg.start_soon(self._produce, index, prompt, params, sender.clone())
+                async with received:
+                    await self._relay(received, scope, receive, send)
             tg.cancel_scope.cancel()
 
+    async def _events(self, index: int, prompt: Prompt, params: SamplingParams) -> AsyncGenerator[Event, None]:
+        """One choice's deltas, or the error that ended them, as events."""
+        try:
+            req = self.req
+            async for delta in self.service.stream(
+                prompt, params, model=self.model, priority=req.priority, tools=req.tools
+            ):
+                yield index, delta
+        except Exception as exc:  # relayed to the client as an error response or event
+            yield index, exc
+
     async def _produce(self, index: int, prompt: Prompt, params: SamplingParams, out: ObjectSendStream[Event]) -> None:
-        async with out:
-            try:
-                req = self.req
-                deltas = self.service.stream(prompt, params, model=self.model, priority=req.priority, tools=req.tools)
-                async for delta in deltas:
-                    await out.send((index, delta))
-            except Exception as exc:  # relayed to the client as an error response or event
-                await out.send((index, exc))
+        async with out, aclosing(self._events(index, prompt, params)) as events:
+            async for event in events:
+                await out.send(event)
 
     @staticmethod
     async def _cancel_on_disconnect(receive: Receive, scope: anyio.CancelScope) -> None:
@@ -137,40 +152,44 @@ class GenerationStream(Response):
             pass
         scope.cancel()
 
-    async def _relay(self, events: ObjectReceiveStream[Event], scope: Scope, receive: Receive, send: Send) -> None:
+    async def _relay(self, events: AsyncIterator[Event], scope: Scope, receive: Receive, send: Send) -> None:
+        """Each delta's events go out in one write; a request's last ones go with its `usage` and `[DONE]`."""
         started = False
         finished: list[ChoiceResult] = []
-        async with events:
-            async for index, item in events:
-                if isinstance(item, Exception):
-                    if not started:
-                        await self.on_error(item)(scope, receive, send)
-                        return
-                    error = self.on_error(item)
-                    await self._event(send, json.loads(bytes(error.body)))
-                    break
+        choices = len(self.req.choices())
+        async for index, item in events:
+            if isinstance(item, Exception):
                 if not started:
-                    started = True
-                    await self._begin(send)
-                await self._deltas(send, index, item)
-                if item.finish_reason is not None:
-                    finished.append(
-                        ChoiceResult(index, item.prompt_tokens, item.cached_prompt_tokens, item.completion_tokens)
-                    )
+                    await self.on_error(item)(scope, receive, send)
+                    return
+                error = self.on_error(item)
+                self._event(json.loads(bytes(error.body)))
+                break
+            if not started:
+                started = True
+                await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+                self._begin()
+            self._deltas(index, item)
+            if item.finish_reason is not None:
+                finished.append(
+                    ChoiceResult(index, item.prompt_tokens, item.cached_prompt_tokens, item.completion_tokens)
+                )
+                if len(finished) == choices:
+                    continue  # the end of the response follows at once
+            await send({"type": "http.response.body", "body": self._take(), "more_body": True})
         if self.req.include_usage:
-            await self._event(send, self._chunk([], usage=usage_of(finished, self.req.n)))
-        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
+            self._event(self._chunk([], usage=usage_of(finished, self.req.n)))
+        await send({"type": "http.response.body", "body": self._take() + b"data: [DONE]\n\n", "more_body": False})
 
-    async def _begin(self, send: Send) -> None:
-        await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+    def _begin(self) -> None:
         if self.req.chat:
             roles = [self._choice(i, {"role": "assistant", "content": ""}) for i, _, _ in self.req.choices()]
-            await self._event(send, self._chunk(roles))
+            self._event(self._chunk(roles))
 
-    async def _deltas(self, send: Send, index: int, delta: Delta) -> None:
+    def _deltas(self, index: int, delta: Delta) -> None:
         calls = self.calls.get(index)
         if calls is not None and calls.sees_call(delta.text):
-            await self._call_deltas(send, index, delta, calls)
+            self._call_deltas(index, delta, calls)
             return
         if delta.text or delta.logprobs:
             logprobs = (
@@ -178,26 +197,26 @@ class GenerationStream(Response):
                 if self.req.top_logprobs is not None
                 else None
             )
-            await self._event(send, self._chunk([self._choice(index, {"content": delta.text}, delta.text, logprobs)]))
+            self._event(self._chunk([self._choice(index, {"content": delta.text}, delta.text, logprobs)]))
         if delta.finish_reason is not None:
             finish = "stop" if delta.finish_reason == "abort" else delta.finish_reason
-            await self._event(send, self._chunk([self._choice(index, {}, "", None, finish)]))
+            self._event(self._chunk([self._choice(index, {}, "", None, finish)]))
 
-    async def _call_deltas(self, send: Send, index: int, delta: Delta, calls: CallStream) -> None:
+    def _call_deltas(self, index: int, delta: Delta, calls: CallStream) -> None:
         """A call's deltas: its id and name once known, then argument fragments; `tool_calls` at its end."""
         named = calls.name is not None
         fragment = calls.feed(delta.text, final=delta.finish_reason is not None)
         if calls.name is not None and not named:
             function = {"name": calls.name, "arguments": ""}
             head = {"index": 0, "id": calls.call_id, "type": "function", "function": function}
-            await self._event(send, self._chunk([self._choice(index, {"tool_calls": [head]})]))
+            self._event(self._chunk([self._choice(index, {"tool_calls": [head]})]))
         if fragment:
             piece = {"index": 0, "function": {"arguments": fragment}}
-            await self._event(send, self._chunk([self._choice(index, {"tool_calls": [piece]})]))
+            self._event(self._chunk([self._choice(index, {"tool_calls": [piece]})]))
         if delta.finish_reason is not None:
             finish = "stop" if delta.finish_reason == "abort" else delta.finish_reason
             finish = "tool_calls" if calls.use.parse(calls.text) is not None else finish
-            await self._event(send, self._chunk([self._choice(index, {}, "", None, finish)]))
+            self._event(self._chunk([self._choice(index, {}, "", None, finish)]))
 
     def _choice(
         self,
@@ -223,10 +242,13 @@ class GenerationStream(Response):
             chunk["usage"] = usage
         return chunk
 
-    @staticmethod
-    async def _event(send: Send, payload: dict[str, Any]) -> None:
-        body = b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
-        await send({"type": "http.response.body", "body": body, "more_body": True})
+    def _event(self, payload: dict[str, Any]) -> None:
+        """Add an event to what the next write sends."""
+        self._out.append(b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n")
+
+    def _take(self) -> bytes:
+        out, self._out = self._out, []
+        return b"".join(out)
 
 
 # Set by hand: Response.__init__ would declare a Content-Length for its (empty) body.

@@ -21,6 +21,7 @@ import logging
 import os
 from collections import Counter
 from collections.abc import AsyncGenerator
+from contextlib import aclosing
 from types import TracebackType
 from typing import Any
 
@@ -29,10 +30,12 @@ import httpx2
 
 from mcpmux.inference.engine.config import SamplingParams
 from mcpmux.inference.errors import EngineError
+from mcpmux.inference.serving import sse_client
 from mcpmux.inference.serving.delta import Delta
 from mcpmux.inference.serving.generation import Generation, Prompt
 from mcpmux.inference.serving.remote_form import RemoteForm, remote_form
 from mcpmux.inference.serving.settings import BackendSettings
+from mcpmux.wire.http_response import HttpWireError
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +134,7 @@ class RemoteBackend:
         self.config_key = config_key
         self._embedding_model = embedding_model
         self._client: httpx2.AsyncClient | None = None
+        self._streams: sse_client.SseClient | None = None  # streamed requests, where it can reach the server
         self._counts: Counter[str] = Counter()
         self.takes_json_schema: bool | None = None  # None until asked (the first structured request)
         self.takes_priority: bool | None = None  # None until asked (the first request with a priority)
@@ -147,11 +151,15 @@ class RemoteBackend:
                 )
             headers["Authorization"] = f"Bearer {key}"
         self._client = httpx2.AsyncClient(headers=headers, timeout=self.settings.timeout)
+        if sse_client.usable(self.base_url):
+            self._streams = sse_client.SseClient(self.base_url, headers, self.settings.timeout)
         return self
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        if self._streams is not None:
+            self._streams.close()
         if self._client is not None:
             await self._client.aclose()
 
@@ -211,14 +219,10 @@ class RemoteBackend:
         body = request_body(prompt, params, model, stream=True, priority=priority)
         self._counts[path] += 1
         try:
-            async with self._http().stream("POST", self.base_url + path, json=body) as response:
-                await self._raise_for_status(path, response)
-                async for line in response.aiter_lines():
-                    if not line.startswith("data:"):
-                        continue
-                    data = line.removeprefix("data:").strip()
+            async with aclosing(self._events(path, body)) as events:
+                async for data in events:
                     if data == "[DONE]":
-                        break
+                        continue
                     chunk = json.loads(data)
                     if chunk.get("error"):  # the server failed after the answer began
                         raise self._broke(path, chunk["error"])
@@ -228,15 +232,30 @@ class RemoteBackend:
                         text = _choice_text(choice)
                         if text:
                             yield Delta(text)
-        except httpx2.TimeoutException as exc:
+        except (httpx2.TimeoutException, TimeoutError) as exc:
             raise self._timeout(path) from exc
-        except httpx2.TransportError as exc:
+        except (httpx2.TransportError, OSError, HttpWireError) as exc:
             raise self._lost(path, exc) from exc
+        except sse_client.StatusError as exc:
+            raise self._status_error(path, exc.status, exc.reason, exc.body) from None
         if finish is None:  # the stream ended without a finish: the server went away mid-answer
             raise self._lost(path, EOFError("the stream ended before the answer did"))
         prompt_tokens, cached, completion_tokens = _usage(usage)
         yield Delta("", finish, prompt_tokens=prompt_tokens, cached_prompt_tokens=cached,
                     completion_tokens=completion_tokens)  # fmt: skip
+
+    async def _events(self, path: str, body: dict[str, Any]) -> AsyncGenerator[str, None]:
+        """The data of each server-sent event of a streamed request's response."""
+        if self._streams is not None:
+            async with aclosing(self._streams.events(path, json.dumps(body).encode())) as events:
+                async for data in events:
+                    yield data
+            return
+        async with self._http().stream("POST", self.base_url + path, json=body) as response:
+            await self._raise_for_status(path, response)
+            async for line in response.aiter_lines():  # read to the end: a connection left mid-body is not reused
+                if line.startswith("data:"):
+                    yield line.removeprefix("data:").strip()
 
     async def embed(self, texts: list[str]) -> list[list[float]]:
         """Vectors from the server's `/embeddings` for the configured `[inference.embeddings] model`."""
@@ -337,16 +356,17 @@ class RemoteBackend:
         return answer
 
     async def _raise_for_status(self, path: str, response: httpx2.Response) -> None:
-        if response.status_code < 400:
-            return
+        if response.status_code >= 400:
+            body = (await response.aread()).decode(errors="replace")
+            raise self._status_error(path, response.status_code, response.reason_phrase, body)
+
+    def _status_error(self, path: str, status: int, reason: str, body: str) -> RemoteError:
         self._counts["errors"] += 1
-        body = (await response.aread()).decode(errors="replace")
         try:
             message = json.loads(body)["error"]["message"]
         except (ValueError, KeyError, TypeError):
-            message = body[:500] or response.reason_phrase
-        status = response.status_code
-        raise RemoteError(
+            message = body[:500] or reason
+        return RemoteError(
             f"the remote inference server {self.base_url}{path} answered HTTP {status}: {message}",
             status,
             backend_failed=status >= 500 or status in (408, 429),

@@ -1,16 +1,21 @@
 """The remote backend against a second mcpmux process (`mcpmux serve --openai-only` over a tiny model):
-completions, streams, seeds, stops and embeddings match the local engine, and failures (unknown model,
-timeout, nothing listening, missing API key) name the URL and say what happened."""
+completions, streams, seeds, stops and embeddings match the local engine, a stream left early stops on
+the server, and failures (unknown model, timeout, nothing listening, missing API key) name the URL and
+say what happened."""
 
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
+from contextlib import aclosing
 from pathlib import Path
 
+import anyio
+import httpx2
 import pytest
 
 from mcpmux.inference.engine.config import SamplingParams
@@ -77,6 +82,27 @@ async def test_seed_and_stop_travel_to_the_remote(remote: InferenceService, loca
     assert cut.finish_reason == "stop"
 
 
+async def aborted_on(url: str) -> float:
+    """How many requests the remote mcpmux server at `url` has aborted (its /metrics)."""
+    async with httpx2.AsyncClient() as http:
+        text = (await http.get(url.removesuffix("/v1") + "/metrics")).text
+    found = re.search(r'mcpmux_engine_requests_total\{model="tiny",outcome="aborted"\} (\S+)', text)
+    assert found is not None, text
+    return float(found.group(1))
+
+
+async def test_leaving_a_remote_stream_early_stops_it_on_the_server(remote: InferenceService, remote_url: str) -> None:
+    before = await aborted_on(remote_url)
+    async with aclosing(remote.stream("Hello", SamplingParams(max_tokens=300, temperature=0.0))) as deltas:
+        async for _ in deltas:
+            break  # one delta arrived: leave
+    with anyio.fail_after(10):
+        while await aborted_on(remote_url) == before:  # the connection was closed: the server stopped generating
+            await anyio.sleep(0.05)
+    streamed = "".join([d.text async for d in remote.stream("Hi there", GREEDY)])
+    assert streamed == (await remote.complete("Hi there", GREEDY)).text  # the next stream is whole
+
+
 async def test_remote_embeddings_match_local_ones(remote: InferenceService, local: InferenceService) -> None:
     texts = ["hello", "a longer sentence about batching embeddings together"]
     got, want = await remote.embed(texts), await local.embed(texts)
@@ -121,6 +147,9 @@ async def test_nothing_listening_and_missing_key_are_explained() -> None:
         with pytest.raises(RemoteError, match="could not talk to the remote inference server") as caught:
             await svc.embed(["x"])
         assert url in str(caught.value)
+        with pytest.raises(RemoteError, match="could not talk to the remote inference server") as caught:
+            [d async for d in svc.stream("hi", GREEDY)]
+        assert f"{url}/completions" in str(caught.value)
     os.environ.pop("MCPMUX_TEST_MISSING_KEY", None)
     settings = InferenceSettings(
         backend="openai",

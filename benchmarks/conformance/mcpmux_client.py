@@ -7,8 +7,8 @@ The suite starts a mock server per scenario and runs this with its URL (and, for
 provider's token). It writes an mcpmux config naming that server `s` (`prefix_single = false`),
 then uses only mcpmux's own commands: `mcpmux login s --no-browser` where the server asks for
 OAuth (the authorization URL it prints is opened by a plain HTTP client standing in for the
-browser; the suite's authorization servers approve at once), `mcpmux tools`, and `mcpmux call`
-for every tool listed, logging in again and calling once more where the call says it needs a
+browser; the suite's authorization servers approve at once), `mcpmux tools`, and `mcpmux call
+--accept-defaults` for every tool listed, logging in again and calling once more where the call says it needs a
 login (a server asking for more scope). Its exit status is the first failing command's (0 when all
 passed).
 """
@@ -142,7 +142,17 @@ def main() -> int:
         if scenario in LIST_ONLY:
             return 0
         for tool in tools:
-            call = [*MCPMUX, "call", "--config", str(config), tool, json.dumps(arguments_for(tool))]
+            # --accept-defaults: the person running the script takes a form's defaults where it has one
+            # for every required field (elicitation-sep1034-client-defaults); other elicitations are declined.
+            call = [
+                *MCPMUX,
+                "call",
+                "--accept-defaults",
+                "--config",
+                str(config),
+                tool,
+                json.dumps(arguments_for(tool)),
+            ]
             called = run(call, env)
             if called.returncode != 0 and "needs login: run `mcpmux login" in called.stderr:
                 # What the error tells a person to do (a server asking for more scope): log in, call again.

@@ -21,6 +21,7 @@ from anyio.abc import TaskGroup
 from mcpmux import __version__
 from mcpmux.cli.banner import http_banner, report_upstreams, say, stdio_notice
 from mcpmux.cli.check import check_servers
+from mcpmux.cli.form_defaults import form_defaults_asker
 from mcpmux.cli.login import add_login_parsers, login_main, logout_main
 from mcpmux.cli.status import add_status_parser, status_main
 from mcpmux.core.config import Config, config_from_dict, load_config
@@ -40,6 +41,7 @@ EXAMPLES = """examples:
                                                          wrap one server, no config file
   mcpmux tools --config ~/Library/Application\\ Support/Claude/claude_desktop_config.json
   mcpmux call --config mcpmux.toml time__get_current_time '{"timezone": "UTC"}'
+  mcpmux call --accept-defaults --config mcpmux.toml db__migrate    take a form's defaults if it asks one
   mcpmux search --config mcpmux.toml "open an issue on GitHub"   rank the tools for a task
   mcpmux check --config .vscode/mcp.json
   mcpmux login docs --config mcpmux.toml                 OAuth login to the HTTP upstream "docs"
@@ -115,6 +117,12 @@ def _parser() -> argparse.ArgumentParser:
     call = commands.add_parser("call", help="call one tool and print its result as JSON")
     call.add_argument("tool")
     call.add_argument("arguments", nargs="?", default="{}", help="the arguments as a JSON object")
+    call.add_argument(
+        "--accept-defaults",
+        action="store_true",
+        help="accept an upstream's form elicitation whose every required field has a default, with its defaults "
+        "(else every elicitation is declined: nobody is there to answer it)",
+    )
     search = commands.add_parser("search", help="rank the catalog's tools for a task, as mux_search_tools does")
     search.add_argument("query", help="the task in plain words")
     search.add_argument("--limit", "-n", type=int, default=10, help="how many tools to print (1 to 50, default 10)")
@@ -341,6 +349,7 @@ async def _call(args: argparse.Namespace, config: Config) -> int:
         raise MuxError(f"arguments must be a JSON object, got {type(arguments).__name__}")
     # Only the tool's own upstream is waited for (`Mux.call_tool`): a hung other one delays nothing.
     async with Mux(config, wait_for_upstreams=False) as mux:
+        mux.client_requests.asker = form_defaults_asker(args.accept_defaults)
         result = await mux.call_tool(args.tool, arguments)
     print(json.dumps(result.model_dump(mode="json", by_alias=True, exclude_none=True), indent=2))
     if result.is_error:  # the JSON above for scripts, one line here for whoever reads the terminal

@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -18,6 +19,7 @@ from tests.e2e.conftest import (
     DEMO,
     EVERYTHING,
     PY,
+    ROOT,
     demo,
     everything_available,
     free_port,
@@ -194,3 +196,30 @@ def test_a_call_the_upstream_fails_exits_1_never_the_usage_status(tmp_path: Path
             called = run("call", "--config", str(config), tool, "{}")
             assert called.returncode == 1, called.stderr
             assert says in called.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("protocol", ["legacy", "auto"])
+def test_call_accepts_a_forms_defaults_only_when_told_and_only_where_every_required_field_has_one(
+    tmp_path: Path, protocol: str
+) -> None:
+    """Nobody is there to answer `mcpmux call`'s elicitations: declined, unless `--accept-defaults` says to
+    take a form's defaults (SEP-1034), which it does only for a form whose every required field has one.
+    Both eras: a 2025 upstream pushes the request, a 2026 one asks in an input-required round."""
+    asking = {"command": PY, "args": [str(ROOT / "tests" / "servers" / "asking_server.py")], "protocol": protocol}
+    config = write_config(tmp_path / "c.json", {"asking": asking})
+
+    def call(tool: str, *flags: str) -> tuple[dict[str, Any], str]:
+        called = run("call", *flags, "--config", str(config), tool, "{}")
+        assert called.returncode == 0, called.stderr
+        return json.loads(called.stdout)["structuredContent"], called.stderr
+
+    kept, said = call("asking__profile", "--accept-defaults")
+    assert kept == {"action": "accept", "content": {"name": "John Doe", "age": 30, "score": 95.5, "verified": True}}
+    assert "accepted upstream 'asking''s form ('Review your profile') with its defaults" in said
+    unasked, said = call("asking__profile")
+    assert unasked == {"action": "decline", "content": None}
+    assert "run `mcpmux call --accept-defaults` to accept them" in said
+    no_default, said = call("asking__signup", "--accept-defaults")
+    assert no_default == {"action": "decline", "content": None}
+    assert "accepted" not in said

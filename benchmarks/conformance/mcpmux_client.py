@@ -111,9 +111,24 @@ def run(command: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[
     return done
 
 
-def arguments_for(tool: str) -> dict[str, Any]:
-    """What to call each mock tool with: `add_numbers` adds two numbers, the others take nothing."""
-    return {"a": 5, "b": 3} if tool == "add_numbers" else {}
+def arguments_for(tool: str, context: dict[str, Any]) -> list[dict[str, Any]]:
+    """What to call each mock tool with: the calls the scenario's context names for it (`toolCalls`,
+    as the suite gives its own client), else `add_numbers` adds two numbers and the others take nothing."""
+    named = [call.get("arguments") or {} for call in context.get("toolCalls") or [] if call.get("name") == tool]
+    return named or [{"a": 5, "b": 3} if tool == "add_numbers" else {}]
+
+
+def call_tool(config: Path, env: dict[str, str], tool: str, arguments: dict[str, Any]) -> int:
+    """`mcpmux call` of one tool, with one more login and call where it says it needs a login."""
+    # --accept-defaults: the person running the script takes a form's defaults where it has one
+    # for every required field (elicitation-sep1034-client-defaults); other elicitations are declined.
+    call = [*MCPMUX, "call", "--accept-defaults", "--config", str(config), tool, json.dumps(arguments)]
+    called = run(call, env)
+    if called.returncode != 0 and "needs login: run `mcpmux login" in called.stderr:
+        # What the error tells a person to do (a server asking for more scope): log in, call again.
+        code = log_in(config, env)
+        called = run(call, env) if code == 0 else called
+    return called.returncode
 
 
 def main() -> int:
@@ -142,24 +157,10 @@ def main() -> int:
         if scenario in LIST_ONLY:
             return 0
         for tool in tools:
-            # --accept-defaults: the person running the script takes a form's defaults where it has one
-            # for every required field (elicitation-sep1034-client-defaults); other elicitations are declined.
-            call = [
-                *MCPMUX,
-                "call",
-                "--accept-defaults",
-                "--config",
-                str(config),
-                tool,
-                json.dumps(arguments_for(tool)),
-            ]
-            called = run(call, env)
-            if called.returncode != 0 and "needs login: run `mcpmux login" in called.stderr:
-                # What the error tells a person to do (a server asking for more scope): log in, call again.
-                code = log_in(config, env)
-                called = run(call, env) if code == 0 else called
-            if called.returncode != 0:
-                return called.returncode
+            for arguments in arguments_for(tool, context):
+                code = call_tool(config, env, tool, arguments)
+                if code != 0:
+                    return code
     return 0
 
 

@@ -7,7 +7,7 @@ The suite starts a mock server per scenario and runs this with its URL (and, for
 provider's token). It writes an mcpmux config naming that server `s` (`prefix_single = false`),
 then uses only mcpmux's own commands: `mcpmux login s --no-browser` where the server asks for
 OAuth (the authorization URL it prints is opened by a plain HTTP client standing in for the
-browser; the suite's authorization servers approve at once), `mcpmux tools`, and `mcpmux call
+browser; the suite's authorization servers approve at once), `mcpmux tools --json`, and `mcpmux call
 --accept-defaults` for every tool listed, logging in again and calling once more where the call says it needs a
 login (a server asking for more scope). Its exit status is the first failing command's (0 when all
 passed).
@@ -33,6 +33,8 @@ TIMEOUT = 60.0
 CLIENT_METADATA_URL = "https://conformance-test.local/client-metadata.json"
 LIST_ONLY = {"json-schema-ref-no-deref"}
 """Scenarios whose server answers only `tools/list` (the suite's own client only lists there)."""
+SCHEMA_ECHO, SCHEMA_FOCAL = "json_schema_echo", "json_schema_2020_12_tool"
+"""json-schema-2020-12-preservation: the focal tool's schema, as listed, is passed back to the echo tool."""
 
 
 def config_for(url: str, scenario: str, context: dict[str, Any]) -> str:
@@ -111,11 +113,17 @@ def run(command: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[
     return done
 
 
-def arguments_for(tool: str, context: dict[str, Any]) -> list[dict[str, Any]]:
+def arguments_for(tool: str, context: dict[str, Any], listed: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """What to call each mock tool with: the calls the scenario's context names for it (`toolCalls`,
-    as the suite gives its own client), else `add_numbers` adds two numbers and the others take nothing."""
+    as the suite gives its own client); the echo tool of json-schema-2020-12-preservation gets the
+    other tool's input schema as `mcpmux tools --json` printed it; `add_numbers` adds two numbers;
+    the others take nothing."""
     named = [call.get("arguments") or {} for call in context.get("toolCalls") or [] if call.get("name") == tool]
-    return named or [{"a": 5, "b": 3} if tool == "add_numbers" else {}]
+    if named:
+        return named
+    if tool == SCHEMA_ECHO:
+        return [{"schema": entry["inputSchema"]} for entry in listed if entry["name"] == SCHEMA_FOCAL]
+    return [{"a": 5, "b": 3} if tool == "add_numbers" else {}]
 
 
 def call_tool(config: Path, env: dict[str, str], tool: str, arguments: dict[str, Any]) -> int:
@@ -150,14 +158,15 @@ def main() -> int:
             code = log_in(config, env)
             if code != 0:
                 return code
-        listed = run([*MCPMUX, "tools", "--config", str(config)], env)
-        if listed.returncode != 0:
-            return listed.returncode
-        tools = [line.split("\t")[0] for line in listed.stdout.splitlines() if line and not line.startswith("#")]
+        listing = run([*MCPMUX, "tools", "--json", "--config", str(config)], env)
+        if listing.returncode != 0:
+            return listing.returncode
+        listed: list[dict[str, Any]] = json.loads(listing.stdout)
+        tools = [entry["name"] for entry in listed]
         if scenario in LIST_ONLY:
             return 0
         for tool in tools:
-            for arguments in arguments_for(tool, context):
+            for arguments in arguments_for(tool, context, listed):
                 code = call_tool(config, env, tool, arguments)
                 if code != 0:
                     return code

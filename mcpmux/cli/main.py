@@ -113,7 +113,12 @@ def _parser() -> argparse.ArgumentParser:
         "--profile", default=None, help="serve only what [profiles.NAME] allows: its servers' and tools' globs"
     )
     serve.add_argument("wrapped", nargs=argparse.REMAINDER, help="-- CMD ARGS...: wrap one stdio server")
-    commands.add_parser("tools", help="list the aggregated catalog and each upstream's status")
+    tools = commands.add_parser("tools", help="list the aggregated catalog and each upstream's status")
+    tools.add_argument(
+        "--json",
+        action="store_true",
+        help="print each tool as tools/list gives it (name, description, input and output schemas), as JSON",
+    )
     call = commands.add_parser("call", help="call one tool and print its result as JSON")
     call.add_argument("tool")
     call.add_argument("arguments", nargs="?", default="{}", help="the arguments as a JSON object")
@@ -325,17 +330,26 @@ async def _drain_when_stopped(mux: Mux, stop: anyio.Event, skip: anyio.Event, th
 
 
 async def _tools(args: argparse.Namespace, config: Config) -> int:
+    """Each upstream's status, then the catalog; with `--json`, stdout is the catalog alone, as JSON
+    (each tool as tools/list gives it, its schemas unchanged), and the status lines go to stderr."""
     async with Mux(config) as mux:
         for status in mux.status():
             error = f"  ({status.last_error})" if status.last_error else ""
             auth = f", auth: {status.auth}" if status.transport == "http" else ""
             print(
                 f"# {status.name}: {status.state.value}, {status.transport}, {status.protocol_version or '-'}"
-                f"{auth}{error}"
+                f"{auth}{error}",
+                file=sys.stderr if args.json else sys.stdout,
             )
-        for tool in mux.list_tools():
-            summary = (tool.description or "").strip().splitlines()[0] if tool.description else ""
-            print(f"{tool.name}\t{summary}")
+        tools = mux.list_tools()
+        if args.json:
+            print(
+                json.dumps([tool.model_dump(mode="json", by_alias=True, exclude_none=True) for tool in tools], indent=2)
+            )
+        else:
+            for tool in tools:
+                summary = (tool.description or "").strip().splitlines()[0] if tool.description else ""
+                print(f"{tool.name}\t{summary}")
         failed = [s for s in mux.status() if s.state.value != "ready"]
     return 1 if failed else 0
 

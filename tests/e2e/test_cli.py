@@ -74,6 +74,25 @@ def test_tools_and_call(tmp_path: Path) -> None:
     assert "arguments are not valid JSON" in bad_args.stderr
 
 
+@pytest.mark.anyio
+async def test_tools_json_prints_each_tool_as_its_upstream_lists_it(tmp_path: Path) -> None:
+    """`mcpmux tools --json`: stdout is the catalog alone, as JSON a script reads, each upstream tool
+    under its public name with its schemas exactly as the upstream listed them; status lines on stderr."""
+    config = write_config(tmp_path / "c.json", {"alpha": demo("alpha")})
+    listed = await anyio.to_thread.run_sync(lambda: run("tools", "--json", "--config", str(config)))
+    assert listed.returncode == 0, listed.stderr
+    assert "# alpha: ready, stdio" in listed.stderr
+    printed = {tool["name"]: tool for tool in json.loads(listed.stdout)}
+    async with Client(StdioServerParameters(command=PY, args=[str(DEMO), "alpha"])) as direct:
+        upstream = (await direct.list_tools()).tools
+    assert upstream
+    for tool in upstream:
+        ours = printed[f"alpha__{tool.name}"]
+        assert ours["inputSchema"] == tool.input_schema
+        assert ours.get("outputSchema") == tool.output_schema
+        assert ours.get("description") == tool.description
+
+
 def test_every_call_error_is_one_line_that_says_what_to_do(tmp_path: Path) -> None:
     """An upstream down, a mistyped name, a tool's own error: one line of mcpmux's on stderr, no traceback."""
     config = write_config(tmp_path / "c.json", {"alpha": demo("alpha"), "ghost": {"command": "no-such-binary-here"}})

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -75,6 +76,7 @@ def authorization_server(url: str) -> str:
 
 def log_in(config: Path, env: dict[str, str]) -> int:
     """`mcpmux login s --no-browser`, with the printed URL followed as a browser would."""
+    started = time.monotonic()
     login = subprocess.Popen(
         [*MCPMUX, "login", "s", "--no-browser", "--config", str(config)],
         stdout=subprocess.PIPE,
@@ -102,14 +104,17 @@ def log_in(config: Path, env: dict[str, str]) -> int:
         login.kill()
         login.wait()
     reader.join(timeout=5)
+    sys.stderr.write(f"$ mcpmux login s -> {login.returncode} ({time.monotonic() - started:.1f} s)\n")
     assert login.stdout is not None
     sys.stderr.write(login.stdout.read())
     return login.returncode
 
 
 def run(command: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    started = time.monotonic()
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=TIMEOUT)
-    sys.stderr.write(f"$ mcpmux {' '.join(command[3:])}\n-> {done.returncode}\n{done.stdout}{done.stderr}")
+    took = f"{time.monotonic() - started:.1f} s"
+    sys.stderr.write(f"$ mcpmux {' '.join(command[3:])}\n-> {done.returncode} ({took})\n{done.stdout}{done.stderr}")
     return done
 
 
@@ -158,7 +163,12 @@ def main() -> int:
             code = log_in(config, env)
             if code != 0:
                 return code
-        listing = run([*MCPMUX, "tools", "--json", "--config", str(config)], env)
+        tools_command = [*MCPMUX, "tools", "--json", "--config", str(config)]
+        listing = run(tools_command, env)
+        if listing.returncode != 0 and "needs login: run `mcpmux login" in listing.stdout + listing.stderr:
+            # As after a call (below): the server wants a new login (its authorization server moved, say).
+            code = log_in(config, env)
+            listing = run(tools_command, env) if code == 0 else listing
         if listing.returncode != 0:
             return listing.returncode
         listed: list[dict[str, Any]] = json.loads(listing.stdout)

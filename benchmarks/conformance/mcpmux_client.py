@@ -7,8 +7,8 @@ The suite starts a mock server per scenario and runs this with its URL (and, for
 provider's token). It writes an mcpmux config naming that server `s` (`prefix_single = false`),
 then uses only mcpmux's own commands: `mcpmux login s --no-browser` where the server asks for
 OAuth (the authorization URL it prints is opened by a plain HTTP client standing in for the
-browser; the suite's authorization servers approve at once), `mcpmux tools`, and `mcpmux call`
-for every tool listed, logging in again and calling once more where the call says it needs a
+browser; the suite's authorization servers approve at once), `mcpmux tools --json`, and `mcpmux call
+--accept-defaults` for every tool listed, logging in again and calling once more where the call says it needs a
 login (a server asking for more scope). Its exit status is the first failing command's (0 when all
 passed).
 """
@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -33,6 +34,8 @@ TIMEOUT = 60.0
 CLIENT_METADATA_URL = "https://conformance-test.local/client-metadata.json"
 LIST_ONLY = {"json-schema-ref-no-deref"}
 """Scenarios whose server answers only `tools/list` (the suite's own client only lists there)."""
+SCHEMA_ECHO, SCHEMA_FOCAL = "json_schema_echo", "json_schema_2020_12_tool"
+"""json-schema-2020-12-preservation: the focal tool's schema, as listed, is passed back to the echo tool."""
 
 
 def config_for(url: str, scenario: str, context: dict[str, Any]) -> str:
@@ -73,6 +76,7 @@ def authorization_server(url: str) -> str:
 
 def log_in(config: Path, env: dict[str, str]) -> int:
     """`mcpmux login s --no-browser`, with the printed URL followed as a browser would."""
+    started = time.monotonic()
     login = subprocess.Popen(
         [*MCPMUX, "login", "s", "--no-browser", "--config", str(config)],
         stdout=subprocess.PIPE,
@@ -100,20 +104,44 @@ def log_in(config: Path, env: dict[str, str]) -> int:
         login.kill()
         login.wait()
     reader.join(timeout=5)
+    sys.stderr.write(f"$ mcpmux login s -> {login.returncode} ({time.monotonic() - started:.1f} s)\n")
     assert login.stdout is not None
     sys.stderr.write(login.stdout.read())
     return login.returncode
 
 
 def run(command: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    started = time.monotonic()
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=TIMEOUT)
-    sys.stderr.write(f"$ mcpmux {' '.join(command[3:])}\n-> {done.returncode}\n{done.stdout}{done.stderr}")
+    took = f"{time.monotonic() - started:.1f} s"
+    sys.stderr.write(f"$ mcpmux {' '.join(command[3:])}\n-> {done.returncode} ({took})\n{done.stdout}{done.stderr}")
     return done
 
 
-def arguments_for(tool: str) -> dict[str, Any]:
-    """What to call each mock tool with: `add_numbers` adds two numbers, the others take nothing."""
-    return {"a": 5, "b": 3} if tool == "add_numbers" else {}
+def arguments_for(tool: str, context: dict[str, Any], listed: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What to call each mock tool with: the calls the scenario's context names for it (`toolCalls`,
+    as the suite gives its own client); the echo tool of json-schema-2020-12-preservation gets the
+    other tool's input schema as `mcpmux tools --json` printed it; `add_numbers` adds two numbers;
+    the others take nothing."""
+    named = [call.get("arguments") or {} for call in context.get("toolCalls") or [] if call.get("name") == tool]
+    if named:
+        return named
+    if tool == SCHEMA_ECHO:
+        return [{"schema": entry["inputSchema"]} for entry in listed if entry["name"] == SCHEMA_FOCAL]
+    return [{"a": 5, "b": 3} if tool == "add_numbers" else {}]
+
+
+def call_tool(config: Path, env: dict[str, str], tool: str, arguments: dict[str, Any]) -> int:
+    """`mcpmux call` of one tool, with one more login and call where it says it needs a login."""
+    # --accept-defaults: the person running the script takes a form's defaults where it has one
+    # for every required field (elicitation-sep1034-client-defaults); other elicitations are declined.
+    call = [*MCPMUX, "call", "--accept-defaults", "--config", str(config), tool, json.dumps(arguments)]
+    called = run(call, env)
+    if called.returncode != 0 and "needs login: run `mcpmux login" in called.stderr:
+        # What the error tells a person to do (a server asking for more scope): log in, call again.
+        code = log_in(config, env)
+        called = run(call, env) if code == 0 else called
+    return called.returncode
 
 
 def main() -> int:
@@ -135,21 +163,23 @@ def main() -> int:
             code = log_in(config, env)
             if code != 0:
                 return code
-        listed = run([*MCPMUX, "tools", "--config", str(config)], env)
-        if listed.returncode != 0:
-            return listed.returncode
-        tools = [line.split("\t")[0] for line in listed.stdout.splitlines() if line and not line.startswith("#")]
+        tools_command = [*MCPMUX, "tools", "--json", "--config", str(config)]
+        listing = run(tools_command, env)
+        if listing.returncode != 0 and "needs login: run `mcpmux login" in listing.stdout + listing.stderr:
+            # As after a call (below): the server wants a new login (its authorization server moved, say).
+            code = log_in(config, env)
+            listing = run(tools_command, env) if code == 0 else listing
+        if listing.returncode != 0:
+            return listing.returncode
+        listed: list[dict[str, Any]] = json.loads(listing.stdout)
+        tools = [entry["name"] for entry in listed]
         if scenario in LIST_ONLY:
             return 0
         for tool in tools:
-            call = [*MCPMUX, "call", "--config", str(config), tool, json.dumps(arguments_for(tool))]
-            called = run(call, env)
-            if called.returncode != 0 and "needs login: run `mcpmux login" in called.stderr:
-                # What the error tells a person to do (a server asking for more scope): log in, call again.
-                code = log_in(config, env)
-                called = run(call, env) if code == 0 else called
-            if called.returncode != 0:
-                return called.returncode
+            for arguments in arguments_for(tool, context, listed):
+                code = call_tool(config, env, tool, arguments)
+                if code != 0:
+                    return code
     return 0
 
 

@@ -112,7 +112,7 @@ def mcpmux_server(upstream: str, protocol: str, work: Path) -> tuple[str, Abstra
         f'[mux]\nprefix_single = false\n\n[servers.reference]\nurl = "{upstream}"\nprotocol = "{protocol}"\n'
     )
     command = [sys.executable, "-m", "mcpmux", "serve", "--transport", "http", "--config", str(config)]
-    server = serving([*command, "--port", str(port)], port, work / "mcpmux.log", MCPMUX_HOME=str(work))
+    server = serving([*command, "--port", str(port)], port, work / "mcpmux-server.log", MCPMUX_HOME=str(work))
     return f"http://localhost:{port}/mcp", server
 
 

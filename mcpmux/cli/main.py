@@ -21,6 +21,7 @@ from anyio.abc import TaskGroup
 from mcpmux import __version__
 from mcpmux.cli.banner import http_banner, report_upstreams, say, stdio_notice
 from mcpmux.cli.check import check_servers
+from mcpmux.cli.form_defaults import form_defaults_asker
 from mcpmux.cli.login import add_login_parsers, login_main, logout_main
 from mcpmux.cli.status import add_status_parser, status_main
 from mcpmux.core.config import Config, config_from_dict, load_config
@@ -40,6 +41,7 @@ EXAMPLES = """examples:
                                                          wrap one server, no config file
   mcpmux tools --config ~/Library/Application\\ Support/Claude/claude_desktop_config.json
   mcpmux call --config mcpmux.toml time__get_current_time '{"timezone": "UTC"}'
+  mcpmux call --accept-defaults --config mcpmux.toml db__migrate    take a form's defaults if it asks one
   mcpmux search --config mcpmux.toml "open an issue on GitHub"   rank the tools for a task
   mcpmux check --config .vscode/mcp.json
   mcpmux login docs --config mcpmux.toml                 OAuth login to the HTTP upstream "docs"
@@ -111,10 +113,21 @@ def _parser() -> argparse.ArgumentParser:
         "--profile", default=None, help="serve only what [profiles.NAME] allows: its servers' and tools' globs"
     )
     serve.add_argument("wrapped", nargs=argparse.REMAINDER, help="-- CMD ARGS...: wrap one stdio server")
-    commands.add_parser("tools", help="list the aggregated catalog and each upstream's status")
+    tools = commands.add_parser("tools", help="list the aggregated catalog and each upstream's status")
+    tools.add_argument(
+        "--json",
+        action="store_true",
+        help="print each tool as tools/list gives it (name, description, input and output schemas), as JSON",
+    )
     call = commands.add_parser("call", help="call one tool and print its result as JSON")
     call.add_argument("tool")
     call.add_argument("arguments", nargs="?", default="{}", help="the arguments as a JSON object")
+    call.add_argument(
+        "--accept-defaults",
+        action="store_true",
+        help="accept an upstream's form elicitation whose every required field has a default, with its defaults "
+        "(else every elicitation is declined: nobody is there to answer it)",
+    )
     search = commands.add_parser("search", help="rank the catalog's tools for a task, as mux_search_tools does")
     search.add_argument("query", help="the task in plain words")
     search.add_argument("--limit", "-n", type=int, default=10, help="how many tools to print (1 to 50, default 10)")
@@ -317,17 +330,26 @@ async def _drain_when_stopped(mux: Mux, stop: anyio.Event, skip: anyio.Event, th
 
 
 async def _tools(args: argparse.Namespace, config: Config) -> int:
+    """Each upstream's status, then the catalog; with `--json`, stdout is the catalog alone, as JSON
+    (each tool as tools/list gives it, its schemas unchanged), and the status lines go to stderr."""
     async with Mux(config) as mux:
         for status in mux.status():
             error = f"  ({status.last_error})" if status.last_error else ""
             auth = f", auth: {status.auth}" if status.transport == "http" else ""
             print(
                 f"# {status.name}: {status.state.value}, {status.transport}, {status.protocol_version or '-'}"
-                f"{auth}{error}"
+                f"{auth}{error}",
+                file=sys.stderr if args.json else sys.stdout,
             )
-        for tool in mux.list_tools():
-            summary = (tool.description or "").strip().splitlines()[0] if tool.description else ""
-            print(f"{tool.name}\t{summary}")
+        tools = mux.list_tools()
+        if args.json:
+            print(
+                json.dumps([tool.model_dump(mode="json", by_alias=True, exclude_none=True) for tool in tools], indent=2)
+            )
+        else:
+            for tool in tools:
+                summary = (tool.description or "").strip().splitlines()[0] if tool.description else ""
+                print(f"{tool.name}\t{summary}")
         failed = [s for s in mux.status() if s.state.value != "ready"]
     return 1 if failed else 0
 
@@ -341,6 +363,7 @@ async def _call(args: argparse.Namespace, config: Config) -> int:
         raise MuxError(f"arguments must be a JSON object, got {type(arguments).__name__}")
     # Only the tool's own upstream is waited for (`Mux.call_tool`): a hung other one delays nothing.
     async with Mux(config, wait_for_upstreams=False) as mux:
+        mux.client_requests.asker = form_defaults_asker(args.accept_defaults)
         result = await mux.call_tool(args.tool, arguments)
     print(json.dumps(result.model_dump(mode="json", by_alias=True, exclude_none=True), indent=2))
     if result.is_error:  # the JSON above for scripts, one line here for whoever reads the terminal

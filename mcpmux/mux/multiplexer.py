@@ -777,15 +777,15 @@ class Mux:
         context_arguments: dict[str, str] | None = None,
         profile: str | None = None,
     ) -> types.CompleteResult:
-        """Argument completion, routed by the prompt's public name or the template's owner (in `profile`'s view)."""
+        """Argument completion, routed by the prompt's public name or the template's owner (in `profile`'s
+        view); like a prompt's name, one an upstream still starting may list is waited for."""
         upstream_ref: types.PromptReference | types.ResourceTemplateReference = ref
         caller = _caller()
-        view = self.view(profile, caller)
         if isinstance(ref, types.PromptReference):
-            route = view.resolve_prompt(ref.name)
+            route = await self._when_started(lambda: self.view(profile, caller).resolve_prompt(ref.name))
             owner, upstream_ref = route.upstream, ref.model_copy(update={"name": route.name})
         else:
-            owner, own = self._template_owner(ref.uri, view)
+            owner, own = await self._when_started(lambda: self._template_owner(ref.uri, self.view(profile, caller)))
             upstream_ref = ref if own == ref.uri else ref.model_copy(update={"uri": own})
         upstream, _ = await self.session(owner, caller)
         with self.track_call(owner, upstream):
@@ -802,7 +802,7 @@ class Mux:
             for template in upstream.listing.resource_templates:
                 if self.catalog.public_uri(name, template.uri_template) == uri_template:
                     return name, template.uri_template
-        raise MuxError(f"no upstream offers the resource template {uri_template!r}")
+        raise UnknownToolError(f"no upstream offers the resource template {uri_template!r}")
 
 
 def _caller() -> Caller | None:

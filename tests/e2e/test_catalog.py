@@ -94,6 +94,25 @@ async def test_upstream_json_rpc_errors_and_completions_pass_through(tmp_path: P
         assert template.completion.values == ["x-alpha-1", "x-alpha-2"]
 
 
+@pytest.mark.slow
+async def test_a_completion_during_start_up_waits_for_the_upstream_that_lists_its_prompt() -> None:
+    """mcpmux serves before its upstreams have listed anything: a completion naming a prompt or template
+    of one still starting waits for it (as `prompts/get` does) instead of answering "unknown prompt"."""
+    late = {
+        "command": "sh",
+        "args": ["-c", f"sleep 1.5; exec {PY} {ROOT / 'tests' / 'servers' / 'demo_server.py'} alpha"],
+    }
+    for ref in (
+        types.PromptReference(type="ref/prompt", name="alpha__summarize"),
+        types.ResourceTemplateReference(type="ref/resource", uri="demo://{server}/greeting"),
+    ):
+        async with Mux(config_from_dict({"servers": {"alpha": late}}), wait_for_upstreams=False) as mux:
+            assert mux.upstreams["alpha"].state.value == "starting"
+            with anyio.fail_after(30):
+                completed = await mux.complete(ref, {"name": "topic", "value": "ca"})
+        assert completed.completion.values == ["ca-alpha-1", "ca-alpha-2"]
+
+
 async def test_resource_reads_honour_ttl_and_cache_scope() -> None:
     async with Mux(config_from_dict({"servers": {"paged": PAGED}})) as mux:
 

@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -18,6 +19,7 @@ from tests.e2e.conftest import (
     DEMO,
     EVERYTHING,
     PY,
+    ROOT,
     demo,
     everything_available,
     free_port,
@@ -70,6 +72,25 @@ def test_tools_and_call(tmp_path: Path) -> None:
     bad_args = run("call", "--config", str(config), "alpha__add", "{not json")
     assert bad_args.returncode == 2
     assert "arguments are not valid JSON" in bad_args.stderr
+
+
+@pytest.mark.anyio
+async def test_tools_json_prints_each_tool_as_its_upstream_lists_it(tmp_path: Path) -> None:
+    """`mcpmux tools --json`: stdout is the catalog alone, as JSON a script reads, each upstream tool
+    under its public name with its schemas exactly as the upstream listed them; status lines on stderr."""
+    config = write_config(tmp_path / "c.json", {"alpha": demo("alpha")})
+    listed = await anyio.to_thread.run_sync(lambda: run("tools", "--json", "--config", str(config)))
+    assert listed.returncode == 0, listed.stderr
+    assert "# alpha: ready, stdio" in listed.stderr
+    printed = {tool["name"]: tool for tool in json.loads(listed.stdout)}
+    async with Client(StdioServerParameters(command=PY, args=[str(DEMO), "alpha"])) as direct:
+        upstream = (await direct.list_tools()).tools
+    assert upstream
+    for tool in upstream:
+        ours = printed[f"alpha__{tool.name}"]
+        assert ours["inputSchema"] == tool.input_schema
+        assert ours.get("outputSchema") == tool.output_schema
+        assert ours.get("description") == tool.description
 
 
 def test_every_call_error_is_one_line_that_says_what_to_do(tmp_path: Path) -> None:
@@ -194,3 +215,30 @@ def test_a_call_the_upstream_fails_exits_1_never_the_usage_status(tmp_path: Path
             called = run("call", "--config", str(config), tool, "{}")
             assert called.returncode == 1, called.stderr
             assert says in called.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("protocol", ["legacy", "auto"])
+def test_call_accepts_a_forms_defaults_only_when_told_and_only_where_every_required_field_has_one(
+    tmp_path: Path, protocol: str
+) -> None:
+    """Nobody is there to answer `mcpmux call`'s elicitations: declined, unless `--accept-defaults` says to
+    take a form's defaults (SEP-1034), which it does only for a form whose every required field has one.
+    Both eras: a 2025 upstream pushes the request, a 2026 one asks in an input-required round."""
+    asking = {"command": PY, "args": [str(ROOT / "tests" / "servers" / "asking_server.py")], "protocol": protocol}
+    config = write_config(tmp_path / "c.json", {"asking": asking})
+
+    def call(tool: str, *flags: str) -> tuple[dict[str, Any], str]:
+        called = run("call", *flags, "--config", str(config), tool, "{}")
+        assert called.returncode == 0, called.stderr
+        return json.loads(called.stdout)["structuredContent"], called.stderr
+
+    kept, said = call("asking__profile", "--accept-defaults")
+    assert kept == {"action": "accept", "content": {"name": "John Doe", "age": 30, "score": 95.5, "verified": True}}
+    assert "accepted upstream 'asking''s form ('Review your profile') with its defaults" in said
+    unasked, said = call("asking__profile")
+    assert unasked == {"action": "decline", "content": None}
+    assert "run `mcpmux call --accept-defaults` to accept them" in said
+    no_default, said = call("asking__signup", "--accept-defaults")
+    assert no_default == {"action": "decline", "content": None}
+    assert "accepted" not in said

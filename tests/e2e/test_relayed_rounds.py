@@ -11,6 +11,7 @@ that can serve it: sampling only where the client (or mcpmux's own model) can an
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from collections.abc import AsyncIterator
@@ -24,6 +25,7 @@ from mcp import Client
 from mcp.shared.exceptions import MCPError
 
 from tests.e2e.conftest import ROOT, served_in_process, text_of, write_config
+from tests.servers import rounds_server
 
 pytestmark = pytest.mark.anyio
 SERVER = ROOT / "tests" / "servers" / "rounds_server.py"
@@ -159,3 +161,43 @@ async def test_a_round_inside_mcpmuxs_own_tool_is_not_handed_to_the_client(url: 
         )
     assert isinstance(result, types.CallToolResult)
     assert "no accepted answer under 'user_name'" in text_of(result)
+
+
+async def test_a_2025_client_is_asked_each_request_of_a_round_as_the_upstream_wrote_it(url: str) -> None:
+    """A 2025 client has no rounds: mcpmux asks it each of the round's requests as an ordinary
+    server→client request during its call (sampling, a SEP-1034 form of defaults, SEP-1330's enum
+    shapes, exactly as the upstream wrote them) and sends the answers back on the retry."""
+    sampled: list[types.CreateMessageRequestParams] = []
+    forms: dict[str, types.ElicitRequestFormParams] = {}
+
+    async def sample(context: Any, params: types.CreateMessageRequestParams) -> types.CreateMessageResult:
+        sampled.append(params)
+        return types.CreateMessageResult(
+            role="assistant", content=types.TextContent(type="text", text="a reply"), model="m", stop_reason="endTurn"
+        )
+
+    async def elicit(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        assert isinstance(params, types.ElicitRequestFormParams)
+        forms[params.message] = params
+        fields = params.requested_schema["properties"]
+        if all("default" in field for field in fields.values()):  # the person keeps every default
+            return types.ElicitResult(action="accept", content={k: field["default"] for k, field in fields.items()})
+        return types.ElicitResult(action="accept", content={"untitledSingle": "option2", "titledMulti": ["value3"]})
+
+    async with Client(url, mode="legacy", sampling_callback=sample, elicitation_callback=elicit) as client:
+        assert client.protocol_version == "2025-11-25"
+        result = await client.call_tool("rounds__survey", {})
+    assert not result.is_error, text_of(result)
+    assert [(p.messages, p.max_tokens) for p in sampled] == [
+        ([types.SamplingMessage(role="user", content=types.TextContent(type="text", text="Test prompt"))], 100)
+    ]
+    assert forms["Review the defaults"].requested_schema == rounds_server.DEFAULTS
+    assert forms["Pick from the enums"].requested_schema == rounds_server.ENUMS
+    # The retry carried each answer under the upstream's own key: the tool echoes them in its order.
+    llm, defaults, enums = (json.loads(getattr(block, "text", "")) for block in result.content)
+    assert llm["content"] == {"type": "text", "text": "a reply"}
+    assert defaults == {
+        "action": "accept",
+        "content": {"name": "John Doe", "age": 30, "score": 95.5, "status": "active", "verified": True},
+    }
+    assert enums == {"action": "accept", "content": {"untitledSingle": "option2", "titledMulti": ["value3"]}}

@@ -5,6 +5,8 @@ What a test of "who is asking" needs to see where each question, answer and noti
 - `whoami` elicits the user's name, `myroots` lists the client's roots; both are written with
   `Resolve(...)`, so they work in both eras (pushed requests in 2025-11-25, input-required rounds
   in 2026-07-28). Each waits 0–`delay_ms` ms first, so the calls of several clients overlap.
+- `profile` asks a form whose every field has a default (SEP-1034), `signup` one with a required
+  field that has none; both (`Resolve`, so in both eras) answer with the action and the content.
 - `tell(tag)` logs `tag` and reports progress with `tag` as its message during the call.
 - `view` is listed only to a client that declared the MCP Apps extension (`io.modelcontextprotocol/ui`),
   ext-apps' `getUiCapability` pattern; the server advertises the extension (SEP-2133).
@@ -23,6 +25,7 @@ import anyio
 import mcp_types as types
 from mcp.server.apps import EXTENSION_ID, Apps
 from mcp.server.context import ServerRequestContext
+from mcp.server.elicitation import AcceptedElicitation, ElicitationResult
 from mcp.server.mcpserver import Context, Elicit, ListRoots, MCPServer, Resolve
 from mcp.shared.exceptions import MCPDeprecationWarning
 from pydantic import BaseModel
@@ -84,6 +87,43 @@ async def tell(tag: str, ctx: Context) -> str:
 def view() -> str:
     """A tool with a view (listed only to hosts that render MCP Apps)."""
     return "a view"
+
+
+class Profile(BaseModel):
+    name: str = "John Doe"
+    age: int = 30
+    score: float = 95.5
+    verified: bool = True
+
+
+class Signup(BaseModel):
+    email: str
+    newsletter: bool = False
+
+
+def ask_profile() -> Elicit[Profile]:
+    return Elicit("Review your profile", Profile)
+
+
+def ask_signup() -> Elicit[Signup]:
+    return Elicit("Sign up", Signup)
+
+
+def _outcome(answer: ElicitationResult[Any]) -> dict[str, Any]:
+    data = answer.data.model_dump() if isinstance(answer, AcceptedElicitation) else None
+    return {"action": answer.action, "content": data}
+
+
+@server.tool()
+async def profile(answer: Annotated[ElicitationResult[Profile], Resolve(ask_profile)]) -> dict[str, Any]:
+    """Ask for a profile, every field with a default; answer with what came back."""
+    return _outcome(answer)
+
+
+@server.tool()
+async def signup(answer: Annotated[ElicitationResult[Signup], Resolve(ask_signup)]) -> dict[str, Any]:
+    """Ask for a sign-up whose email has no default; answer with what came back."""
+    return _outcome(answer)
 
 
 @server.tool()

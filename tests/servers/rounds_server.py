@@ -10,6 +10,10 @@ exactly its own, as a test of mcpmux relaying them needs:
 - tool `seen`: what each `greet` request carried (its input response keys and state), in order.
 - tool `sampler`: needs the client's sampling; a request whose `clientCapabilities` declare none is
   refused with -32021 (SEP-2575's MissingRequiredClientCapabilityError), as the SDK's `Sample` does.
+- tool `survey`: one round of three requests, as the conformance suite's reference server asks them
+  in 2025 (`test_sampling`, `test_elicitation_sep1034_defaults`, `test_elicitation_sep1330_enums`):
+  `llm` (sampling), `defaults` (a form whose every field has a default, SEP-1034) and `enums` (the
+  five enum shapes of SEP-1330); the retry gets one text block per answer, as JSON.
 """
 
 from __future__ import annotations
@@ -38,6 +42,49 @@ def _answer(responses: types.InputResponses | None, key: str, field: str) -> str
     return str(answer.content[field])
 
 
+DEFAULTS: types.ElicitRequestedSchema = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "description": "User name", "default": "John Doe"},
+        "age": {"type": "integer", "description": "User age", "default": 30},
+        "score": {"type": "number", "description": "User score", "default": 95.5},
+        "status": {"type": "string", "enum": ["active", "inactive", "pending"], "default": "active"},
+        "verified": {"type": "boolean", "description": "Verification status", "default": True},
+    },
+    "required": [],
+}
+TITLED = [{"const": f"value{n}", "title": title} for n, title in ((1, "First"), (2, "Second"), (3, "Third"))]
+ENUMS: types.ElicitRequestedSchema = {
+    "type": "object",
+    "properties": {
+        "untitledSingle": {"type": "string", "enum": ["option1", "option2", "option3"]},
+        "titledSingle": {"type": "string", "oneOf": TITLED},
+        "legacyEnum": {"type": "string", "enum": ["opt1", "opt2"], "enumNames": ["Option One", "Option Two"]},
+        "untitledMulti": {
+            "type": "array",
+            "minItems": 1,
+            "maxItems": 3,
+            "items": {"type": "string", "enum": ["a", "b"]},
+        },
+        "titledMulti": {"type": "array", "minItems": 1, "items": {"anyOf": TITLED}},
+    },
+    "required": [],
+}
+
+
+def _survey() -> types.InputRequests:
+    prompt = types.SamplingMessage(role="user", content=types.TextContent(type="text", text="Test prompt"))
+    return {
+        "llm": types.CreateMessageRequest(params=types.CreateMessageRequestParams(messages=[prompt], max_tokens=100)),
+        "defaults": types.ElicitRequest(
+            params=types.ElicitRequestFormParams(message="Review the defaults", requested_schema=DEFAULTS)
+        ),
+        "enums": types.ElicitRequest(
+            params=types.ElicitRequestFormParams(message="Pick from the enums", requested_schema=ENUMS)
+        ),
+    }
+
+
 def _text(text: str) -> types.CallToolResult:
     return types.CallToolResult(content=[types.TextContent(type="text", text=text)])
 
@@ -45,7 +92,7 @@ def _text(text: str) -> types.CallToolResult:
 async def list_tools(ctx: ServerRequestContext, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
     schema: dict[str, Any] = {"type": "object", "properties": {}}
     return types.ListToolsResult(
-        tools=[types.Tool(name=name, input_schema=schema) for name in ("greet", "seen", "sampler")]
+        tools=[types.Tool(name=name, input_schema=schema) for name in ("greet", "seen", "sampler", "survey")]
     )
 
 
@@ -60,6 +107,17 @@ async def call_tool(
             required = {"requiredCapabilities": {"sampling": {}}}
             raise MCPError(-32021, "MissingRequiredClientCapabilityError: sampling", data=required)
         return _text("the client can sample")
+    if params.name == "survey":
+        if not params.input_responses:
+            return types.InputRequiredResult(input_requests=_survey())
+        missing = {"llm", "defaults", "enums"} - params.input_responses.keys()
+        if missing:
+            raise MCPError(types.INVALID_PARAMS, f"no answer under {sorted(missing)}")
+        answers = [
+            params.input_responses[key].model_dump_json(by_alias=True, exclude_none=True)
+            for key in ("llm", "defaults", "enums")
+        ]
+        return types.CallToolResult(content=[types.TextContent(type="text", text=answer) for answer in answers])
     seen.append({"answers": sorted(params.input_responses or {}), "state": params.request_state})
     state = params.request_state
     if state is None:

@@ -171,7 +171,7 @@ inline vf exp_approx(vf x) {
 int64_t padded(int64_t len) { return (len + kLanes - 1) / kLanes * kLanes; }
 
 // p[0:len] = exp(p - max(p)) / sum, with the exponentials above, sixteen at a time: p holds padded(len)
-// floats, the padding set to -inf here (its exponentials, 1e-38 each, vanish in a sum of at least 1).
+// floats, the padding set to -inf here (out of the max) and to 0 after it.
 inline void softmax(float* p, int64_t len) {
   const int64_t end = padded(len);
   std::fill(p + len, p + end, -std::numeric_limits<float>::infinity());
@@ -183,8 +183,18 @@ inline void softmax(float* p, int64_t len) {
   float top = tops[0];
   for (int l = 1; l < kLanes; ++l) top = std::max(top, tops[l]);
   vf totals = {};
+  vi lane;
+  for (int l = 0; l < kLanes; ++l) lane[l] = l;
   for (int64_t j = 0; j < end; j += kLanes) {
-    const vf e = exp_approx(load(p + j) - top);
+    const vf x = load(p + j) - top;
+    vf e;
+    if (j + kLanes <= len) {
+      e = exp_approx(x);
+    } else {  // the padding's exponentials are 0: scaled, 1e-38 would turn subnormal (a slow microcode assist)
+      const vi pad = lane >= static_cast<int32_t>(len - j);
+      e = exp_approx(pad ? vf{} : x);
+      e = pad ? vf{} : e;
+    }
     store(p + j, e);
     totals += e;
   }

@@ -152,7 +152,7 @@ def main() -> None:
     forward = parts["forward"]
     inner: dict[str, float] = defaultdict(float)
     llama.linear = timed(inner, "layer matmuls", llama.linear, device)
-    llama.vocab_linear = timed(inner, "output head", llama.vocab_linear, device)
+    llama.vocab_logits = timed(inner, "output head", llama.vocab_logits, device)
     for name, label in (("paged_attention", "attention"), ("write_kv", "KV write"), ("rms_norm", "RMSNorm"),
                         ("rotary_embedding", "rotary"), ("silu_and_mul", "SwiGLU")):  # fmt: skip
         setattr(kernel_api, name, timed(inner, label, getattr(kernel_api, name), device))

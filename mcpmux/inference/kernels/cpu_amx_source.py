@@ -1,5 +1,5 @@
 """C++ source of the bfloat16 matrix product on Intel AMX tiles, built with the fused CPU kernels
-(`cpu_fused` puts it before `cpu_fused_source.SOURCE`, whose `linear` calls `amx::linear`).
+(`cpu_fused` puts it before `cpu_fused_source.SOURCE`, whose `linear` and `swiglu` call it).
 
 A decode step multiplies a few dozen rows by every weight, so it is bound by reading the weights
 from memory. On 2 cores of a Xeon with AMX, oneDNN's bfloat16 product reads SmolLM2's weights at
@@ -18,6 +18,12 @@ weights as one sequential stream, prefetched `kPrefetch` steps ahead.
 rounds them to bfloat16 (to nearest even, as oneDNN and ATen round). Rows of x past the last whole
 16 are read from a zero-padded copy. The sums run in another order than ATen's, so results match
 `F.linear` to bfloat16 rounding, not bit for bit.
+
+**Gated product** (`amx::gated_linear`, the SwiGLU MLP's gate-up product for the one-call decoder):
+a [gate | up] weight's gate block and its up block are multiplied one after the other, rounded to
+bfloat16 as `linear` rounds them, and handed 32 columns at a time to the activation (SiLU x up, from
+`cpu_fused_source`), so the result is the activation of `linear`'s output bit for bit without the
+[M, 2I] product ever being written out and read back.
 
 Compiled only where the compiler targets AMX-BF16 (`-march=native` on such a CPU); elsewhere, and
 where the OS refuses the tile state, `amx::linear` multiplies the unpacked weight with ATen (the
@@ -84,82 +90,149 @@ bool built() {
 #endif
 }
 
-// x [M, K] bfloat16 times the packed weight w: [M, N] bfloat16, plus bias.
-torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& w, const c10::optional<torch::Tensor>& bias) {
-  RECORD_FUNCTION("mcpmux::amx_linear", {});
-  const int64_t M = x.size(0), N = w.size(0) * 32, K = w.size(1) * 32, steps = w.size(1);
+#ifdef MCPMUX_AMX
+namespace {
+
+// The rows of x a product reads: whole 16-row tiles in place, the rest from a zero-padded copy.
+struct Rows {
+  const uint16_t* xs;
+  const uint16_t* tail;  // the rows after the last whole 16, zero-padded to 16
+  int64_t M, K, whole, ldx;
+
+  const uint16_t* at(int64_t r, int64_t& stride_bytes) const {
+    if (r < whole) {
+      stride_bytes = ldx * 2;
+      return xs + r * ldx;
+    }
+    stride_bytes = K * 2;
+    return tail;
+  }
+};
+
+// Rows m0 .. m0 + 31 (those below M) of x times the 32-column weight block at wb, into c (float). With
+// `fetch`, the weights kPrefetch steps ahead are prefetched as it multiplies, running on into `next` (the
+// block this thread multiplies next, or nullptr), so that memory streams from one block into the next.
+void block_product(const Rows& x, int64_t m0, const uint16_t* wb, int64_t steps, bool fetch, const uint16_t* next,
+                   float (*c)[32]) {
+  const bool two = m0 + 16 < x.M;
+  int64_t s0 = 0, s1 = 0;
+  const uint16_t* a0 = x.at(m0, s0);
+  const uint16_t* a1 = two ? x.at(m0 + 16, s1) : nullptr;
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (int64_t k = 0; k < steps; ++k) {
+    const uint16_t* b = wb + k * 1024;
+    if (fetch) {
+      const int64_t ahead = k + kPrefetch;
+      const uint16_t* p = ahead < steps ? wb + ahead * 1024 : next == nullptr ? nullptr : next + (ahead - steps) * 1024;
+      if (p != nullptr) {
+        for (int line = 0; line < 2048; line += 64) _mm_prefetch(reinterpret_cast<const char*>(p) + line, _MM_HINT_T0);
+      }
+    }
+    _tile_loadd(6, b, 64);
+    _tile_loadd(7, b + 512, 64);
+    _tile_loadd(4, a0 + k * 32, s0);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    if (two) {
+      _tile_loadd(5, a1 + k * 32, s1);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  _tile_stored(0, &c[0][0], 128);
+  _tile_stored(1, &c[0][16], 128);
+  if (two) {
+    _tile_stored(2, &c[16][0], 128);
+    _tile_stored(3, &c[16][16], 128);
+  }
+}
+
+// Row r of c (plus the bias's 32 values at bs, if any) rounded to bfloat16 into out (to nearest even, as
+// oneDNN and ATen round).
+inline void round_row(const float (*c)[32], int64_t r, const float* bs, uint16_t* out) {
+  __m512 lo = _mm512_load_ps(&c[r][0]), hi = _mm512_load_ps(&c[r][16]);
+  if (bs != nullptr) {
+    lo = _mm512_add_ps(lo, _mm512_loadu_ps(bs));
+    hi = _mm512_add_ps(hi, _mm512_loadu_ps(bs + 16));
+  }
+  _mm512_storeu_si512(out, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+}
+
+// x's rows as the tiles read them, with the zero-padded copy of its last rows kept alive in `tail`.
+Rows rows_of(const torch::Tensor& x, int64_t K, torch::Tensor& tail) {
+  const int64_t M = x.size(0), whole = M / 16 * 16;
+  if (whole < M) {
+    tail = torch::zeros({16, K}, x.options());
+    tail.narrow(0, 0, M - whole).copy_(x.narrow(0, whole, M - whole));
+  }
+  return Rows{reinterpret_cast<const uint16_t*>(x.data_ptr()),
+              whole < M ? reinterpret_cast<const uint16_t*>(tail.data_ptr()) : nullptr, M, K, whole, x.stride(0)};
+}
+
+torch::Tensor float_bias(const c10::optional<torch::Tensor>& bias) {
+  return bias.has_value() ? bias->to(torch::kFloat32).contiguous() : torch::Tensor();
+}
+
+}  // namespace
+#endif
+
+void check_weight(const torch::Tensor& x, const torch::Tensor& w) {
   TORCH_CHECK(w.dim() == 6 && w.scalar_type() == torch::kBFloat16 && w.is_contiguous(),
               "an AMX weight is a contiguous bfloat16 [N/32, K/32, 2, 16, 16, 2] tensor");
-  TORCH_CHECK(x.dim() == 2 && x.size(1) == K, "x must be [M, ", K, "] for this weight");
+  TORCH_CHECK(x.dim() == 2 && x.size(1) == w.size(1) * 32, "x must be [M, ", w.size(1) * 32, "] for this weight");
+}
+
+// Whether `x` times an AMX weight runs on the tiles here (else on the unpacked weight, with ATen).
+bool runs_on_tiles(const torch::Tensor& x) {
 #ifdef MCPMUX_AMX
-  if (x.scalar_type() == torch::kBFloat16 && tiles_allowed()) {
-    if (x.stride(1) != 1) return amx::linear(x.contiguous(), w, bias);
-    auto out = torch::empty({M, N}, x.options());
-    const int64_t whole = M / 16 * 16, ldx = x.stride(0);
-    torch::Tensor tail;  // the rows after the last whole 16, zero-padded to 16
-    if (whole < M) {
-      tail = torch::zeros({16, K}, x.options());
-      tail.narrow(0, 0, M - whole).copy_(x.narrow(0, whole, M - whole));
-    }
-    const auto* xs = reinterpret_cast<const uint16_t*>(x.data_ptr());
+  return x.scalar_type() == torch::kBFloat16 && tiles_allowed();
+#else
+  return false;
+#endif
+}
+
+// x [M, K] bfloat16 times the packed weight w: [M, N] bfloat16, plus bias; with `widen`, those bfloat16 values
+// as float32 (the output head's logits: the same values as widening the bfloat16 result, in one pass).
+torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& w, const c10::optional<torch::Tensor>& bias,
+                     bool widen = false) {
+  RECORD_FUNCTION("mcpmux::amx_linear", {});
+  check_weight(x, w);
+#ifdef MCPMUX_AMX
+  if (runs_on_tiles(x)) {
+    if (x.stride(1) != 1) return amx::linear(x.contiguous(), w, bias, widen);
+    const int64_t M = x.size(0), N = w.size(0) * 32, K = w.size(1) * 32, steps = w.size(1);
+    auto out = torch::empty({M, N}, x.options().dtype(widen ? torch::kFloat32 : torch::kBFloat16));
+    torch::Tensor tail;
+    const Rows rows = rows_of(x, K, tail);
     const auto* ws = reinterpret_cast<const uint16_t*>(w.data_ptr());
     auto* os = reinterpret_cast<uint16_t*>(out.data_ptr());
-    torch::Tensor bias_f = bias.has_value() ? bias->to(torch::kFloat32).contiguous() : torch::Tensor();
+    auto* wide = reinterpret_cast<float*>(out.data_ptr());
+    const torch::Tensor bias_f = float_bias(bias);
     const float* bs = bias.has_value() ? bias_f.data_ptr<float>() : nullptr;
-    auto rows_at = [&](int64_t r, int64_t& stride) -> const uint16_t* {
-      if (r < whole) {
-        stride = ldx * 2;
-        return xs + r * ldx;
-      }
-      stride = K * 2;
-      return reinterpret_cast<const uint16_t*>(tail.data_ptr());
-    };
     at::parallel_for(0, N / 32, 1, [&](int64_t begin, int64_t end) {
       configure_tiles();
       alignas(64) float c[32][32];
-      const int64_t last = end * steps;  // this thread's range ends here (in K steps); no prefetch past it
+      alignas(64) uint16_t rounded[32];
       for (int64_t block = begin; block < end; ++block) {
         const uint16_t* wb = ws + block * steps * 1024;
+        const uint16_t* next = block + 1 < end ? wb + steps * 1024 : nullptr;
         for (int64_t m0 = 0; m0 < M; m0 += 32) {
-          const bool two = m0 + 16 < M;
-          int64_t s0 = 0, s1 = 0;
-          const uint16_t* a0 = rows_at(m0, s0);
-          const uint16_t* a1 = two ? rows_at(m0 + 16, s1) : nullptr;
-          _tile_zero(0);
-          _tile_zero(1);
-          _tile_zero(2);
-          _tile_zero(3);
-          for (int64_t k = 0; k < steps; ++k) {
-            const uint16_t* b = wb + k * 1024;
-            if (m0 == 0 && block * steps + k + kPrefetch < last) {
-              const char* ahead = reinterpret_cast<const char*>(b + kPrefetch * 1024);
-              for (int line = 0; line < 2048; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
+          block_product(rows, m0, wb, steps, m0 == 0, next, c);
+          for (int64_t r = 0; r < std::min<int64_t>(32, M - m0); ++r) {
+            const float* row_bias = bs == nullptr ? nullptr : bs + block * 32;
+            if (!widen) {
+              round_row(c, r, row_bias, os + (m0 + r) * N + block * 32);
+              continue;
             }
-            _tile_loadd(6, b, 64);
-            _tile_loadd(7, b + 512, 64);
-            _tile_loadd(4, a0 + k * 32, s0);
-            _tile_dpbf16ps(0, 4, 6);
-            _tile_dpbf16ps(1, 4, 7);
-            if (two) {
-              _tile_loadd(5, a1 + k * 32, s1);
-              _tile_dpbf16ps(2, 5, 6);
-              _tile_dpbf16ps(3, 5, 7);
+            round_row(c, r, row_bias, rounded);
+            for (int half = 0; half < 2; ++half) {
+              const __m256i bits = _mm256_load_si256(reinterpret_cast<const __m256i*>(rounded + half * 16));
+              _mm512_storeu_si512(wide + (m0 + r) * N + block * 32 + half * 16,
+                                  _mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
             }
-          }
-          _tile_stored(0, &c[0][0], 128);
-          _tile_stored(1, &c[0][16], 128);
-          if (two) {
-            _tile_stored(2, &c[16][0], 128);
-            _tile_stored(3, &c[16][16], 128);
-          }
-          const int64_t rows = std::min<int64_t>(32, M - m0);
-          for (int64_t r = 0; r < rows; ++r) {
-            __m512 lo = _mm512_load_ps(&c[r][0]), hi = _mm512_load_ps(&c[r][16]);
-            if (bs != nullptr) {
-              lo = _mm512_add_ps(lo, _mm512_loadu_ps(bs + block * 32));
-              hi = _mm512_add_ps(hi, _mm512_loadu_ps(bs + block * 32 + 16));
-            }
-            _mm512_storeu_si512(os + (m0 + r) * N + block * 32, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
           }
         }
       }
@@ -168,7 +241,56 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& w, const c10::
     return out;
   }
 #endif
-  return at::linear(x, unpacked(w).to(x.scalar_type()), bias);
+  const auto product = at::linear(x, unpacked(w).to(x.scalar_type()), bias);
+  return widen ? product.to(torch::kFloat32) : product;
+}
+
+// act(gate, up) for a packed [gate | up] weight w (2I output columns, I a multiple of 32): [M, I] bfloat16,
+// each gate and up value rounded to bfloat16 as `linear` rounds them, then `act(gate, up, out)` on 32 of
+// each at a time, so the result is act's on linear's output bit for bit, without writing that output
+// out and reading it back. The gate block and its up block are multiplied one after the other, the
+// weights streaming from one into the next. Only where runs_on_tiles(x); the caller checks.
+template <typename Act>
+torch::Tensor gated_linear(const torch::Tensor& x, const torch::Tensor& w, const c10::optional<torch::Tensor>& bias,
+                           Act act) {
+  RECORD_FUNCTION("mcpmux::amx_gated_linear", {});
+  check_weight(x, w);
+  TORCH_CHECK(w.size(0) % 2 == 0, "a gated weight holds [gate | up] in whole 32-column blocks each");
+  TORCH_CHECK(runs_on_tiles(x), "gated_linear runs on AMX tiles only");
+#ifdef MCPMUX_AMX
+  if (x.stride(1) != 1) return gated_linear(x.contiguous(), w, bias, act);
+  const int64_t M = x.size(0), half = w.size(0) / 2, I = half * 32, K = w.size(1) * 32, steps = w.size(1);
+  auto out = torch::empty({M, I}, x.options());
+  torch::Tensor tail;
+  const Rows rows = rows_of(x, K, tail);
+  const auto* ws = reinterpret_cast<const uint16_t*>(w.data_ptr());
+  auto* os = reinterpret_cast<uint16_t*>(out.data_ptr());
+  const torch::Tensor bias_f = float_bias(bias);
+  const float* bs = bias.has_value() ? bias_f.data_ptr<float>() : nullptr;
+  at::parallel_for(0, half, 1, [&](int64_t begin, int64_t end) {
+    configure_tiles();
+    alignas(64) float gate[32][32], up[32][32];
+    alignas(64) uint16_t gate_row[32], up_row[32];
+    for (int64_t block = begin; block < end; ++block) {
+      const uint16_t* gate_w = ws + block * steps * 1024;
+      const uint16_t* up_w = ws + (half + block) * steps * 1024;
+      const uint16_t* next = block + 1 < end ? gate_w + steps * 1024 : nullptr;
+      for (int64_t m0 = 0; m0 < M; m0 += 32) {
+        block_product(rows, m0, gate_w, steps, m0 == 0, up_w, gate);
+        block_product(rows, m0, up_w, steps, m0 == 0, next, up);
+        for (int64_t r = 0; r < std::min<int64_t>(32, M - m0); ++r) {
+          round_row(gate, r, bs == nullptr ? nullptr : bs + block * 32, gate_row);
+          round_row(up, r, bs == nullptr ? nullptr : bs + (half + block) * 32, up_row);
+          act(gate_row, up_row, os + (m0 + r) * I + block * 32);
+        }
+      }
+    }
+    _tile_release();
+  });
+  return out;
+#else
+  return torch::Tensor();
+#endif
 }
 
 }  // namespace amx

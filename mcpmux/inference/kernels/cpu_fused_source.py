@@ -9,6 +9,11 @@ of ATen's), RMSNorm sums its squares, attention its scores and values, and the f
 their dot products in another order than the reference, so those match it to rounding. Greedy
 argmax is exact (the first index of the largest value, a NaN counting as largest).
 
+Decode attention reads each context through its block table once per query row: a row's KV heads run
+one after another on one thread, the first prefetching the whole cache rows (every KV head) of the keys
+ahead of it, so the others find them in cache. bfloat16 vectors are widened with AVX-512 instructions
+where the compiler targets them (GCC's generic conversion splits them into 256-bit halves).
+
 Work is split over torch's own OpenMP threads with `at::parallel_for` (compiled with -fopenmp for the
 header's pragmas, not linked with it: the OpenMP symbols resolve to the runtime torch loaded, and
 `at::parallel_for` applies torch's thread count on every calling thread).
@@ -23,6 +28,9 @@ SOURCE = r"""
 #include <cstring>
 #include <limits>
 #include <vector>
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
 
 namespace {
 
@@ -65,12 +73,27 @@ inline vf load(const float* p) {
 }
 
 inline vf load(const BFloat16* p) {  // a bfloat16 is the top half of a float
+#ifdef __AVX512F__
+  // One widening load and a shift (GCC splits the generic conversion below into 256-bit halves).
+  const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return (vf)_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
+#else
   vh half;
   std::memcpy(&half, p, sizeof(half));
   const vu bits = __builtin_convertvector(half, vu) << 16;
   vf v;
   std::memcpy(&v, &bits, sizeof(v));
   return v;
+#endif
+}
+
+// Every lane `s` (`vf{} + s` would add 0 to it first).
+inline vf splat(float s) {
+#ifdef __AVX512F__
+  return (vf)_mm512_set1_ps(s);
+#else
+  return vf{} + s;
+#endif
 }
 
 inline float sum(vf v) {
@@ -148,7 +171,7 @@ inline vf exp_approx(vf x) {
 int64_t padded(int64_t len) { return (len + kLanes - 1) / kLanes * kLanes; }
 
 // p[0:len] = exp(p - max(p)) / sum, with the exponentials above, sixteen at a time: p holds padded(len)
-// floats, the padding set to -inf here (its exponentials, 1e-38 each, vanish in a sum of at least 1).
+// floats, the padding set to -inf here (out of the max) and to 0 after it.
 inline void softmax(float* p, int64_t len) {
   const int64_t end = padded(len);
   std::fill(p + len, p + end, -std::numeric_limits<float>::infinity());
@@ -160,8 +183,18 @@ inline void softmax(float* p, int64_t len) {
   float top = tops[0];
   for (int l = 1; l < kLanes; ++l) top = std::max(top, tops[l]);
   vf totals = {};
+  vi lane;
+  for (int l = 0; l < kLanes; ++l) lane[l] = l;
   for (int64_t j = 0; j < end; j += kLanes) {
-    const vf e = exp_approx(load(p + j) - top);
+    const vf x = load(p + j) - top;
+    vf e;
+    if (j + kLanes <= len) {
+      e = exp_approx(x);
+    } else {  // the padding's exponentials are 0: scaled, 1e-38 would turn subnormal (a slow microcode assist)
+      const vi pad = lane >= static_cast<int32_t>(len - j);
+      e = exp_approx(pad ? vf{} : x);
+      e = pad ? vf{} : e;
+    }
     store(p + j, e);
     totals += e;
   }
@@ -199,7 +232,13 @@ void rms_norm_rows(const torch::Tensor& x, const c10::optional<torch::Tensor>& r
       T* hr = h.data_ptr<T>() + r * h.stride(0);
       if (residual.has_value()) {
         const T* rr = residual->data_ptr<T>() + r * residual->stride(0);
-        for (int64_t i = 0; i < n; ++i) {
+        int64_t i = 0;
+        for (; i + kLanes <= n; i += kLanes) {  // the same arithmetic, sixteen lanes at a time
+          const vf sum = rounded<T>(load(xr + i) + load(rr + i));
+          store(hr + i, sum);
+          store(hf.data() + i, sum);
+        }
+        for (; i < n; ++i) {
           hr[i] = static_cast<T>(static_cast<float>(xr[i]) + static_cast<float>(rr[i]));
           hf[i] = static_cast<float>(hr[i]);
         }
@@ -208,7 +247,9 @@ void rms_norm_rows(const torch::Tensor& x, const c10::optional<torch::Tensor>& r
       }
       const float inv = 1.0f / std::sqrt(dot(hf.data(), hf.data(), n) / static_cast<float>(n) + eps);
       T* o = out.data_ptr<T>() + r * n;
-      for (int64_t i = 0; i < n; ++i) o[i] = static_cast<T>(static_cast<float>(w[i]) * rounded<T>(hf[i] * inv));
+      int64_t i = 0;
+      for (; i + kLanes <= n; i += kLanes) store(o + i, load(w + i) * rounded<T>(load(hf.data() + i) * splat(inv)));
+      for (; i < n; ++i) o[i] = static_cast<T>(static_cast<float>(w[i]) * rounded<T>(hf[i] * inv));
     }
   });
 }
@@ -223,7 +264,14 @@ void rotary_rows(const int64_t* pos, torch::Tensor& t, const float* cos_sin, int
       const float* s = c + half;
       for (int64_t head = 0; head < heads; ++head) {
         T* x = base + i * s0 + head * s1;
-        for (int64_t j = 0; j < half; ++j) {
+        int64_t j = 0;
+        for (; j + kLanes <= half; j += kLanes) {  // the same arithmetic, sixteen lanes at a time
+          const vf x1 = load(x + j), x2 = load(x + j + half);
+          const vf cj = rounded<T>(load(c + j)), sj = rounded<T>(load(s + j));
+          store(x + j, rounded<T>(x1 * cj) + rounded<T>(-x2 * sj));
+          store(x + j + half, rounded<T>(x2 * cj) + rounded<T>(x1 * sj));
+        }
+        for (; j < half; ++j) {
           const float x1 = static_cast<float>(x[j]), x2 = static_cast<float>(x[j + half]);
           const float cj = rounded<T>(c[j]), sj = rounded<T>(s[j]);
           x[j] = static_cast<T>(rounded<T>(x1 * cj) + rounded<T>(-x2 * sj));
@@ -239,22 +287,45 @@ void rotary_rows(const int64_t* pos, torch::Tensor& t, const float* cos_sin, int
 #pragma GCC push_options
 #pragma GCC optimize("fp-contract=fast")
 
-// One (sequence, KV head) of decode attention for head_dim = 16 * NV and a group of G query heads (G = 0:
-// any group, read at run time): every key row is loaded once for the whole group (its scores), then
-// every value row once (the group's weighted sums, in G * NV vector registers where they fit).
-// `scores` holds group * padded(len) floats.
+// Keys ahead of the one attended whose cache rows are prefetched (a row is every KV head of a position).
+constexpr int64_t kPrefetchKeys = 8;
+
+// Every line of the cache row at `p` (`bytes` long) into L1: a row of one position holds all its KV heads,
+// so its first head's pass fetches them all, and the other heads find them in cache.
+inline void prefetch_row(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t line = 0; line < bytes; line += 64) __builtin_prefetch(c + line, 0, 3);
+}
+
+// One (query row, KV head) of attention for head_dim = 16 * NV and a group of G query heads (G = 0: any
+// group, read at run time): every key row is loaded once for the whole group (its scores), then every
+// value row once (the group's weighted sums, in G * NV vector registers where they fit). Key j's row is at
+// `at[j]` elements from kc and vc (its KV head's offset included in them). `scores` holds group *
+// padded(len) floats. With `rows_k`/`rows_v` (the caches at this head's row starts) each key's whole row,
+// `row_bytes` long, is prefetched `kPrefetchKeys` ahead: the first head's pass streams the context from
+// memory for them all.
 template <typename T, int NV, int G>
-void attend_item(const float* qf, int64_t group, const T* kc, const T* vc, const int32_t* table, int64_t block,
-                 int64_t row, int64_t len, float* scores, T* out, int64_t out_head_stride) {
+void attend_item(const float* qf, int64_t group, const T* kc, const T* vc, const int64_t* at, int64_t len,
+                 float* scores, T* out, int64_t out_head_stride, const T* rows_k, const T* rows_v,
+                 int64_t row_bytes) {
   constexpr int64_t dim = NV * kLanes;
   const int64_t heads = G > 0 ? G : group, ld = padded(len);
-  auto key = [&](int64_t j) { return kc + (static_cast<int64_t>(table[j / block]) * block + j % block) * row; };
+  const bool fetch = rows_k != nullptr;
+  if (fetch) {
+    for (int64_t j = 0; j < std::min(len, kPrefetchKeys); ++j) prefetch_row(rows_k + at[j], row_bytes);
+  }
   int64_t j = 0;
   if constexpr (NV <= 4) {  // four keys at a time, their sums folded together
     for (; j + 4 <= len; j += 4) {
+      if (fetch) {
+        for (int64_t a = j + kPrefetchKeys; a < std::min(len, j + kPrefetchKeys + 4); ++a) {
+          prefetch_row(rows_k + at[a], row_bytes);
+        }
+        for (int64_t a = j; a < j + 4; ++a) prefetch_row(rows_v + at[a], row_bytes);
+      }
       vf k[4][NV];
       for (int u = 0; u < 4; ++u) {
-        for (int c = 0; c < NV; ++c) k[u][c] = load(key(j + u) + c * kLanes);
+        for (int c = 0; c < NV; ++c) k[u][c] = load(kc + at[j + u] + c * kLanes);
       }
       for (int64_t g = 0; g < heads; ++g) {
         const float* qg = qf + g * dim;
@@ -270,8 +341,12 @@ void attend_item(const float* qf, int64_t group, const T* kc, const T* vc, const
     }
   }
   for (; j < len; ++j) {
+    if (fetch) {
+      if (j + kPrefetchKeys < len) prefetch_row(rows_k + at[j + kPrefetchKeys], row_bytes);
+      prefetch_row(rows_v + at[j], row_bytes);
+    }
     vf k[NV];
-    for (int c = 0; c < NV; ++c) k[c] = load(key(j) + c * kLanes);
+    for (int c = 0; c < NV; ++c) k[c] = load(kc + at[j] + c * kLanes);
     for (int64_t g = 0; g < heads; ++g) {
       const float* qg = qf + g * dim;
       vf acc = load(qg) * k[0];
@@ -284,19 +359,17 @@ void attend_item(const float* qf, int64_t group, const T* kc, const T* vc, const
   for (int64_t g0 = 0; g0 < heads; g0 += kHeld) {
     vf acc[kHeld][NV] = {};
     for (int64_t j = 0; j < len; ++j) {
-      const T* vp = vc + (static_cast<int64_t>(table[j / block]) * block + j % block) * row;
+      const T* vp = vc + at[j];
       vf v[NV];
       for (int c = 0; c < NV; ++c) v[c] = load(vp + c * kLanes);
       for (int h = 0; h < kHeld; ++h) {
-        const vf weight = vf{} + scores[(g0 + h) * ld + j];
+        const vf weight = splat(scores[(g0 + h) * ld + j]);
         for (int c = 0; c < NV; ++c) acc[h][c] += weight * v[c];
       }
     }
     for (int h = 0; h < kHeld; ++h) {
       T* o = out + (g0 + h) * out_head_stride;
-      for (int c = 0; c < NV; ++c) {
-        for (int64_t l = 0; l < kLanes; ++l) o[c * kLanes + l] = static_cast<T>(acc[h][c][l]);
-      }
+      for (int c = 0; c < NV; ++c) store(o + c * kLanes, acc[h][c]);
     }
   }
 }
@@ -304,8 +377,8 @@ void attend_item(const float* qf, int64_t group, const T* kc, const T* vc, const
 #pragma GCC pop_options
 
 template <typename T>
-using AttendItem = void (*)(const float*, int64_t, const T*, const T*, const int32_t*, int64_t, int64_t, int64_t,
-                            float*, T*, int64_t);
+using AttendItem = void (*)(const float*, int64_t, const T*, const T*, const int64_t*, int64_t, float*, T*,
+                            int64_t, const T*, const T*, int64_t);
 
 template <typename T, int NV>
 AttendItem<T> for_group(int64_t group) {
@@ -376,7 +449,14 @@ using DotTile = void (*)(const float*, int64_t, const float*, int64_t, float*, i
 const DotTile kDotTiles[kTileRows] = {&dot_tile<1>, &dot_tile<2>, &dot_tile<3>,
                                        &dot_tile<4>, &dot_tile<5>, &dot_tile<6>};
 
-// silu(gate) * up, row by row, sixteen lanes at a time: silu rounded to T first, as F.silu's output is.
+// silu(gate) * up for sixteen lanes: silu rounded to T first, as F.silu's output is.
+template <typename T>
+inline void silu_mul_lanes(const T* gate, const T* up, T* dst) {
+  const vf x = load(gate);
+  store(dst, rounded<T>(x / (1.0f + exp_approx(-x))) * load(up));
+}
+
+// silu(gate) * up, row by row, sixteen lanes at a time.
 template <typename T>
 void silu_mul_rows(const torch::Tensor& gate_up, torch::Tensor& out) {
   const int64_t rows = gate_up.size(0), n = out.size(1), ld = gate_up.stride(0);
@@ -384,10 +464,7 @@ void silu_mul_rows(const torch::Tensor& gate_up, torch::Tensor& out) {
   T* o = out.data_ptr<T>();
   at::parallel_for(0, rows, grain_rows(2 * n), [&](int64_t begin, int64_t end) {
     alignas(64) T gate_tail[kLanes], up_tail[kLanes], out_tail[kLanes];
-    auto lanes = [](const T* gate, const T* up, T* dst) {
-      const vf x = load(gate);
-      store(dst, rounded<T>(x / (1.0f + exp_approx(-x))) * load(up));
-    };
+    auto lanes = &silu_mul_lanes<T>;
     for (int64_t r = begin; r < end; ++r) {
       const T* gate = in + r * ld;
       const T* up = gate + n;
@@ -411,7 +488,10 @@ struct QueryRow {
   int64_t row, seq, len;
 };
 
-// Attention of each query row over its paged context, one (row, KV head) at a time; see paged_attention_.
+// Attention of each query row over its paged context, one (row, KV head) at a time; see paged_attention_. A
+// thread takes consecutive items, so a row's KV heads mostly run on one thread, one after another: the
+// first streams the row's context from memory (its whole cache rows, prefetched), the others read it from
+// cache.
 template <typename T>
 void attend_rows(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
                  const torch::Tensor& block_tables, const std::vector<QueryRow>& rows, float scale,
@@ -430,26 +510,38 @@ void attend_rows(const torch::Tensor& q, const torch::Tensor& k_cache, const tor
   const AttendItem<T> vector_item = heads_packed ? vector_attention<T>(dim, group) : nullptr;
   at::parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores, qf(group * dim), acc(group * dim), kv_row(dim);
+    std::vector<int64_t> at;  // where each key's row starts in the caches, for the current query row
+    int64_t current = -1;
     for (int64_t item = begin; item < end; ++item) {
       const QueryRow& query = rows[item / kv_heads];
       const int64_t kvh = item % kv_heads, len = query.len, qrow = query.row;
-      const int32_t* table = tables + query.seq * max_blocks;
+      const bool first = item / kv_heads != current;
+      if (first) {
+        current = item / kv_heads;
+        const int32_t* table = tables + query.seq * max_blocks;
+        at.resize(len);
+        for (int64_t b = 0, j = 0; j < len; ++b) {
+          const int64_t start = static_cast<int64_t>(table[b]) * block * row;
+          for (int64_t t = 0; t < block && j < len; ++t, ++j) at[j] = start + t * row;
+        }
+      }
       for (int64_t g = 0; g < group; ++g) to_float(qp + qrow * qs0 + (kvh * group + g) * qs1, qf.data() + g * dim, dim);
       const int64_t ld = padded(len);
       scores.resize(group * ld);
       if (vector_item != nullptr) {
         for (float& v : qf) v *= scale;
-        vector_item(qf.data(), group, kc + kvh * dim, vc + kvh * dim, table, block, row, len, scores.data(),
-                    op + qrow * os0 + kvh * group * os1, os1);
+        vector_item(qf.data(), group, kc + kvh * dim, vc + kvh * dim, at.data(), len, scores.data(),
+                    op + qrow * os0 + kvh * group * os1, os1, first ? kc : nullptr, first ? vc : nullptr,
+                    row * static_cast<int64_t>(sizeof(T)));
         continue;
       }
       // Row j of a cache for this sequence and KV head, as floats (bfloat16 rows converted into kv_row).
       auto cached = [&](const T* cache, int64_t j) -> const float* {
-        const T* at = cache + (static_cast<int64_t>(table[j / block]) * block + j % block) * row + kvh * dim;
+        const T* p = cache + at[j] + kvh * dim;
         if constexpr (std::is_same_v<T, float>) {
-          return at;
+          return p;
         } else {
-          to_float(at, kv_row.data(), dim);
+          to_float(p, kv_row.data(), dim);
           return kv_row.data();
         }
       };
@@ -671,6 +763,28 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor weight, c10::optional<torch:
   return at::linear(x, weight, bias);
 }
 
+// linear(x, weight) as float32 logits (the output head): for an AMX weight widened as the product rounds them,
+// in one pass, else widened after.
+torch::Tensor logits(torch::Tensor x, torch::Tensor weight, int64_t max_rows) {
+  if (!weight.is_mkldnn() && weight.dim() == 6 && amx::runs_on_tiles(x)) return amx::linear(x, weight, {}, true);
+  return linear(x, weight, {}, max_rows).to(torch::kFloat32);
+}
+
+// silu_and_mul(linear(x, gate_up, bias)), bit for bit: for an AMX weight in one pass (amx::gated_linear: the
+// [M, 2I] product is never written out), else in two calls.
+torch::Tensor swiglu(torch::Tensor x, torch::Tensor gate_up, c10::optional<torch::Tensor> bias, int64_t max_rows) {
+  if (!gate_up.is_mkldnn() && gate_up.dim() == 6 && gate_up.size(0) % 2 == 0 && amx::runs_on_tiles(x)) {
+    return amx::gated_linear(x, gate_up, bias, [](const uint16_t* gate, const uint16_t* up, uint16_t* out) {
+      const auto* g = reinterpret_cast<const BFloat16*>(gate);
+      const auto* u = reinterpret_cast<const BFloat16*>(up);
+      auto* o = reinterpret_cast<BFloat16*>(out);
+      silu_mul_lanes(g, u, o);
+      silu_mul_lanes(g + kLanes, u + kLanes, o + kLanes);
+    });
+  }
+  return silu_and_mul(linear(x, gate_up, bias, max_rows));
+}
+
 // The decoder layers of a Llama-family model (pre-RMSNorm, rotary attention with grouped KV heads, SwiGLU
 // MLP) in one call, with the kernels above in the order and form LlamaCausalLM's layers call them, so the
 // result is theirs bit for bit. For steps whose every sequence paged_attention_ attends (decode rows, and
@@ -714,7 +828,7 @@ class Decoder {
       const auto o = linear(attended.view({tokens, q_size}), *w[3], w[4], max_rows_);
       normed = rms_norm(o, residual, *w[5], eps_);
       residual = normed[1];
-      hidden = linear(silu_and_mul(linear(normed[0], *w[6], w[7], max_rows_)), *w[8], w[9], max_rows_);
+      hidden = linear(swiglu(normed[0], *w[6], w[7], max_rows_), *w[8], w[9], max_rows_);
     }
     TORCH_CHECK(residual.has_value(), "a decoder needs at least one layer");
     return {hidden, *residual};
@@ -791,6 +905,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_and_mul", &silu_and_mul, Release());
   m.def("argmax_rows", &argmax_rows, Release());
   m.def("linear", &linear, Release());
+  m.def("swiglu", &swiglu, Release());
+  m.def("logits", &logits, Release());
   m.def("amx_built", &amx::built);
   py::class_<Decoder>(m, "Decoder")
       .def(py::init<std::vector<std::vector<c10::optional<torch::Tensor>>>, int64_t, int64_t, int64_t, double,

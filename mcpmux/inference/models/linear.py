@@ -162,6 +162,15 @@ def vocab_linear(x: Tensor, weight: Tensor) -> Tensor:
     return out
 
 
+def vocab_logits(x: Tensor, weight: Tensor) -> Tensor:
+    """``vocab_linear(x, weight).float()``, the output head's float32 logits: on AMX tiles the product widens each
+    logit as it rounds it (the same values, without a second pass over a [rows, vocab] tensor)."""
+    fused = cpu_fused.ops() if x.device.type == "cpu" else None
+    if fused is not None and is_amx(weight):
+        return fused.logits(x, weight, FUSED_ROWS)
+    return vocab_linear(x, weight).float()
+
+
 def _transposed(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     # A contiguous `x` makes `x.T` the transposed operand MKL handles fast; a transposed `x` would be
     # taken as a plain one and run at half the speed. The result is copied back to row-major (a few

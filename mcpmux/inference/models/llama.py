@@ -20,7 +20,7 @@ from transformers.activations import ACT2FN
 
 from mcpmux.inference import kernels
 from mcpmux.inference.models.forward_batch import ForwardBatch
-from mcpmux.inference.models.linear import FUSED_ROWS, linear, prepare, vocab_linear
+from mcpmux.inference.models.linear import FUSED_ROWS, linear, prepare, vocab_logits
 from mcpmux.inference.models.rope import build_cos_sin_cache, head_dim_of
 
 
@@ -210,7 +210,7 @@ class LlamaCausalLM(nn.Module):
         rows = batch.logits_indices
         normed = kernels.rms_norm(hidden[rows], self.norm, self.eps, residual[rows])
         assert isinstance(normed, tuple)
-        return vocab_linear(normed[0], self._head).float()
+        return vocab_logits(normed[0], self._head)
 
     def _fused_decoder(self, hidden: Tensor) -> Any:
         """The fused kernels' one-call decoder where they run `hidden` (built, CPU, float32 or bfloat16), else None.

@@ -18,7 +18,7 @@ from mcpmux.inference import kernels
 from mcpmux.inference.engine.config import SamplingParams
 from mcpmux.inference.engine.llm_engine import LLMEngine
 from mcpmux.inference.kernels import cpu_fused, reference
-from mcpmux.inference.models.linear import amx_unpack, is_amx, linear, prepare
+from mcpmux.inference.models.linear import amx_unpack, is_amx, linear, prepare, vocab_logits
 from mcpmux.inference.models.llama import LlamaCausalLM
 from mcpmux.inference.models.loader import load_model
 from tests.inference.engine_harness import PROMPTS, drive, engine_config, greedy_params, hf_reference
@@ -269,3 +269,39 @@ def test_bfloat16_products_on_amx_tiles_match_f_linear(fused: ModuleType) -> Non
         assert torch.equal(linear(x, prepared, bias), F.linear(x, weight, bias))
     finally:
         cpu_fused.enable()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_swiglu_is_silu_and_mul_of_the_gate_up_product_bit_for_bit(fused: ModuleType, dtype: torch.dtype) -> None:
+    # The one-call decoder multiplies gate-up and applies SiLU * up in one pass on AMX tiles (the product's
+    # output never written out); the layers, and prefills, call the product and the activation apart: every
+    # row must come out the same either way, or a prompt's greedy answer would depend on its path.
+    gen = torch.Generator().manual_seed(5)
+    gate_up = torch.randn(192, 96, generator=gen).to(dtype)  # [gate | up], 96 columns each
+    bias = torch.randn(192, generator=gen).to(dtype)
+    prepared = prepare(gate_up)
+    assert is_amx(prepared) == (dtype == torch.bfloat16 and cpu_fused.amx_tiles())
+    for rows in (0, 1, 15, 16, 17, 33, 70):
+        wide = torch.randn(rows, 128, generator=gen).to(dtype)
+        for x in (wide[:, 16:112], wide[:, 16:112].contiguous()):
+            for b in (None, bias):
+                want = kernels.silu_and_mul(linear(x, prepared, b))
+                got = fused.swiglu(x, prepared, b, 64)
+                assert got.shape == (rows, 96)
+                assert torch.equal(got, want)
+                # Sums of 96 products in another order, then another exponential; one bfloat16 step.
+                close = {"rtol": 1e-4, "atol": 1e-4} if dtype == torch.float32 else _tolerance(dtype)
+                torch.testing.assert_close(got, reference.silu_and_mul(F.linear(x, gate_up, b)), **close)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_head_logits_are_the_products_values_widened(fused: ModuleType, dtype: torch.dtype) -> None:
+    # On AMX tiles the output head widens its logits to float32 as it rounds them: the values the sampler sees
+    # must be the bfloat16 product's exactly, as before, or greedy answers would move.
+    gen = torch.Generator().manual_seed(7)
+    head = prepare(torch.randn(256, 96, generator=gen).to(dtype))
+    for rows in (1, 17, 33):
+        x = torch.randn(rows, 96, generator=gen).to(dtype)
+        got = vocab_logits(x, head)
+        assert got.dtype == torch.float32
+        assert torch.equal(got, linear(x, head).float())

@@ -110,21 +110,21 @@ class GenerationStream(Response):
         self.service, self.req, self.model, self.on_error = service, req, model, on_error
         self.id = ("chatcmpl-" if req.chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
+        self.choices = req.choices()
         tools = req.tools if req.tools is not None and req.tools.may_call else None
-        self.calls = {index: CallStream(tools) for index, _, _ in req.choices()} if tools is not None else {}
+        self.calls = {index: CallStream(tools) for index, _, _ in self.choices} if tools is not None else {}
         self._out: list[bytes] = []  # events not yet written
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        choices = list(self.req.choices())
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._cancel_on_disconnect, receive, tg.cancel_scope)
-            if len(choices) == 1:  # read in this very task: no hand-over from task to task per delta
-                async with aclosing(self._events(*choices[0])) as events:
+            if len(self.choices) == 1:  # read in this very task: no hand-over from task to task per delta
+                async with aclosing(self._events(*self.choices[0])) as events:
                     await self._relay(events, scope, receive, send)
             else:
                 sender, received = anyio.create_memory_object_stream[Event](math.inf)
                 async with sender:
-                    for index, prompt, params in choices:
+                    for index, prompt, params in self.choices:
                         tg.start_soon(self._produce, index, prompt, params, sender.clone())
                 async with received:
                     await self._relay(received, scope, receive, send)
@@ -156,7 +156,6 @@ class GenerationStream(Response):
         """Each delta's events go out in one write; a request's last ones go with its `usage` and `[DONE]`."""
         started = False
         finished: list[ChoiceResult] = []
-        choices = len(self.req.choices())
         async for index, item in events:
             if isinstance(item, Exception):
                 if not started:
@@ -174,7 +173,7 @@ class GenerationStream(Response):
                 finished.append(
                     ChoiceResult(index, item.prompt_tokens, item.cached_prompt_tokens, item.completion_tokens)
                 )
-                if len(finished) == choices:
+                if len(finished) == len(self.choices):
                     continue  # the end of the response follows at once
             await send({"type": "http.response.body", "body": self._take(), "more_body": True})
         if self.req.include_usage:
@@ -183,7 +182,7 @@ class GenerationStream(Response):
 
     def _begin(self) -> None:
         if self.req.chat:
-            roles = [self._choice(i, {"role": "assistant", "content": ""}) for i, _, _ in self.req.choices()]
+            roles = [self._choice(i, {"role": "assistant", "content": ""}) for i, _, _ in self.choices]
             self._event(self._chunk(roles))
 
     def _deltas(self, index: int, delta: Delta) -> None:

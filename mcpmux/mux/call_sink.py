@@ -1,12 +1,15 @@
-"""One relayed call between a fast front and the executor: the front's sink, and the call in flight.
+"""One relayed call between a front and the executor: the front's sink, and the call in flight.
 
-A fast front (stdio lines, raw HTTP below ASGI) parses a request into a `FastCall`
-(`FastPath.route`) and hands it to `serve` with a `CallSink`: where the call's response and progress
-are written, and how the front runs a task. The front does nothing else for the call: it parses and
-writes. `serve` launches the call where it can (`FastPath.launch`: the answer is written from the
-code that reads it off the upstream's wire, with no task), and otherwise, or once something needs
-one (progress, an error, a timeout, a cancellation), runs `FastPath.answer` in a task the sink
-starts. The front keeps the `ServedCall` it gets back, to cancel the call.
+Every front hands a `tools/call` that `FastPath.route` takes to this module, and does nothing else
+for the call: it parses and writes. A front that reads requests from synchronous code (stdio lines,
+raw HTTP below ASGI) calls `serve` with a `CallSink`: where the call's response and progress are
+written, and how the front runs a task. `serve` launches the call where it can (`FastPath.launch`:
+the answer is written from the code that reads it off the upstream's wire, with no task), and
+otherwise, or once something needs one (progress, an error, a timeout, a cancellation), runs
+`FastPath.answer` in a task the sink starts. The front keeps the `ServedCall` it gets back, to
+cancel the call. A front whose request already runs in a task of its own (the SDK's request
+handler, the ASGI middleware) awaits `answered` in that task instead: the same answer, the same
+error mapping and result shaping, and cancelling that task cancels the call.
 
 Every request is answered exactly once: with its result; as the sink's `withhold` answers it if it
 was cancelled first (not at all on stdio, the SDK's -32800 on a 2025 HTTP session); or with an
@@ -104,7 +107,7 @@ def serve(fast: FastPath, call: FastCall, sink: CallSink) -> ServedCall:
     served = ServedCall(call, sink)
 
     def deliver_now(response: dict[str, Any]) -> bool:
-        if served.cancelled or not sink.respond_now(response):
+        if served.cancelled or not sink.respond_now(noted(response, call.inbound)):
             return False  # its task answers (a cancelled call, through `withhold`)
         served.answered = True
         served.end()  # answered: a cancellation for it is too late
@@ -135,7 +138,7 @@ async def _answer(fast: FastPath, served: ServedCall) -> None:
     async def deliver(response: dict[str, Any]) -> None:
         if not served.cancelled:  # a call cancelled before its answer is answered through `withhold`
             served.answered = True
-            await sink.respond(response)
+            await sink.respond(noted(response, call.inbound))
 
     served.scope = anyio.CancelScope()
     if served.cancelled:
@@ -156,3 +159,36 @@ async def _answer(fast: FastPath, served: ServedCall) -> None:
     elif failed:
         error = {"code": types.INTERNAL_ERROR, "message": "Internal error"}
         await sink.respond({"jsonrpc": "2.0", "id": call.request_id, "error": error})
+
+
+async def answered(fast: FastPath, call: FastCall, progress: ProgressFn | None) -> dict[str, Any]:
+    """`call`'s JSON-RPC response, served in the caller's own task (`serve`'s task form). Cancelling
+    that task cancels the call; its front answers a cancelled request as its protocol says."""
+    sink = _Kept(progress)
+    await _answer(fast, ServedCall(call, sink))
+    assert sink.response is not None  # `_answer` answers every call it was not told to withhold
+    return sink.response
+
+
+@dataclass(slots=True)
+class _Kept:
+    """The sink of a call served in its caller's task: the response is kept for the caller to write."""
+
+    progress: ProgressFn | None
+    response: dict[str, Any] | None = None
+
+    def respond_now(self, response: dict[str, Any]) -> bool:
+        self.response = response
+        return True
+
+    async def respond(self, response: dict[str, Any]) -> None:
+        self.response = response
+
+    def start(self, work: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        raise RuntimeError("a call served in its caller's task starts no other")  # never asked: nothing is launched
+
+    async def withhold(self, call: FastCall) -> None:
+        """Never asked: the caller cancels the call by cancelling its own task."""
+
+    def ended(self) -> None:
+        pass

@@ -3,9 +3,11 @@
 The SDK path parses, validates and re-serialises every call twice (the server session that
 answers the client, the client session that asks the upstream) and spends a task and session
 bookkeeping on each side. A call that needs none of mcpmux's own machinery skips all that: the
-front edge (`fastpath_stdio`, `fastpath_http`) hands the parsed JSON-RPC request to `FastPath.route`;
-when it returns a `FastCall`, `FastPath.answer` sends it through the upstream's `UpstreamLane` and
-returns the JSON-RPC response to write back. Everything else takes the SDK path unchanged.
+front (the stdio and HTTP fast fronts, the ASGI middleware, and the SDK's own `tools/call` handler
+for what reaches it) hands the parsed JSON-RPC request to `FastPath.route`; when it returns a
+`FastCall`, the front serves it through `mcpmux.mux.call_sink` (`FastPath.answer` sends it through
+the upstream's `UpstreamLane` and returns the JSON-RPC response to write back). Everything else
+takes the SDK handler's own path (`Mux.call_tool`), for the reason `ToSdk` names.
 
 Where the wires allow it (stdio on both sides), `FastPath.launch` goes further: called from the
 code that read the client's line, it admits the call and writes its request to the upstream at

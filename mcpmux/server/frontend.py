@@ -47,7 +47,8 @@ from mcpmux.core.config import Config
 from mcpmux.core.inbound import ANONYMOUS, Caller, InboundCall, serving
 from mcpmux.core.metrics import metrics_route
 from mcpmux.errors import InputRequired, MuxError, error_data
-from mcpmux.mux.fast_path import FastPath
+from mcpmux.mux.call_sink import answered
+from mcpmux.mux.fast_path import FastCall, FastPath, ToSdk
 from mcpmux.mux.multiplexer import Mux
 from mcpmux.server.client_relay import ClientRelay
 from mcpmux.server.found_tools import FoundTools
@@ -186,6 +187,8 @@ class Frontend:
             # Without it the SDK runs the whole tools/list handler on every 2026 HTTP call.
             get_tool_input_schema=mux.input_schema,
         )
+        # Every front's routed calls: 2026 results get this front's `serverInfo` stamp.
+        self.fast = FastPath(mux, self.server.server_info_stamp)
         mux.on_catalog_changed(self._announce_changes)
         mux.on_log(self._relay_log)
         mux.sampling.client_sampler = self._sample_via_client
@@ -262,10 +265,6 @@ class Frontend:
         if connection is None:
             return Caller(client, profile=profile)
         return self._connection_caller(connection, client, profile)
-
-    def _fast_path(self) -> FastPath:
-        """A fast path for this front's mux; 2026 results get this front's `serverInfo` stamp."""
-        return FastPath(self.mux, self.server.server_info_stamp)
 
     def _client_id(self, ctx: Any) -> str:
         """Which client sent a request (`Caller.client`): the scope of its private cache entries and the
@@ -366,7 +365,7 @@ class Frontend:
 
     async def _call_tool(
         self, ctx: Any, params: types.CallToolRequestParams
-    ) -> types.CallToolResult | types.InputRequiredResult:
+    ) -> types.CallToolResult | types.InputRequiredResult | dict[str, Any]:
         session = self._seen(ctx)
         # A 2025 session hears the upstream's logs at its level; a 2026 request only if it asked for a level.
         hears_logs = ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS or bool(
@@ -390,6 +389,9 @@ class Frontend:
             # other state is refused by `InputRounds.resume`, never sent to an upstream that cannot read it.
             resumes_parked = resumes_parked and not self._speaks_2026(route.upstream)
             inbound.resumes = _resumes(ctx) if not resumes_parked else None
+            fast = self._routed(ctx, inbound)
+            if fast is not None:
+                return await self._served(fast, session)
 
         async def call(progress_to: Callable[[], ServerSession | None]) -> types.CallToolResult:
             async def relay_progress(progress: float, total: float | None, message: str | None) -> None:
@@ -422,6 +424,34 @@ class Frontend:
             raise _as_mcp_error(err) from None
         except InputRequired as relayed:  # the upstream's round, the client's own to answer
             return types.InputRequiredResult.model_validate(relayed.raw, by_name=False)
+
+    def _routed(self, ctx: Any, inbound: InboundCall) -> FastCall | None:
+        """The call as `FastPath.route` takes it, as the fast fronts' calls are; None where it needs
+        what only this handler does (a local tool, logs for a 2026 request, rounds, a task, a retry).
+        A 2025 call's client is asked on its session, and hears the upstream's logs at its level."""
+        session: ServerSession = ctx.session
+        message = {"jsonrpc": "2.0", "id": ctx.request_id, "method": "tools/call", "params": ctx.params}
+        modern = ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
+        capabilities = session.client_capabilities
+        declared = capabilities is not None and (capabilities.sampling or capabilities.elicitation) is not None
+        call = self.fast.route(message, inbound.caller, None if modern else ctx.protocol_version, declared)
+        if isinstance(call, ToSdk):
+            return None
+        if not modern:
+            call.inbound.ask, call.inbound.log, call.inbound.notify = inbound.ask, inbound.log, inbound.notify
+        return call
+
+    async def _served(self, call: FastCall, session: ServerSession) -> dict[str, Any]:
+        """The result of a routed call, served as every front serves one (`answered`); its error raised."""
+
+        async def relay_progress(progress: float, total: float | None, message: str | None) -> None:
+            await session.report_progress(progress, total, message)
+
+        response = await answered(self.fast, call, relay_progress if call.progress_token is not None else None)
+        if "error" in response:
+            raise MCPError.from_error_data(types.ErrorData.model_validate(response["error"]))
+        result: dict[str, Any] = response["result"]
+        return result
 
     def _speaks_2026(self, server: str) -> bool:
         """Whether `server`'s upstream speaks 2026-07-28 (it may have issued the input-required round
@@ -583,7 +613,7 @@ class Frontend:
                 front = None
                 if self.mux.config.mux.fast_path:
                     front = self._stdio_front = StdioFastFront(
-                        self._fast_path(), edge, fast_calls, self._stdio_caller, self._hearing
+                        self.fast, edge, fast_calls, self._stdio_caller, self._hearing
                     )
                     edge.take = front.take
                 try:
@@ -615,7 +645,7 @@ class Frontend:
         app.router.routes.extend(dashboard_routes(self.mux, lambda: list(self._connections)))
         if not self.mux.config.mux.fast_path:
             return HttpEdge(app, policy=policy, mcp_path=path, config=self._running_config), None
-        fast = FastPathMiddleware(app, self._fast_path(), self.server.session_manager, self._scope_caller, path=path)
+        fast = FastPathMiddleware(app, self.fast, self.server.session_manager, self._scope_caller, path=path)
         # outermost: in front of every route
         edge = HttpEdge(fast, policy=policy, mcp_path=path, config=self._running_config)
         return edge, HttpFastFront(fast, edge, self._askable_session, self._hearing)

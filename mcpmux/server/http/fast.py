@@ -31,8 +31,9 @@ from mcp.shared.inbound import ERROR_CODE_HTTP_STATUS, find_duplicated_routing_h
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from mcpmux.core.inbound import Caller, serving
+from mcpmux.core.inbound import Caller
 from mcpmux.errors import ConfigError
+from mcpmux.mux.call_sink import answered
 from mcpmux.mux.fast_path import FastCall, FastPath, ToSdk, decode, sampling_declared
 from mcpmux.server.http.edge import PROFILE_SCOPE
 from mcpmux.wire.batch_array import id_key
@@ -155,7 +156,7 @@ class FastPathMiddleware:
         return isinstance(name, str) and view.allows(name)
 
     async def _answer_unless_gone(self, call: FastCall, session: str | None, receive: Receive) -> dict[str, Any] | None:
-        """`fast.answer(call)`, or None when the client disconnects first (which cancels the call).
+        """`call`'s response (`answered`), or None when the client disconnects first (which cancels the call).
 
         A 2025 session's `notifications/cancelled` for the call cancels it too (see `_cancel`); the
         request is then answered with the error the SDK gives a cancelled request on such a session.
@@ -174,8 +175,8 @@ class FastPathMiddleware:
             if key is not None:
                 self.running[key] = cancelled
             try:
-                with cancelled, serving(call.inbound):
-                    response = await self.fast.answer(call)
+                with cancelled:
+                    response = await answered(self.fast, call, None)
             finally:
                 if key is not None:
                     self.running.pop(key, None)

@@ -34,7 +34,7 @@ from starlette.types import Scope
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 
 from mcpmux.core.inbound import InboundCall
-from mcpmux.mux.call_sink import ServedCall, noted, serve
+from mcpmux.mux.call_sink import ServedCall, serve
 from mcpmux.mux.fast_path import FastCall, FastPath
 from mcpmux.server.http.edge import HttpEdge
 from mcpmux.server.http.fast import CANCELLED_ERROR, FastPathMiddleware, http_status, session_of
@@ -71,7 +71,7 @@ class _HttpSink:
     progress: ProgressFn | None = None  # a call that asked for progress goes through ASGI
 
     def respond_now(self, response: dict[str, Any]) -> bool:
-        return self.protocol.respond(self.cycle, noted(response, self.call.inbound), self.modern)
+        return self.protocol.respond(self.cycle, response, self.modern)
 
     async def respond(self, response: dict[str, Any]) -> None:
         self.respond_now(response)

@@ -27,7 +27,7 @@ from mcp.server.connection import Connection
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from mcpmux.core.inbound import Caller, InboundCall
-from mcpmux.mux.call_sink import ServedCall, noted, serve
+from mcpmux.mux.call_sink import ServedCall, serve
 from mcpmux.mux.fast_path import FastCall, FastPath, ToSdk, decode, sampling_declared
 from mcpmux.server.reach import Hears, ask_on
 from mcpmux.server.stdio.batch import StdioClientWire
@@ -51,10 +51,10 @@ class _StdioSink:
     served: ServedCall | None = None
 
     def respond_now(self, response: dict[str, Any]) -> bool:
-        return self.front._write_now(noted(response, self.call.inbound))
+        return self.front._write_now(response)
 
     async def respond(self, response: dict[str, Any]) -> None:
-        await self.front._write(noted(response, self.call.inbound))
+        await self.front._write(response)
 
     def start(self, work: Callable[[], Coroutine[Any, Any, None]]) -> None:
         self.front._tasks.start_soon(work)

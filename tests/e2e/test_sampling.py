@@ -248,7 +248,10 @@ async def test_upstream_priority_orders_requests_in_the_engine(tmp_path: Path, t
     finished: list[str] = []
 
     async def call(upstream: str, i: int) -> None:
-        await sample(started, f"{upstream}__sample", prompt=f"Request {i}", max_tokens=64, temperature=0)
+        # Each low runs long enough (256 tokens) for the high's trip through its upstream to end
+        # within it, on a loaded machine too.
+        tokens = 256 if upstream == "low" else 64
+        await sample(started, f"{upstream}__sample", prompt=f"Request {i}", max_tokens=tokens, temperature=0)
         finished.append(f"{upstream}{i}")
 
     async with Mux.from_config(config) as started, anyio.create_task_group() as tasks:

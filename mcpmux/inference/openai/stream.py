@@ -114,6 +114,7 @@ class GenerationStream(Response):
         tools = req.tools if req.tools is not None and req.tools.may_call else None
         self.calls = {index: CallStream(tools) for index, _, _ in self.choices} if tools is not None else {}
         self._out: list[bytes] = []  # events not yet written
+        self._around: dict[int, tuple[bytes, bytes]] = {}  # by choice: a text event's bytes before and after the text
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         async with anyio.create_task_group() as tg:
@@ -190,7 +191,9 @@ class GenerationStream(Response):
         if calls is not None and calls.sees_call(delta.text):
             self._call_deltas(index, delta, calls)
             return
-        if delta.text or delta.logprobs:
+        if delta.text and self.req.top_logprobs is None:
+            self._out.append(self._text_event(index, delta.text))
+        elif delta.text or delta.logprobs:
             logprobs = (
                 choice_logprobs(self.service, self.model, self.req.chat, delta.logprobs)
                 if self.req.top_logprobs is not None
@@ -241,14 +244,31 @@ class GenerationStream(Response):
             chunk["usage"] = usage
         return chunk
 
+    def _text_event(self, index: int, text: str) -> bytes:
+        """The event of a choice's new text: its chunk's bytes around the text's JSON (most of a stream's events)."""
+        around = self._around.get(index)
+        if around is None:
+            event = self._encode(self._chunk([self._choice(index, {"content": _MARK}, _MARK)]))
+            before, _, after = event.rpartition(_MARK_JSON)  # past the id and model: nothing of theirs is matched
+            around = self._around[index] = (before, after)
+        return around[0] + json.dumps(text).encode() + around[1]
+
     def _event(self, payload: dict[str, Any]) -> None:
         """Add an event to what the next write sends."""
-        self._out.append(b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n")
+        self._out.append(self._encode(payload))
+
+    @staticmethod
+    def _encode(payload: dict[str, Any]) -> bytes:
+        return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
 
     def _take(self) -> bytes:
         out, self._out = self._out, []
         return b"".join(out)
 
+
+# A text event is its chunk serialised once around this string, then its text in its place.
+_MARK = "\0text\0"
+_MARK_JSON = json.dumps(_MARK).encode()
 
 # Set by hand: Response.__init__ would declare a Content-Length for its (empty) body.
 _SSE_HEADERS = [

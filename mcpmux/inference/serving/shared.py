@@ -7,8 +7,8 @@ leaves early does not end it for the others; when the last reader leaves, it is 
 aborts it on its backend). Nothing is kept once it ends: a later identical request runs again.
 
 A reader waits on a bare asyncio future that the generation resolves with each delta: that
-hand-over happens for every delta of every greedy request, and an `anyio.Event` made and waited
-on per delta cost several times as much.
+hand-over happens for every delta of every greedy request, and an `anyio.Event` made, set and
+waited on per delta cost ~10 µs more each time.
 """
 
 from __future__ import annotations

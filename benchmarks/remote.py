@@ -24,7 +24,9 @@ be). Results go to benchmarks/results/remote.json too.
 `--backend fake` puts `fake_openai.py` in vLLM's place: canned one-word chunks `--delay-ms` apart,
 the same answer for the same prompt, at almost no CPU of its own. Nothing is computed, so what
 differs between direct and through mcpmux is mcpmux alone: its CPU per request, and the time it
-adds to the first chunk (TTFT +) and to the whole answer (time +, the median request's).
+adds to the first chunk (TTFT +) and to the whole answer (time +, the median request's). After the
+rounds every relay is left idle for `--idle` seconds, together, and its CPU over that time is its
+idle cost (a timer that wakes it shows here).
 `--base DIR` adds a second mcpmux run from the source tree DIR (say `git archive COMMIT mcpmux |
 tar -x -C DIR`), in the same rotation, so that a change is judged against its parent in one run.
 """
@@ -205,6 +207,7 @@ def main() -> None:
     ap.add_argument("--sequential", type=int, help="requests of the one-at-a-time workload (6; fake: 24)")
     ap.add_argument("--rounds", type=int, default=4, help="rounds after the warm-up, the two alternating")
     ap.add_argument("--base", type=Path, help="also mcpmux from this source tree (a checkout of another commit)")
+    ap.add_argument("--idle", type=float, default=10.0, help="seconds of idle at the end, for each relay's idle CPU")
     ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="vLLM's OpenMP threads")
     args = ap.parse_args()
     # The fake backend answers in milliseconds: more requests, so that CPU time (counted in 10 ms ticks) adds up.
@@ -237,19 +240,32 @@ def main() -> None:
                               f"CPU {got.cpu_ms:.2f} ms/request", flush=True)  # fmt: skip
                         if rnd:
                             results[name][system].append(got)
-            report(results, args)
+            idle = idle_cpu(relays, args.idle)
+            report(results, idle, args)
         finally:
             for relay in relays.values():
                 relay.terminate()
                 relay.wait(timeout=30)
 
 
-def report(results: dict[str, dict[str, list[Round]]], args: argparse.Namespace) -> None:
+def idle_cpu(relays: dict[str, subprocess.Popen[bytes]], seconds: float) -> dict[str, float]:
+    """Each relay's CPU in ms per second over `seconds` in which nothing is asked of any of them."""
+    if seconds <= 0:
+        return {}
+    time.sleep(1)  # the last round's connections close
+    before = {name: cpu_seconds(relay.pid) for name, relay in relays.items()}
+    start = time.monotonic()
+    time.sleep(seconds)
+    wall = time.monotonic() - start
+    return {name: (cpu_seconds(relay.pid) - before[name]) * 1000 / wall for name, relay in relays.items()}
+
+
+def report(results: dict[str, dict[str, list[Round]]], idle: dict[str, float], args: argparse.Namespace) -> None:
     rows: list[dict[str, Any]] = []
     peer = "vLLM" if args.backend == "vllm" else "fake"
     print(f"\n| workload | relay | tok/s: {peer} · relay | relay / {peer} | TTFT p50: {peer} · relay | TTFT + "
-          "| time + | relay CPU/req | same |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| time + | relay CPU/req | CPU/chunk | same |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for name, by in results.items():
         v = by[args.backend]
         for relay in ("mcpmux", "base"):
@@ -268,17 +284,22 @@ def report(results: dict[str, dict[str, list[Round]]], args: argparse.Namespace)
             spread = f"{min(ratios):.2f}-{max(ratios):.2f}"
             cpu = statistics.median(r.cpu_ms for r in m)
             print(f"| {name} | {relay} | {v_tok:.1f} · {m_tok:.1f} | {ratio:.3f} ({spread}) | {v_ttft:.1f} · "
-                  f"{m_ttft:.1f} ms | {extra:+.1f} ms | {longer:+.1f} ms | {cpu:.2f} ms | {same}/{of} |")  # fmt: skip
+                  f"{m_ttft:.1f} ms | {extra:+.1f} ms | {longer:+.1f} ms | {cpu:.2f} ms | "
+                  f"{cpu * 1000 / args.max_tokens:.0f} µs | {same}/{of} |")  # fmt: skip
             rows.append({
                 "workload": name, "relay": relay, "peer_tok_s": v_tok, "relay_tok_s": m_tok, "ratio": ratio,
                 "round_ratios": ratios, "peer_ttft_p50_ms": v_ttft, "relay_ttft_p50_ms": m_ttft,
                 "ttft_extra_ms": extra, "time_extra_ms": longer, "relay_cpu_ms_per_request": cpu,
                 "identical": same, "answers": of,
             })  # fmt: skip
+    if idle:
+        each = ", ".join(f"{name} {ms:.2f} ms/s" for name, ms in idle.items())
+        print(f"\nidle CPU over {args.idle:g} s: {each}")
     out = HERE / "results"
     out.mkdir(exist_ok=True)
     name = "remote.json" if args.backend == "vllm" else f"remote_{args.backend}.json"
-    (out / name).write_text(json.dumps({"args": vars(args), "rows": rows}, default=str, indent=1))
+    summary = {"args": vars(args), "rows": rows, "idle_cpu_ms_per_s": idle}
+    (out / name).write_text(json.dumps(summary, default=str, indent=1))
 
 
 if __name__ == "__main__":

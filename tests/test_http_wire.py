@@ -132,7 +132,29 @@ def test_events_with_any_line_ending_multiline_data_comments_and_ids(bytewise: b
     ]
 
 
-def test_an_event_larger_than_allowed_is_refused() -> None:
+@pytest.mark.parametrize("bytewise", [False, True])
+def test_pieces_that_are_whole_data_events_read_as_their_lines_do(bytewise: bool) -> None:
+    """A streamed completion sends each event as one piece (read at once); around it, what came before counts."""
+    events: list[Event] = []
+    stream = EventStream(events.append, max_size=1024)
+    pieces = [b"id: 7\n", b'data: {"a": 1}\n\n', b"event: other\n", b"data: x\n\n", b"data: y\n", b"data: z\n\n"]
+    pieces += [b"data: \xff\n\n", b"data: cr\r\n\r\n", b"data: a\n\ndata: b\n\n"]
+    raw = b"".join(pieces)
+    for piece in [raw[i : i + 1] for i in range(len(raw))] if bytewise else pieces:
+        stream.feed(piece)
+    assert events == [
+        Event('{"a": 1}', "message", "7"),
+        Event("x", "other", "7"),  # the event name came in the piece before
+        Event("y\nz", "message", "7"),
+        Event("\ufffd", "message", "7"),
+        Event("cr", "message", "7"),
+        Event("a", "message", "7"),
+        Event("b", "message", "7"),
+    ]
+
+
+@pytest.mark.parametrize("whole", [False, True])
+def test_an_event_larger_than_allowed_is_refused(whole: bool) -> None:
     stream = EventStream(lambda event: None, max_size=100)
     with pytest.raises(HttpWireError, match="exceeds 100 bytes"):
-        stream.feed(b"data: " + b"x" * 200)
+        stream.feed(b"data: " + b"x" * 200 + (b"\n\n" if whole else b""))

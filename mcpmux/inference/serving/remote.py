@@ -244,13 +244,13 @@ class RemoteBackend:
         yield Delta("", finish, prompt_tokens=prompt_tokens, cached_prompt_tokens=cached,
                     completion_tokens=completion_tokens)  # fmt: skip
 
-    async def _events(self, path: str, body: dict[str, Any]) -> AsyncGenerator[str, None]:
+    def _events(self, path: str, body: dict[str, Any]) -> AsyncGenerator[str, None]:
         """The data of each server-sent event of a streamed request's response."""
         if self._streams is not None:
-            async with aclosing(self._streams.events(path, json.dumps(body).encode())) as events:
-                async for data in events:
-                    yield data
-            return
+            return self._streams.events(path, json.dumps(body).encode())
+        return self._httpx_events(path, body)
+
+    async def _httpx_events(self, path: str, body: dict[str, Any]) -> AsyncGenerator[str, None]:
         async with self._http().stream("POST", self.base_url + path, json=body) as response:
             await self._raise_for_status(path, response)
             async for line in response.aiter_lines():  # read to the end: a connection left mid-body is not reused

@@ -5,10 +5,15 @@ need not be computed at all: it reads the deltas of the first, from the beginnin
 The generation runs in the owner's task group, not in the first reader's task, so a reader that
 leaves early does not end it for the others; when the last reader leaves, it is cancelled (which
 aborts it on its backend). Nothing is kept once it ends: a later identical request runs again.
+
+A reader waits on a bare asyncio future that the generation resolves with each delta: that
+hand-over happens for every delta of every greedy request, and an `anyio.Event` made, set and
+waited on per delta cost ~10 µs more each time.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field
@@ -24,7 +29,7 @@ from mcpmux.inference.serving.delta import Delta
 class _Shared:
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     deltas: list[Delta] = field(default_factory=list)
-    grew: anyio.Event = field(default_factory=anyio.Event)
+    waiters: list[asyncio.Future[None]] = field(default_factory=list)  # readers that have read every delta
     done: bool = False
     error: BaseException | None = None
     readers: int = 0
@@ -47,17 +52,21 @@ class SharedStreams:
         else:
             self.shared += 1
         run.readers += 1
+        loop = asyncio.get_running_loop()
         try:
             seen = 0
+            deltas = run.deltas
             while True:
-                while seen < len(run.deltas):
+                while seen < len(deltas):
                     seen += 1
-                    yield run.deltas[seen - 1]
+                    yield deltas[seen - 1]
                 if run.done:
                     if run.error is not None:
                         raise run.error
                     return
-                await run.grew.wait()
+                waiter = loop.create_future()
+                run.waiters.append(waiter)
+                await waiter
         finally:
             run.readers -= 1
             if run.readers == 0 and not run.done:  # nobody wants the answer any more
@@ -70,17 +79,24 @@ class SharedStreams:
                 async with aclosing(start()) as deltas:
                     async for delta in deltas:
                         run.deltas.append(delta)
-                        run.grew.set()
-                        run.grew = anyio.Event()
+                        _wake(run)
         except Exception as err:  # every reader gets it
             run.error = err
         finally:
             if not run.deltas or run.deltas[-1].finish_reason is None:
                 run.error = run.error or EngineError("the inference service is shutting down; the request was aborted")
             run.done = True
-            run.grew.set()
+            _wake(run)
             self._drop(key, run)
 
     def _drop(self, key: str, run: _Shared) -> None:
         if self._running.get(key) is run:
             del self._running[key]
+
+
+def _wake(run: _Shared) -> None:
+    """Resume the readers waiting for the next delta (or the end); a cancelled one is already gone."""
+    waiters, run.waiters = run.waiters, []
+    for waiter in waiters:
+        if not waiter.done():
+            waiter.set_result(None)

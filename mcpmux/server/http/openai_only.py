@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import socket
 import sys
-from collections.abc import Iterator
 
 import anyio
 import uvicorn
@@ -16,14 +14,7 @@ from mcpmux.inference.serving.service import InferenceService
 from mcpmux.inference.serving.settings import InferenceSettings
 from mcpmux.server.http.edge import HttpEdge
 from mcpmux.server.http.edge_policy import EdgePolicy
-
-
-class _Server(uvicorn.Server):
-    """Leaves signals to the CLI, which owns the process (uvicorn would re-raise them after shutdown)."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
+from mcpmux.server.http.quiet_server import DatedProtocol, QuietServer
 
 
 async def serve_openai_only(
@@ -36,7 +27,8 @@ async def serve_openai_only(
         sys.stderr.flush()
         app = openai_app(service)
         app.router.routes.append(metrics_route(engine_registry(service)))
-        server = _Server(uvicorn.Config(HttpEdge(app, edge), log_level="warning", lifespan="off"))
+        config = uvicorn.Config(HttpEdge(app, edge), http=DatedProtocol, log_level="warning", lifespan="off")
+        server = QuietServer(config)
         async with anyio.create_task_group() as tasks:
 
             async def stop_when_asked() -> None:

@@ -645,6 +645,8 @@ class Mux:
         what it lists and calls is what those servers show it (`[servers.X] sessions`)."""
         if caller is None or not (caller.lasting or caller.extensions):
             return
+        if caller.handshakes and caller.can_be_asked:
+            await self.wait_for_starting()  # whether it needs a 2025 session: known once its servers spoke
         pending = [sessions for sessions in list(self.sessions.values()) if sessions.find(caller) is None]
         if not pending:
             return

@@ -174,12 +174,11 @@ class Upstream:
         return allowed and not any(fnmatch.fnmatchcase(tool, glob) for glob in self.config.deny_tools)
 
     def status(self) -> UpstreamStatus:
-        client = self._client
         return UpstreamStatus(
             name=self.name,
             transport=self.config.transport,
             state=self.state,
-            protocol_version=client.protocol_version if client is not None else None,
+            protocol_version=self.protocol_version,
             restarts=self.restarts,
             last_error=self.last_error,
             tools=len(self.listing.tools),

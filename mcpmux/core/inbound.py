@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 import mcp_types as types
 from mcp.shared.exceptions import MCPError
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 ClientRequest = types.CreateMessageRequest | types.ElicitRequest | types.ListRootsRequest
 ClientResult = (
@@ -71,13 +72,29 @@ class Caller:
     bearer token's keyed hash, the one stdio client; None for the library and mcpmux's own calls);
     `name`: its clientInfo name; `profile`: its `[profiles.NAME]` (its calls and searches stay inside
     it; None: the whole catalog); `capabilities`: what it declared (its 2025 session's, or this
-    2026 request's envelope), extensions included.
+    2026 request's envelope), extensions included; `era`: the protocol revision it speaks (None:
+    not known).
     """
 
     client: str | None = None
     name: str | None = None
     profile: str | None = None
     capabilities: types.ClientCapabilities | None = None
+    era: str | None = None
+
+    @property
+    def handshakes(self) -> bool:
+        """Whether it speaks a 2025 revision (the `initialize` handshake): an upstream asks it in requests of
+        its own, on the session, where a 2026-07-28 client is asked in input-required rounds."""
+        return self.era is not None and self.era not in MODERN_PROTOCOL_VERSIONS
+
+    @property
+    def can_be_asked(self) -> bool:
+        """Whether it declared anything an upstream may ask it (sampling, elicitation, roots)."""
+        declared = self.capabilities
+        return declared is not None and any(
+            ask is not None for ask in (declared.sampling, declared.elicitation, declared.roots)
+        )
 
     @property
     def lasting(self) -> bool:

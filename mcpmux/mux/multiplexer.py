@@ -315,7 +315,7 @@ class Mux:
         return bool(self.calls.callers(upstream))
 
     async def _start_own_session(
-        self, name: str, key: str, owner: str | None, extensions: dict[str, dict[str, Any]]
+        self, name: str, key: str, owner: str | None, extensions: dict[str, dict[str, Any]], legacy: bool
     ) -> tuple[Upstream, UpstreamDispatcher, UpstreamLifetime]:
         """Start a session of clients' own with server `name` (`mcpmux.mux.sessions`), in the
         Mux's task group; its first listing is no news to other clients, a later change is."""
@@ -335,7 +335,14 @@ class Mux:
 
         events = replace(self._events_for(name, shared.upstream.config), listing_changed=listing_changed)
         upstream = Upstream(
-            name, shared.upstream.config, self.config.mux, events, key=key, owner=owner, extensions=extensions
+            name,
+            shared.upstream.config,
+            self.config.mux,
+            events,
+            key=key,
+            owner=owner,
+            extensions=extensions,
+            legacy=legacy,
         )
         upstream.log_level = self.log_level
         dispatcher = UpstreamDispatcher(
@@ -638,6 +645,8 @@ class Mux:
         what it lists and calls is what those servers show it (`[servers.X] sessions`)."""
         if caller is None or not (caller.lasting or caller.extensions):
             return
+        if caller.handshakes and caller.can_be_asked:
+            await self.wait_for_starting()  # whether it needs a 2025 session: known once its servers spoke
         pending = [sessions for sessions in list(self.sessions.values()) if sessions.find(caller) is None]
         if not pending:
             return

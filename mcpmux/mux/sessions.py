@@ -20,6 +20,18 @@ of its own. `[servers.X] sessions` says when:
   and a second client has called it, or once such a request found calls of several clients in
   flight (`asked(ambiguous=True)`), each client gets a session of its own from then on.
 
+A 2025 client that declared something an upstream may ask it (sampling, elicitation, roots) is
+asked, by a server it reaches directly, in requests of the server's own during its call; a server
+that speaks both eras may serve that only on its 2025 path (its 2026 one asking in input-required
+rounds, or not at all). So where the shared session speaks 2026-07-28 (`protocol = "auto"`), such a
+client's requests go to a session opened with the 2025 handshake (not under `"shared"`: there the
+client shares the 2026 session, and `protocol = "legacy"` is the way to the 2025 path). Over HTTP,
+where a request on a call's stream is linked to the call, that session is shared by the 2025
+clients that can be asked (one per set of extensions, as above), until clients have their own; a
+stdio pipe links nothing, so there each such client has one of its own from the start. A server
+that refuses the handshake speaks 2026-07-28 only: its 2025 clients are then served on the shared
+session, where mcpmux relays its rounds to them as requests (`mcpmux.mux.relayed_rounds`).
+
 A request without a lasting identity (a 2026 HTTP request with no bearer token) cannot keep a
 session: where clients have their own, its calls take turns with other clients' on the shared
 session (`turn`), so that what the server asks during a call is always one client's.
@@ -42,6 +54,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 
 import anyio
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from mcpmux.batching import canonical_json
 from mcpmux.core.config import MuxSettings
@@ -56,9 +69,10 @@ logger = logging.getLogger(__name__)
 Session = tuple[Upstream, UpstreamDispatcher]
 """An upstream session and the executor of its calls."""
 Start = Callable[
-    [str, str | None, dict[str, dict[str, object]]], Awaitable[tuple[Upstream, UpstreamDispatcher, UpstreamLifetime]]
+    [str, str | None, dict[str, dict[str, object]], bool],
+    Awaitable[tuple[Upstream, UpstreamDispatcher, UpstreamLifetime]],
 ]
-"""Starts a session of clients' own: (key, owning client or None, extensions to declare)."""
+"""Starts a session of clients' own: (key, owning client or None, extensions to declare, 2025 handshake)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +80,7 @@ class _Wanted:
     key: str
     owner: str | None
     extensions: dict[str, dict[str, object]]
+    legacy: bool = False
 
 
 @dataclass(slots=True, eq=False)
@@ -102,6 +117,8 @@ class ServerSessions:
         """Clients that called it (the first two: only whether there were two matters)."""
         self._turns = _Turns()
         self._told = False
+        self._modern_only = False
+        """The server refused a 2025 handshake while its shared session answered: it speaks 2026-07-28 only."""
 
     @property
     def name(self) -> str:
@@ -114,23 +131,40 @@ class ServerSessions:
 
     def _wanted(self, caller: Caller | None) -> _Wanted | None:
         """The caller's own session, if it should have one (None: the shared one)."""
-        if caller is None or self.shared[0].config.sessions == "shared":
+        config = self.shared[0].config
+        if caller is None or config.sessions == "shared":
             return None
+        legacy = self._handshakes_with(caller)
         if caller.lasting:
             if len(self._seen) < 2:
                 self._seen.add(caller.client or "")
-            if self._separating():
-                return _Wanted(f"client:{caller.client}", caller.client, dict(caller.extensions))
+            if self._separating() or (legacy and config.transport == "stdio"):
+                key = f"client:{caller.client}" + (" (2025)" if legacy else "")
+                return _Wanted(key, caller.client, dict(caller.extensions), legacy)
         elif self._separating():
             return None  # no session can be kept for it: it takes its turn on the shared one
         declared = caller.extensions
-        if not declared:  # the common case, on every call: nothing to look up
+        if not declared and not legacy:  # the common case, on every call: nothing to look up
             return None
         # A server that advertised none (a 2025 one cannot; many read the client's without saying; or
         # it has not connected yet) may show clients anything for any of them: every one counts.
         advertised = self.shared[0].server_extensions
         relevant = {name: settings for name, settings in declared.items() if not advertised or name in advertised}
+        if legacy:
+            return _Wanted(f"legacy:{canonical_json(relevant)}", None, relevant, legacy)
         return _Wanted(f"extensions:{canonical_json(relevant)}", None, relevant) if relevant else None
+
+    def _handshakes_with(self, caller: Caller) -> bool:
+        """Whether the caller is served by a 2025 session of a server whose shared one speaks 2026 (above)."""
+        shared = self.shared[0]
+        return (
+            caller.lasting
+            and caller.handshakes
+            and caller.can_be_asked
+            and not self._modern_only
+            and shared.config.protocol == "auto"
+            and shared.protocol_version in MODERN_PROTOCOL_VERSIONS
+        )
 
     def _separating(self) -> bool:
         """Whether each client has a session of its own now (`"per-client"`, or `"auto"` once isolated)."""
@@ -164,8 +198,30 @@ class ServerSessions:
         if own.upstream.state == UpstreamState.STARTING:
             with anyio.move_on_after(self._settings().startup_timeout):
                 await own.upstream.settled.wait()
+        upstream = own.upstream
+        if wanted.legacy and upstream.state == UpstreamState.DOWN and not upstream.connected_once and self._ready():
+            await self._refused_handshake(upstream.last_error)
+            return self.shared
         own.last_used = anyio.current_time()
         return own.upstream, own.dispatcher
+
+    def _ready(self) -> bool:
+        return self.shared[0].state == UpstreamState.READY
+
+    async def _refused_handshake(self, why: str | None) -> None:
+        """A 2025 session failed to open while the shared one answers: the server speaks 2026-07-28 only,
+        and its 2025 sessions are stopped (their clients are served on the shared one)."""
+        if not self._modern_only:
+            self._modern_only = True
+            logger.info(
+                "upstream %r speaks 2026-07-28 only (a 2025 handshake failed: %s); its 2025 clients are served on "
+                "its 2026-07-28 session, their input-required rounds relayed to them as requests",
+                self.name,
+                why,
+            )
+        for key, own in list(self._own.items()):
+            if own.upstream.legacy:
+                await self._stop(key, "its server speaks 2026-07-28 only")
 
     async def _started(self, wanted: _Wanted) -> _Own | None:
         starting = self._starting.get(wanted.key)
@@ -176,12 +232,14 @@ class ServerSessions:
             return None
         self._starting[wanted.key] = done = anyio.Event()
         try:
-            upstream, dispatcher, lifetime = await self._start(wanted.key, wanted.owner, wanted.extensions)
+            upstream, dispatcher, lifetime = await self._start(
+                wanted.key, wanted.owner, wanted.extensions, wanted.legacy
+            )
             own = self._own[wanted.key] = _Own(upstream, dispatcher, lifetime)
             logger.info(
                 "upstream %r: started a session for %s (%d of at most %d)",
                 self.name,
-                f"client {wanted.owner}" if wanted.owner else f"clients declaring {sorted(wanted.extensions)}",
+                _whose(wanted),
                 len(self._own),
                 self._settings().max_client_sessions,
             )
@@ -291,3 +349,13 @@ class _Turns:
                 self._holder = None
                 self._changed.set()
                 self._changed = anyio.Event()
+
+
+def _whose(wanted: _Wanted) -> str:
+    """Whom a session of clients' own serves, as its log lines say it."""
+    if wanted.owner:
+        return f"client {wanted.owner}" + (" (2025 handshake)" if wanted.legacy else "")
+    declaring = f"clients declaring {sorted(wanted.extensions)}"
+    if wanted.legacy:
+        return f"2025 {declaring}" if wanted.extensions else "2025 clients that can be asked"
+    return declaring

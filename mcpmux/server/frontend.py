@@ -242,7 +242,8 @@ class Frontend:
     def _connection_caller(self, connection: Connection, client: str, profile: str | None) -> Caller:
         params = connection.client_params
         name = params.client_info.name if params is not None else None
-        return Caller(client, name, profile, connection.client_capabilities)
+        era = connection.protocol_version if params is not None else None  # a handshake's, once it happened
+        return Caller(client, name, profile, connection.client_capabilities, era)
 
     def _stdio_caller(self, connection: Connection | None) -> Caller:
         """The one stdio client, as a fast-path call's caller (its session's capabilities, once initialized)."""
@@ -297,7 +298,8 @@ class Frontend:
     def _caller(self, ctx: Any) -> Caller:
         """Who sent a request: its identity, clientInfo name, profile and declared capabilities."""
         session: ServerSession = ctx.session
-        return Caller(self._client_id(ctx), _client_name(session), _profile_of(ctx), session.client_capabilities)
+        capabilities = session.client_capabilities
+        return Caller(self._client_id(ctx), _client_name(session), _profile_of(ctx), capabilities, ctx.protocol_version)
 
     def _inbound(self, ctx: Any, hears_logs: bool) -> InboundCall:
         """The request as an inbound call: a 2025 session is asked, and hears the upstream's logs, on the

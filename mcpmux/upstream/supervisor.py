@@ -120,7 +120,8 @@ class Upstream:
     `key` names a session of its own (None: the shared one); `owner` is the client it belongs to (a
     per-client session: every request on it is that client's); `extensions` are declared upstream
     as a client declared them (SEP-2133), so a server that shows some tools only to clients with an
-    extension shows them on this session.
+    extension shows them on this session; `legacy` opens it with the 2025 handshake whatever the
+    server's `protocol` says (a session for 2025 clients, `mcpmux.mux.sessions`).
     """
 
     def __init__(
@@ -133,6 +134,7 @@ class Upstream:
         key: str | None = None,
         owner: str | None = None,
         extensions: dict[str, dict[str, Any]] | None = None,
+        legacy: bool = False,
     ) -> None:
         self.name = name
         self.config = config
@@ -141,6 +143,9 @@ class Upstream:
         self.key = key
         self.owner = owner
         self.extensions = dict(extensions or {})
+        self.legacy = legacy
+        self.connected_once = False
+        """Whether it was ever ready (a session that never was may speak nothing its server accepts)."""
         self.listing = Listing()
         self.state = UpstreamState.STARTING
         self.restarts = 0
@@ -169,12 +174,11 @@ class Upstream:
         return allowed and not any(fnmatch.fnmatchcase(tool, glob) for glob in self.config.deny_tools)
 
     def status(self) -> UpstreamStatus:
-        client = self._client
         return UpstreamStatus(
             name=self.name,
             transport=self.config.transport,
             state=self.state,
-            protocol_version=client.protocol_version if client is not None else None,
+            protocol_version=self.protocol_version,
             restarts=self.restarts,
             last_error=self.last_error,
             tools=len(self.listing.tools),
@@ -182,6 +186,12 @@ class Upstream:
             prompts=len(self.listing.prompts),
             auth=self.oauth.describe() if self.oauth is not None else "none",
         )
+
+    @property
+    def protocol_version(self) -> str | None:
+        """The revision the session speaks now (None while it is not connected)."""
+        client = self._client
+        return client.protocol_version if client is not None else None
 
     @property
     def server_extensions(self) -> set[str] | None:
@@ -238,6 +248,7 @@ class Upstream:
             if self.log_level is not None:
                 await _send_log_level(self.name, client, self.log_level)
             self.state = UpstreamState.READY
+            self.connected_once = True
             self.last_error = None
             self._set_client(client)
             logger.info("upstream %r ready (%s, %d tools)", self.name, client.protocol_version, len(self.listing.tools))
@@ -308,7 +319,7 @@ class Upstream:
         events = self.events
         client = Client(
             transport,
-            mode=self.config.protocol,
+            mode="legacy" if self.legacy else self.config.protocol,
             logging_callback=self._on_log,
             sampling_callback=self._asked(events.sampling) if events.sampling is not None else None,
             sampling_capabilities=types.SamplingCapability(tools=types.SamplingToolsCapability())

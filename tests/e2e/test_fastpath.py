@@ -426,6 +426,8 @@ def test_arguments_nested_past_the_sdk_parser_are_refused_and_the_upstream_lives
     """Nesting the SDK cannot parse is refused as on the SDK path; it never reaches (and breaks) the upstream."""
     config = write_config(tmp_path / "mux.json", {"probe": probe()})
     with mux_over_http(config) as url, closing(HttpFront(url, timeout=30, capabilities={"roots": {}})) as front:
+        # A 2025 client that can be asked: its first list starts its 2025 session with the upstream.
+        front.exchange(json.dumps({"jsonrpc": "2.0", "id": 0, "method": "tools/list"}).encode(), 0)
         served = _whoami(front, 1, "[" * 100 + "]" * 100)  # within the parser's limit
         assert str(json.loads(served["result"]["content"][0]["text"])["id"]).startswith("mux.")
         for request_id, depth in enumerate((220, 300, 900, 20_000), start=2):
@@ -574,7 +576,8 @@ async def test_identical_calls_share_one_flight_whichever_path_they_take(tmp_pat
 @pytest.mark.anyio
 async def test_a_stdio_client_that_can_sample_keeps_the_fast_path_and_is_asked(tmp_path: Path) -> None:
     """A 2025 client declaring sampling on stdio: its calls are relayed raw, and an upstream's sampling
-    request during one of them is asked of that client, on its session."""
+    request during one of them is asked of that client, on its session (a 2025 session of its own with
+    the upstream, which speaks both eras: `mcpmux.mux.sessions`)."""
     asked: list[str] = []
 
     async def sample(context: Any, params: types.CreateMessageRequestParams) -> types.CreateMessageResult:
@@ -645,6 +648,7 @@ def _serve_probe() -> None:
     import uvicorn
     from mcp.server.lowlevel.server import NotificationOptions, Server
     from mcp.server.stdio import stdio_server
+    from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
     cancelled: list[Any] = []
     asked: list[Any] = []
@@ -722,13 +726,15 @@ def _serve_probe() -> None:
             return text(running[1])
         if params.name == "cancelled":
             return text(cancelled)
-        if params.name == "ask":  # a 2026 input-required round: sampling, then the answer
+        if params.name == "ask":  # sampling, then the answer: in 2026 an input-required round, in 2025 a request
             if not params.input_responses:
                 asked.append(ctx.request_id)
                 content = types.TextContent(type="text", text="say hi")
-                sampling = types.CreateMessageRequestParams(
-                    messages=[types.SamplingMessage(role="user", content=content)], max_tokens=5
-                )
+                messages = [types.SamplingMessage(role="user", content=content)]
+                if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+                    await ctx.session.create_message(messages=messages, max_tokens=5)
+                    return text({"answered": True})
+                sampling = types.CreateMessageRequestParams(messages=messages, max_tokens=5)
                 requests = {"s1": types.CreateMessageRequest(params=sampling)}
                 return types.InputRequiredResult(input_requests=requests, request_state="asked")
             return text({"answered": True})

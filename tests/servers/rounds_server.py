@@ -14,6 +14,9 @@ exactly its own, as a test of mcpmux relaying them needs:
   in 2025 (`test_sampling`, `test_elicitation_sep1034_defaults`, `test_elicitation_sep1330_enums`):
   `llm` (sampling), `defaults` (a form whose every field has a default, SEP-1034) and `enums` (the
   five enum shapes of SEP-1330); the retry gets one text block per answer, as JSON.
+
+It speaks 2026-07-28 only: the `initialize` handshake is refused (its tools answer in rounds, which
+a 2025 session cannot carry), as a server written for the new revision alone refuses it.
 """
 
 from __future__ import annotations
@@ -22,10 +25,11 @@ from typing import Any
 
 import anyio
 import mcp_types as types
-from mcp.server.context import ServerRequestContext
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.lowlevel.server import NotificationOptions, Server
 from mcp.server.stdio import stdio_server
 from mcp.shared.exceptions import MCPError
+from mcp_types.jsonrpc import UNSUPPORTED_PROTOCOL_VERSION
 
 seen: list[dict[str, Any]] = []
 
@@ -151,6 +155,12 @@ async def get_prompt(
     return types.GetPromptResult(messages=[message])
 
 
+async def _modern_only(ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
+    if ctx.method == "initialize":
+        raise MCPError(UNSUPPORTED_PROTOCOL_VERSION, "this server speaks 2026-07-28 only: no initialize handshake")
+    return await call_next(ctx)
+
+
 async def _serve() -> None:
     server = Server(
         "rounds",
@@ -160,6 +170,7 @@ async def _serve() -> None:
         on_list_prompts=list_prompts,
         on_get_prompt=get_prompt,
     )
+    server.middleware.append(_modern_only)
     async with stdio_server() as (read_stream, write_stream):
         await server.run(read_stream, write_stream, server.create_initialization_options(NotificationOptions()))
 

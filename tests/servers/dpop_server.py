@@ -27,7 +27,6 @@ from urllib.parse import urlencode
 
 import jwt
 import uvicorn
-from jwt.algorithms import ECAlgorithm
 from mcp.server.mcpserver import MCPServer
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -83,8 +82,7 @@ def check_proof(request: Request, url: str, token: str | None) -> tuple[dict[str
         header = jwt.get_unverified_header(proof)
         if header.get("typ") != "dpop+jwt" or header.get("alg") != "ES256" or "d" in header.get("jwk", {"d": 1}):
             return None, "proof header is not a public ES256 dpop+jwt"
-        key = ECAlgorithm.from_jwk(header["jwk"])
-        claims = jwt.decode(proof, key, algorithms=["ES256"])
+        claims = jwt.decode(proof, jwt.PyJWK(header["jwk"], "ES256"), algorithms=["ES256"])
     except (jwt.PyJWTError, KeyError, ValueError):
         return None, "proof does not verify"
     if claims.get("htm") != request.method or claims.get("htu") != url:

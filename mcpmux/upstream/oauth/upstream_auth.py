@@ -45,6 +45,7 @@ from mcpmux.upstream.oauth.dpop import DpopKey, parse_token, signed
 from mcpmux.upstream.oauth.id_jag import id_jag_fetcher
 from mcpmux.upstream.oauth.stored_login import StoredLogin
 from mcpmux.upstream.oauth.token_store import TokenStore, default_home
+from mcpmux.upstream.oauth.workload import WorkloadIdentityProvider, file_assertion, static_assertion
 
 logger = logging.getLogger(__name__)
 
@@ -248,7 +249,8 @@ class MachineOAuth(UpstreamOAuth):
     from the authorization server the upstream's 401 names, for the machine client `client_id`, its
     secret sent with HTTP Basic or a private_key_jwt assertion signed with its key.
     `identity_assertion`: from the configured `issuer`, for an ID-JAG the identity provider gives
-    for the user's ID token (`id_jag`). Tokens live in memory: a lapsed or refused one is fetched again."""
+    for the user's ID token (`id_jag`). `workload_identity`: for the workload's own JWT (`workload`).
+    Tokens live in memory: a lapsed or refused one is fetched again."""
 
     def __init__(self, name: str, config: ServerConfig) -> None:
         super().__init__(name, config)
@@ -271,6 +273,14 @@ class MachineOAuth(UpstreamOAuth):
                 id_jag_fetcher(settings.idp_token_endpoint, id_token, settings.idp_client_id),
                 _scope(settings.scopes),
                 "client_secret_basic",
+            )
+        elif settings.grant == "workload_identity":
+            if settings.assertion_file is not None:
+                assertion = file_assertion(settings.assertion_file)
+            else:
+                assertion = static_assertion(_required_env(name, "assertion_env", settings.assertion_env or ""))
+            provider = WorkloadIdentityProvider(
+                self.url, storage, settings.client_id, assertion, _scope(settings.scopes)
             )
         elif settings.private_key_env is not None:
             key = _required_env(name, "private_key_env", settings.private_key_env)

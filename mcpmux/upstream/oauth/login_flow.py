@@ -36,6 +36,7 @@ from pydantic import AnyUrl, ValidationError
 from mcpmux.core.config import ServerConfig
 from mcpmux.errors import MuxError
 from mcpmux.upstream.oauth.dpop import DpopKey, parse_token, signed
+from mcpmux.upstream.oauth.legacy_issuer import noting_legacy_issuer
 from mcpmux.upstream.oauth.stored_login import StoredLogin
 from mcpmux.upstream.oauth.token_store import TokenStore
 from mcpmux.upstream.oauth.upstream_auth import STEP_UP, MemoryTokenStorage
@@ -113,20 +114,31 @@ class _Callback:
 
 class _Provider(OAuthClientProvider):
     """The SDK's provider, asking for the configured scopes where some are (it would take the server's),
-    sending a pre-registered client's secret the way the authorization server takes it, and with
-    DPoP proofs (which the SDK lacks)."""
+    sending a pre-registered client's secret the way the authorization server takes it, with DPoP
+    proofs (which the SDK lacks), and taking a 2025-03-26 server's own issuer (`legacy_issuer`)."""
 
     scopes: str | None = None
     preregistered: bool = False
     bound: bool = False
     """Whether the token is DPoP-bound (`token_type` "DPoP")."""
+    legacy_issuer: str | None = None
+    """The issuer a server with no protected-resource metadata names on its own origin."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.dpop = DpopKey.generate()
 
     def _auth_flow(self, request: httpx2.Request) -> AsyncGenerator[httpx2.Request, httpx2.Response]:
-        return signed(super()._auth_flow(request), lambda: self.dpop)
+        flow = noting_legacy_issuer(super()._auth_flow(request), self.context.server_url, self._note_legacy_issuer)
+        return signed(flow, lambda: self.dpop)
+
+    def _note_legacy_issuer(self, issuer: str) -> None:
+        self.legacy_issuer = issuer
+
+    def _expected_issuer(self) -> str:
+        if self.context.auth_server_url is None and self.legacy_issuer is not None:
+            return self.legacy_issuer
+        return super()._expected_issuer()
 
     async def _handle_token_response(self, response: httpx2.Response) -> None:
         if response.status_code not in {200, 201}:

@@ -8,7 +8,7 @@
 
 The token request carries a DPoP proof of a key pair made for this login (`dpop`), stored with the
 token: an authorization server that takes DPoP binds the token to it (`token_type` "DPoP"), one that
-does not ignores the proof (RFC 9449 §5) and issues a bearer token.
+does not ignores the proof, as any header it does not know, and issues a bearer token.
 """
 
 from __future__ import annotations

@@ -100,6 +100,7 @@ async def test_a_dpop_bound_login_calls_with_proofs_nonces_and_refreshes(
     assert set(refused) <= {"mcp: no token"}, refused
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 async def test_the_server_refuses_a_proof_without_the_right_ath_nonce_or_key(dpop_server: str, tmp_path: Path) -> None:
     """What the test above relies on: this server refuses the token sent any other way."""

@@ -59,6 +59,7 @@ def _config(path: Path, server: str, oauth: str) -> Path:
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 async def test_the_workloads_jwt_from_a_file_gets_tokens_and_is_read_again_for_each(
     workload_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -9,6 +9,7 @@ from mcpmux.errors import ConfigError, MuxError
 from mcpmux.server.http.edge_policy import prepare_edge
 
 URL = "https://mcp.example.com/mcp"
+SECRET = {"client_secret_env": "S"}
 
 
 def test_http_servers_default_to_auto_with_no_oauth_table() -> None:
@@ -61,6 +62,18 @@ def test_an_oauth_table_is_read() -> None:
         (
             {"url": URL, "oauth": {"grant": "identity_assertion", "client_id": "mux", "client_secret_env": "S"}},
             r"servers.docs.oauth: grant = \"identity_assertion\" needs 'client_id', 'client_secret_env', 'issuer'",
+        ),
+        (
+            {"url": URL, "oauth": {"grant": "workload_identity", "client_id": "w"}},
+            r"servers.docs.oauth: grant = \"workload_identity\" needs 'client_id' and one of 'assertion_env'",
+        ),
+        (
+            {"url": URL, "oauth": {"client_id": "w", "assertion_file": "/var/run/token"}},
+            r"servers.docs.oauth: 'assertion_env' and 'assertion_file' are for grant = \"workload_identity\"",
+        ),
+        (
+            {"url": URL, "oauth": {"grant": "workload_identity", "client_id": "w", "assertion_env": "J"} | SECRET},
+            r"servers.docs.oauth: grant = \"workload_identity\" is a public client",
         ),
     ],
 )

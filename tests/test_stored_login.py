@@ -1,9 +1,12 @@
-"""When a stored login is refreshed, and what a refresh keeps."""
+"""When a stored login is refreshed, what a refresh keeps, and what a record keeps of DPoP."""
 
 from __future__ import annotations
 
+import json
+
 from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
 
+from mcpmux.upstream.oauth.dpop import DpopKey, parse_token
 from mcpmux.upstream.oauth.stored_login import StoredLogin
 
 CLIENT = OAuthClientInformationFull(client_id="mux", client_secret="from-env", token_endpoint_auth_method="none")
@@ -46,3 +49,21 @@ def test_a_record_round_trips_and_leaves_out_a_secret_from_the_environment() -> 
     record = login.to_record(keep_secret=False)
     assert "from-env" not in str(record)
     assert StoredLogin.from_record({"token": {}}) is None  # a record this version cannot read
+
+
+def test_a_dpop_bound_login_keeps_its_key_and_scheme_through_the_store() -> None:
+    key = DpopKey.generate().to_pem()
+    token, bound = parse_token(b'{"access_token": "a-1", "token_type": "DPoP", "expires_in": 60}')
+    login = StoredLogin.issued(token, CLIENT, "https://as.example.com/token", None, dpop_key=key, bound=bound)
+    again = StoredLogin.from_record(json.loads(json.dumps(login.to_record(keep_secret=False))))
+    assert again is not None
+    assert (again.scheme, again.dpop_key) == ("DPoP", key)
+    assert DpopKey.from_pem(key) is not None
+
+
+def test_a_login_stored_before_dpop_reads_as_bearer() -> None:
+    record = _login(60).to_record(keep_secret=False)
+    del record["dpop_key"], record["token_type"]
+    again = StoredLogin.from_record(record)
+    assert again is not None
+    assert (again.scheme, again.dpop_key) == ("Bearer", None)

@@ -4,7 +4,7 @@
 
 The suite starts a mock server per scenario and runs this with its URL (and, for some scenarios,
 `MCP_CONFORMANCE_CONTEXT`: pre-registered client credentials, a private key, an identity
-provider's token). It writes an mcpmux config naming that server `s` (`prefix_single = false`),
+provider's token, a workload's JWT). It writes an mcpmux config naming that server `s` (`prefix_single = false`),
 then uses only mcpmux's own commands: `mcpmux login s --no-browser` where the server asks for
 OAuth (the authorization URL it prints is opened by a plain HTTP client standing in for the
 browser; the suite's authorization servers approve at once), `mcpmux tools --json`, and `mcpmux call
@@ -56,6 +56,9 @@ def config_for(url: str, scenario: str, context: dict[str, Any]) -> str:
         oauth.append(f"signing_algorithm = {json.dumps(context.get('signing_algorithm') or 'ES256')}")
     if scenario.startswith("auth/client-credentials"):
         oauth.append('grant = "client_credentials"')
+    if context.get("valid_jwt"):  # workload identity federation: the workload's JWT, no login
+        oauth.append('grant = "workload_identity"')
+        oauth.append('assertion_env = "CONFORMANCE_WORKLOAD_JWT"')
     if context.get("idp_token_endpoint"):  # enterprise-managed authorization (cross-app access)
         oauth.append('grant = "identity_assertion"')
         oauth.append(f"issuer = {json.dumps(authorization_server(url))}")
@@ -155,11 +158,9 @@ def main() -> int:
         env["CONFORMANCE_CLIENT_SECRET"] = str(context.get("client_secret", ""))
         env["CONFORMANCE_PRIVATE_KEY"] = str(context.get("private_key_pem", ""))
         env["CONFORMANCE_ID_TOKEN"] = str(context.get("idp_id_token", ""))
-        if (
-            scenario.startswith("auth/")
-            and "client-credentials" not in scenario
-            and "idp_token_endpoint" not in context
-        ):
+        env["CONFORMANCE_WORKLOAD_JWT"] = str(context.get("valid_jwt", ""))
+        machine = "client-credentials" in scenario or "idp_token_endpoint" in context or "valid_jwt" in context
+        if scenario.startswith("auth/") and not machine:
             code = log_in(config, env)
             if code != 0:
                 return code

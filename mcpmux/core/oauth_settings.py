@@ -34,12 +34,16 @@ class OAuthSettings(BaseModel):
     """An https URL where a client metadata document for mcpmux is published (OAuth client ID
     metadata documents): the client id with authorization servers that support them; with the
     others mcpmux registers itself."""
-    grant: Literal["authorization_code", "client_credentials", "identity_assertion"] = "authorization_code"
+    grant: Literal["authorization_code", "client_credentials", "identity_assertion", "workload_identity"] = (
+        "authorization_code"
+    )
     """"authorization_code": a person logs in (`mcpmux login`). With no login: "client_credentials",
     mcpmux as the machine client `client_id`, with its secret (`client_secret_env`, sent with HTTP
     Basic) or a private key (`private_key_env`, private_key_jwt); "identity_assertion"
     (enterprise-managed authorization), the user's ID token (`id_token_env`) exchanged at the
-    identity provider (`idp_token_endpoint`) for a grant that `client_id` presents to `issuer`."""
+    identity provider (`idp_token_endpoint`) for a grant that `client_id` presents to `issuer`;
+    "workload_identity" (workload identity federation, RFC 7523 jwt-bearer), the JWT the workload's
+    platform issued it (`assertion_env` or `assertion_file`) presented by the public client `client_id`."""
     private_key_env: str | None = None
     """NAME of an environment variable holding the client's private key (PEM), for private_key_jwt."""
     signing_algorithm: str = "RS256"
@@ -52,6 +56,11 @@ class OAuthSettings(BaseModel):
     """identity_assertion: mcpmux's client id at the identity provider, if it asks for one."""
     id_token_env: str | None = None
     """identity_assertion: NAME of an environment variable holding the user's ID token."""
+    assertion_env: str | None = None
+    """workload_identity: NAME of an environment variable holding the workload's JWT."""
+    assertion_file: str | None = None
+    """workload_identity: a file holding the workload's JWT, read again for each token (platforms
+    such as Kubernetes rotate it there)."""
 
     @field_validator("client_metadata_url")
     @classmethod
@@ -61,7 +70,7 @@ class OAuthSettings(BaseModel):
             raise ValueError("must be an https:// URL with a path, e.g. 'https://example.com/mcpmux/client.json'")
         return value
 
-    @field_validator("client_secret_env", "private_key_env", "id_token_env")
+    @field_validator("client_secret_env", "private_key_env", "id_token_env", "assertion_env")
     @classmethod
     def _check_env_name(cls, value: str | None) -> str | None:
         return _env_name(value)
@@ -82,6 +91,16 @@ class OAuthSettings(BaseModel):
                 "grant = \"identity_assertion\" needs 'client_id', 'client_secret_env', 'issuer', "
                 "'idp_token_endpoint' and 'id_token_env'"
             )
+        if self.grant == "workload_identity" and (
+            self.client_id is None or (self.assertion_env is None) == (self.assertion_file is None)
+        ):
+            raise ValueError(
+                "grant = \"workload_identity\" needs 'client_id' and one of 'assertion_env' and 'assertion_file'"
+            )
+        if (self.assertion_env is not None or self.assertion_file is not None) and self.grant != "workload_identity":
+            raise ValueError("'assertion_env' and 'assertion_file' are for grant = \"workload_identity\"")
+        if self.grant == "workload_identity" and self.client_secret_env is not None:
+            raise ValueError('grant = "workload_identity" is a public client: its JWT is its credential, no secret')
         if self.client_secret_env is not None and self.client_id is None:
             raise ValueError("'client_secret_env' needs 'client_id' (the client that secret belongs to)")
         if self.client_metadata_url is not None and self.client_id is not None:

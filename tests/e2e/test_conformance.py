@@ -42,9 +42,7 @@ UNSETTLED: dict[tuple[str, str], set[str]] = {
     # as asked (docs/conformance.md). Reported, not asserted.
     (LATEST, "--requirements 2025-11-25"): {"server-sse-polling"},
 }
-CLIENT_GAPS = {
-    "auth/2025-03-26-oauth-metadata-backcompat",  # the SDK's issuer check (SEP-2468) refuses its metadata
-}
+CLIENT_GAPS: set[str] = set()
 
 
 def tables(folder: Path, *options: str) -> list[dict[str, Any]]:

@@ -1,5 +1,5 @@
 """What `mcpmux login` stores for one upstream, and what `serve` reads back: the token, when it
-expires, the client it was issued to and where to refresh it."""
+expires, the client it was issued to, where to refresh it, and the DPoP key it is bound to."""
 
 from __future__ import annotations
 
@@ -24,12 +24,24 @@ class StoredLogin:
     token_endpoint: str
     resource: str | None
     """The RFC 8707 resource the token was issued for, sent again with each refresh."""
+    dpop_key: str | None = None
+    """The PEM of the login's DPoP key pair (`dpop`) where the authorization server takes DPoP: every
+    token request and, for a bound token, every request to the server carries a proof made with it."""
+    bound: bool = False
+    """Whether the access token is DPoP-bound (`token_type` "DPoP"): sent as `Authorization: DPoP`."""
 
     @classmethod
     def issued(
-        cls, token: OAuthToken, client: OAuthClientInformationFull, token_endpoint: str, resource: str | None
+        cls,
+        token: OAuthToken,
+        client: OAuthClientInformationFull,
+        token_endpoint: str,
+        resource: str | None,
+        *,
+        dpop_key: str | None = None,
+        bound: bool = False,
     ) -> StoredLogin:
-        return cls(token, _expiry(token), client, token_endpoint, resource)
+        return cls(token, _expiry(token), client, token_endpoint, resource, dpop_key, bound)
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> StoredLogin | None:
@@ -41,6 +53,8 @@ class StoredLogin:
                 client=OAuthClientInformationFull.model_validate(record["client"]),
                 token_endpoint=str(record["token_endpoint"]),
                 resource=record.get("resource"),
+                dpop_key=str(record["dpop_key"]) if record.get("dpop_key") else None,
+                bound=record.get("token_type") == "DPoP",
             )
         except (KeyError, TypeError, ValueError, ValidationError):
             return None
@@ -54,6 +68,8 @@ class StoredLogin:
             "client": client.model_dump(mode="json", exclude_none=True),
             "token_endpoint": self.token_endpoint,
             "resource": self.resource,
+            "dpop_key": self.dpop_key,
+            "token_type": "DPoP" if self.bound else "Bearer",
         }
 
     def due(self, now: float | None = None) -> bool:
@@ -70,13 +86,18 @@ class StoredLogin:
             return self.due(now)
         return self.expires_at is not None and (now or time.time()) >= self.expires_at
 
-    def refreshed(self, token: OAuthToken) -> StoredLogin:
+    @property
+    def scheme(self) -> str:
+        """The `Authorization` scheme the access token is sent with."""
+        return "DPoP" if self.bound else "Bearer"
+
+    def refreshed(self, token: OAuthToken, *, bound: bool = False) -> StoredLogin:
         """After a refresh: a server that did not rotate the refresh token keeps the old one (RFC 6749 §6)."""
         if token.refresh_token is None:
             token = token.model_copy(update={"refresh_token": self.token.refresh_token})
         if token.scope is None:
             token = token.model_copy(update={"scope": self.token.scope})
-        return replace(self, token=token, expires_at=_expiry(token))
+        return replace(self, token=token, expires_at=_expiry(token), bound=bound)
 
 
 def _expiry(token: OAuthToken) -> float | None:

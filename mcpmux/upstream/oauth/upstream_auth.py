@@ -6,7 +6,7 @@ before it lapses and after a 401, and a `needs login` error when no usable one i
         ▼
     due to lapse? ── yes ─▶ [store lock] read again: another process refreshed? use it : refresh
         ▼
-    sent with its bearer ── 401 ─▶ the same, once; a second 401: needs login
+    sent with its token ── 401 ─▶ the same, once; a second 401: needs login
                          └─ 403 insufficient_scope ─▶ the scope it names kept for the next login: needs login
 
 The interactive login (discovery, registration, PKCE) is `mcpmux login`'s (`login_flow`); `serve`
@@ -14,6 +14,8 @@ never opens a browser. A refresh runs under the store's lock, so several mcpmux 
 login refresh it once: the others find the new token when the lock is theirs. With `grant =
 "client_credentials"` or `"identity_assertion"` there is no login: mcpmux gets tokens itself as a machine
 client (`MachineOAuth`), or as the user through the identity provider (`identity_assertion`).
+A login whose token is DPoP-bound sends it as `Authorization: DPoP`, each request (and each refresh)
+signed with the login's key (`dpop`).
 """
 
 from __future__ import annotations
@@ -39,9 +41,11 @@ from pydantic import ValidationError
 
 from mcpmux.core.config import ServerConfig
 from mcpmux.errors import ConfigError, UpstreamUnavailableError
+from mcpmux.upstream.oauth.dpop import DpopKey, parse_token, signed
 from mcpmux.upstream.oauth.id_jag import id_jag_fetcher
 from mcpmux.upstream.oauth.stored_login import StoredLogin
 from mcpmux.upstream.oauth.token_store import TokenStore, default_home
+from mcpmux.upstream.oauth.workload import WorkloadIdentityProvider, file_assertion, static_assertion
 
 logger = logging.getLogger(__name__)
 
@@ -88,6 +92,8 @@ class UpstreamOAuth(httpx2.Auth):
         self.store = store or token_store()
         self._login: StoredLogin | None = None
         self._seen: int | None = -1
+        self._dpop: tuple[str, DpopKey | None] | None = None
+        """The stored login's DPoP key (its PEM, and it), kept across requests for the nonces servers gave it."""
         self.needs_login: NeedsLoginError | None = None
         """Set when the last request found no usable token (cleared when the store changes)."""
 
@@ -117,7 +123,19 @@ class UpstreamOAuth(httpx2.Auth):
                 break
         self.needs_login = None
 
-    async def async_auth_flow(self, request: httpx2.Request) -> AsyncGenerator[httpx2.Request, httpx2.Response]:
+    def async_auth_flow(self, request: httpx2.Request) -> AsyncGenerator[httpx2.Request, httpx2.Response]:
+        return signed(self._flow(request), self._dpop_key)
+
+    def _dpop_key(self) -> DpopKey | None:
+        login = self._current()
+        pem = login.dpop_key if login is not None else None
+        if pem is None:
+            return None
+        if self._dpop is None or self._dpop[0] != pem:
+            self._dpop = (pem, DpopKey.from_pem(pem))
+        return self._dpop[1]
+
+    async def _flow(self, request: httpx2.Request) -> AsyncGenerator[httpx2.Request, httpx2.Response]:
         login = self._current()
         if login is None:
             if self.mode == "oauth":
@@ -139,7 +157,7 @@ class UpstreamOAuth(httpx2.Auth):
                         response = yield self._refresh_request(fresh)
                         await response.aread()
                         login = self._refreshed(fresh, response)
-            request.headers["Authorization"] = f"Bearer {login.token.access_token}"
+            request.headers["Authorization"] = f"{login.scheme} {login.token.access_token}"
             response = yield request
             if response.status_code == 403 and extract_field_from_www_auth(response, "error") == "insufficient_scope":
                 raise self._step_up(login, extract_scope_from_www_auth(response))
@@ -183,10 +201,10 @@ class UpstreamOAuth(httpx2.Auth):
                 f"{response.status_code}; mcpmux retries the connection"
             )
         try:
-            token = OAuthToken.model_validate_json(response.content)
-        except ValidationError:
+            token, bound = parse_token(response.content)
+        except (ValidationError, ValueError):
             raise self._refuse("the authorization server's refresh answer held no token") from None
-        login = login.refreshed(token)
+        login = login.refreshed(token, bound=bound)
         self.store.save(self.name, self.url, login.to_record(keep_secret=self._secret is None))
         self._current()
         logger.info("upstream %r: token refreshed", self.name)
@@ -231,7 +249,8 @@ class MachineOAuth(UpstreamOAuth):
     from the authorization server the upstream's 401 names, for the machine client `client_id`, its
     secret sent with HTTP Basic or a private_key_jwt assertion signed with its key.
     `identity_assertion`: from the configured `issuer`, for an ID-JAG the identity provider gives
-    for the user's ID token (`id_jag`). Tokens live in memory: a lapsed or refused one is fetched again."""
+    for the user's ID token (`id_jag`). `workload_identity`: for the workload's own JWT (`workload`).
+    Tokens live in memory: a lapsed or refused one is fetched again."""
 
     def __init__(self, name: str, config: ServerConfig) -> None:
         super().__init__(name, config)
@@ -254,6 +273,14 @@ class MachineOAuth(UpstreamOAuth):
                 id_jag_fetcher(settings.idp_token_endpoint, id_token, settings.idp_client_id),
                 _scope(settings.scopes),
                 "client_secret_basic",
+            )
+        elif settings.grant == "workload_identity":
+            if settings.assertion_file is not None:
+                assertion = file_assertion(settings.assertion_file)
+            else:
+                assertion = static_assertion(_required_env(name, "assertion_env", settings.assertion_env or ""))
+            provider = WorkloadIdentityProvider(
+                self.url, storage, settings.client_id, assertion, _scope(settings.scopes)
             )
         elif settings.private_key_env is not None:
             key = _required_env(name, "private_key_env", settings.private_key_env)

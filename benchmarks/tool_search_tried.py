@@ -1,4 +1,4 @@
-"""Two ways to rank paraphrases better, measured against the shipped tool search and not kept (issue 38).
+"""Ways to rank paraphrases better, measured against the shipped tool search and not kept (issue 38).
 
     python benchmarks/tool_search_tried.py [--folds 5] [--repeats 3] [--heldout]
 
@@ -18,6 +18,11 @@ with BM25, the server bonus, the threshold) and change one thing:
   for `create_issue`), the name alone again where it has none. Nothing is fitted; the table was
   written with the tuning queries' failures in view (one synonym per verb: three per verb, three
   more texts a tool, gave the tuning servers no gain).
+
+A third, **LoRA fine-tuning of MiniLM itself**, has its own script, `tool_search_lora.py` (a training
+run takes minutes, not seconds): rank-8 adapters on the attention's query and value projections of
+all 6 layers, trained contrastively on the tuning servers' queries and tools and merged into the
+weights. Its figures are in docs/perf.md beside these two.
 
 `--heldout`, once the choice is made: the adapter trained on every tuning server, and the synonym
 view, on the 15 held-out servers' queries. Nonsense queries are left out (the threshold answers them).

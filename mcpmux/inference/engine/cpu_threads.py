@@ -10,6 +10,12 @@ process on the cores it may run on (`/proc/stat` less this process's own time) a
 the cores left: fewer threads as soon as other work takes a core, more again once it has been gone
 for two checks in a row. Each change is logged.
 
+The fused CPU kernels (nearly all of a decode step) split their loops over a pool of their own that has no
+barrier (`cpu_fused.set_pool_threads`): the engine runs them on the most threads whatever the load, since a
+pool thread that waits for a core delays only the chunk it took. With one core of two busy, two pool
+threads gave 1.6-1.9x the tokens/s of one (docs/perf.md). What the count here still sizes is torch's own
+team, for the operators outside those kernels.
+
 The OpenMP wait policy stays libgomp's (spin briefly, then sleep): it is read once, when torch loads,
 so it could not follow the load, and a team no larger than the free cores spins only on cores nobody
 else wants.

@@ -4,7 +4,8 @@
   model is free, with the requests that have arrived, up to --batch-size);
 - hf-cb: transformers' own continuous batching manager (`init_continuous_batching`);
 - mcpmux: the async `Engine` (threads chosen from the free cores); mcpmux-fixed: the same with its
-  intra-op threads fixed at `--threads`, as before the engine chose them;
+  intra-op threads fixed at `--threads`, as before the engine chose them; mcpmux-openmp: the fused
+  kernels' loops split over torch's OpenMP team, as before their own pool (`MCPMUX_CPU_POOL=0`);
 - llama.cpp (`--systems ...,llama.cpp`, when `llama-cpp-python` is installed; it is not a project
   dependency): `Llama.generate` on the builtin model's own GGUF, which is Q4_1 (4-bit weights, so
   less work per token than the fp32 the others run), with the same thread count. llama-cpp-python's
@@ -251,7 +252,7 @@ def summarize(system: str, workload: str, rnd: int, timings: list[Timing], start
 
 
 async def run_mcpmux(
-    loaded: LoadedModel, reqs: list[Req], args: argparse.Namespace, cpu_threads: int = 0
+    loaded: LoadedModel, reqs: list[Req], args: argparse.Namespace, cpu_threads: int = 0, openmp: bool = False
 ) -> tuple[list[Timing], float, int]:
     config = EngineConfig(
         model=loaded.name, block_size=16, num_blocks=args.num_blocks, max_num_seqs=args.max_num_seqs,
@@ -262,6 +263,8 @@ async def run_mcpmux(
     async with await Engine.start(config, loaded) as engine:
         await engine.complete([1, 2, 3], SamplingParams(max_tokens=2, temperature=0.0))  # warm-up, excluded
         cpu_fused.wait()  # the fused CPU kernels a server would run, built or found before the clock starts
+        if openmp:  # until the next engine starts
+            cpu_fused.set_pool_threads(0)
         warm_hits = engine.stats().cached_prompt_tokens
         start = time.perf_counter()
 
@@ -593,9 +596,9 @@ def run_system(
     work = Work()
     cpu = time.process_time()
     outs = None
-    if system in ("mcpmux", "mcpmux-fixed"):
+    if system in ("mcpmux", "mcpmux-fixed", "mcpmux-openmp"):
         fixed = args.threads if system == "mcpmux-fixed" else 0
-        timings, start, hits = anyio.run(run_mcpmux, loaded, reqs, args, fixed)
+        timings, start, hits = anyio.run(run_mcpmux, loaded, reqs, args, fixed, system == "mcpmux-openmp")
         row = summarize(system, name, rnd, timings, start)
         row.prefix_hit_tokens = hits
         outs = [t.tokens or [] for t in timings]
@@ -615,7 +618,8 @@ def run_system(
         row = summarize(system, name, rnd, *on_own_thread(run_hf_cb, hf, reqs, args))
     else:
         raise SystemExit(
-            f"unknown system {system!r}; choose from hf-static, hf-cb, mcpmux, mcpmux-fixed, llama.cpp, openvino, vllm"
+            f"unknown system {system!r}; choose from hf-static, hf-cb, mcpmux, mcpmux-fixed, mcpmux-openmp, "
+            "llama.cpp, openvino, vllm"
         )
     row.cpu_s = time.process_time() - cpu
     if system != "hf-static":  # counted during the run; the others do no padding

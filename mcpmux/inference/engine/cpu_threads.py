@@ -10,6 +10,12 @@ process on the cores it may run on (`/proc/stat` less this process's own time) a
 the cores left: fewer threads as soon as other work takes a core, more again once it has been gone
 for two checks in a row. Each change is logged.
 
+The fused CPU kernels (nearly all of a decode step) split their loops over a pool of their own that has no
+barrier (`cpu_fused.set_pool_threads`): the engine runs them on the most threads whatever the load, since a
+pool thread that waits for a core delays only the chunk it took. With one core of two busy, two pool
+threads gave 1.6-1.9x the tokens/s of one (docs/perf.md). What the count here still sizes is torch's own
+team, for the operators outside those kernels.
+
 The OpenMP wait policy stays libgomp's (spin briefly, then sleep): it is read once, when torch loads,
 so it could not follow the load, and a team no larger than the free cores spins only on cores nobody
 else wants.
@@ -38,6 +44,11 @@ host ran 10x slower than one thread (docs/perf.md), so the first steps should no
 
 _HZ = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
+_START_THREADS = torch.get_num_threads()
+"""torch's count before any governor set one: `torch.set_num_threads` on any thread also sets the count new
+threads start with, so a later engine's step thread would otherwise inherit an earlier one's back-off as its
+most (and, at 1, never grow)."""
+
 
 @dataclass(slots=True)
 class _Sample:
@@ -50,10 +61,10 @@ class ThreadGovernor:
     """Sizes the calling thread's intra-op team before each step (call `check` from the thread that steps)."""
 
     def __init__(self, threads: int = 0, *, most: int | None = None) -> None:
-        """`threads`: 0 chooses from the free cores, up to `most` (default: torch's count at start); N always
+        """`threads`: 0 chooses from the free cores, up to `most` (default: torch's count at import); N always
         runs N."""
         self.cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-        self.most = threads or most or torch.get_num_threads()
+        self.most = threads or most or _START_THREADS
         self.fixed = threads > 0 or not sys.platform.startswith("linux") or self.most <= 1
         self.threads = self.most
         self._wants_more = 0

@@ -75,6 +75,8 @@ class ModelRunner:
         # answers batch-invariant: the torch kernels would answer otherwise until the build is done.
         self._await_kernels = loaded.device.type == "cpu" and cpu_fused.enabled() and cpu_fused.batch_invariant()
         self.governor = ThreadGovernor(cpu_threads) if loaded.device.type == "cpu" else None
+        if self.governor is not None:  # no barrier in the kernels' pool: its threads cost a busy host nothing
+            cpu_fused.set_pool_threads(self.governor.most)
 
     def _kernels_ready(self) -> None:
         self._await_kernels = False

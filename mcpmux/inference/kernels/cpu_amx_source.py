@@ -212,7 +212,7 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& w, const c10::
     auto* wide = reinterpret_cast<float*>(out.data_ptr());
     const torch::Tensor bias_f = float_bias(bias);
     const float* bs = bias.has_value() ? bias_f.data_ptr<float>() : nullptr;
-    at::parallel_for(0, N / 32, 1, [&](int64_t begin, int64_t end) {
+    pool::parallel_for(0, N / 32, 1, [&](int64_t begin, int64_t end) {
       configure_tiles();
       alignas(64) float c[32][32];
       alignas(64) uint16_t rounded[32];
@@ -267,7 +267,7 @@ torch::Tensor gated_linear(const torch::Tensor& x, const torch::Tensor& w, const
   auto* os = reinterpret_cast<uint16_t*>(out.data_ptr());
   const torch::Tensor bias_f = float_bias(bias);
   const float* bs = bias.has_value() ? bias_f.data_ptr<float>() : nullptr;
-  at::parallel_for(0, half, 1, [&](int64_t begin, int64_t end) {
+  pool::parallel_for(0, half, 1, [&](int64_t begin, int64_t end) {
     configure_tiles();
     alignas(64) float gate[32][32], up[32][32];
     alignas(64) uint16_t gate_row[32], up_row[32];

@@ -14,6 +14,10 @@ built module, or None.
 `MCPMUX_CPU_KERNELS`: ``auto`` (default: fused for the builtin models, see :func:`wanted`),
 ``fused`` (every float32 or bfloat16 CPU model) or ``torch`` (never).
 
+The kernels split their loops over a pool of their own (`cpu_pool_source`: no barrier, so a thread that
+waits for a busy core holds up only the chunk it took), sized by :func:`set_pool_threads`;
+`MCPMUX_CPU_POOL=0` splits them over torch's OpenMP team instead.
+
 **Batch invariance** (`MCPMUX_BATCH_INVARIANT`, on unless set to ``0``; :func:`batch_invariant`): every
 kernel here computes a row from that row alone, in an order fixed by its position and width, whatever
 else shares the step, how many threads split it, and whether the row is decoded, prefilled whole or in
@@ -43,6 +47,7 @@ import torch
 from mcpmux.inference.errors import InvalidSettingError
 from mcpmux.inference.kernels.cpu_amx_source import SOURCE as AMX_SOURCE
 from mcpmux.inference.kernels.cpu_fused_source import SOURCE
+from mcpmux.inference.kernels.cpu_pool_source import SOURCE as POOL_SOURCE
 from mcpmux.inference.kernels.jit_build import load as build_and_load
 
 logger = logging.getLogger(__name__)
@@ -50,11 +55,13 @@ logger = logging.getLogger(__name__)
 ENV_VAR = "MCPMUX_CPU_KERNELS"
 _MODES = ("auto", "fused", "torch")
 INVARIANT_ENV_VAR = "MCPMUX_BATCH_INVARIANT"
+POOL_ENV_VAR = "MCPMUX_CPU_POOL"
 
 _lock = threading.Lock()
 _module: ModuleType | None = None
 _thread: threading.Thread | None = None
 _active = False
+_pool_threads = -1  # the kernels' pool: torch's count of the calling thread until set_pool_threads
 
 
 def ops() -> ModuleType | None:
@@ -73,8 +80,8 @@ def disable() -> None:
     _active = False
 
 
-# -fopenmp compiles `at::parallel_for`'s pragmas and the kernels' `omp simd` loops; the link gets no
-# -fopenmp, so the OpenMP calls resolve to the runtime torch already loaded (linking the system's
+# -fopenmp compiles `at::parallel_for`'s pragmas (MCPMUX_CPU_POOL=0) and the kernels' `omp simd` loops; the
+# link gets no -fopenmp, so the OpenMP calls resolve to the runtime torch already loaded (linking the system's
 # libgomp would start a second team, whose threads torch's thread setting does not reach), and
 # `at::parallel_for` applies torch's thread count on whichever thread calls it.
 _CFLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"]
@@ -119,6 +126,20 @@ def wait() -> ModuleType | None:
     return ops()
 
 
+def set_pool_threads(threads: int) -> None:
+    """Split the kernels' loops over `threads` threads of their pool, whatever torch's own count (the engine
+    passes its most threads: the pool costs a busy host no barrier, docs/perf.md); 0: torch's OpenMP team."""
+    global _pool_threads
+    with _lock:
+        _pool_threads = threads
+        if _module is not None:
+            _apply_pool(_module)
+
+
+def _apply_pool(module: ModuleType) -> None:
+    module.set_pool(0 if os.environ.get(POOL_ENV_VAR, "").strip() == "0" else _pool_threads)
+
+
 @cache
 def amx_tiles() -> bool:
     """Whether this CPU has AMX-BF16 tiles and the OS lets this process use them (the kernels' AMX product);
@@ -146,7 +167,7 @@ def _build() -> None:
         # Named by the CPU's instruction set (`-march=native` code must not be loaded on another CPU);
         # `jit_build` adds the source, flags, torch, Python and compiler to the name.
         capability = torch.backends.cpu.get_cpu_capability().lower() + ("_amx" if amx_tiles() else "")
-        sources = [AMX_SOURCE, SOURCE]  # the AMX product first: SOURCE's `linear` calls it
+        sources = [POOL_SOURCE, AMX_SOURCE, SOURCE]  # the pool, then the AMX product: SOURCE calls both
         module = build_and_load(f"mcpmux_cpu_fused_{capability}", sources, _CFLAGS)
     except Exception as err:  # no compiler, no ninja, no headers: the torch reference serves
         logger.warning(
@@ -161,5 +182,7 @@ def _build() -> None:
             "on unpacked weights, slowly; set %s=onednn to multiply on oneDNN instead",
             "MCPMUX_CPU_MATMUL",
         )
-    _module = module
+    with _lock:
+        _module = module
+        _apply_pool(module)
     logger.info("fused CPU kernels ready after %.1f s", time.monotonic() - start)

@@ -14,9 +14,10 @@ one after another on one thread, the first prefetching the whole cache rows (eve
 ahead of it, so the others find them in cache. bfloat16 vectors are widened with AVX-512 instructions
 where the compiler targets them (GCC's generic conversion splits them into 256-bit halves).
 
-Work is split over torch's own OpenMP threads with `at::parallel_for` (compiled with -fopenmp for the
-header's pragmas, not linked with it: the OpenMP symbols resolve to the runtime torch loaded, and
-`at::parallel_for` applies torch's thread count on every calling thread).
+Loops are split with `pool::parallel_for` (`cpu_pool_source`): chunks taken by the threads of a pool with
+no barrier, or with `MCPMUX_CPU_POOL=0` torch's own OpenMP threads through `at::parallel_for` (compiled
+with -fopenmp for the header's pragmas, not linked with it: the OpenMP symbols resolve to the runtime
+torch loaded).
 """
 
 SOURCE = r"""
@@ -225,7 +226,7 @@ void rms_norm_rows(const torch::Tensor& x, const c10::optional<torch::Tensor>& r
                    float eps, torch::Tensor& h, torch::Tensor& out) {
   const int64_t rows = x.size(0), n = x.size(1);
   const T* w = weight.data_ptr<T>();
-  at::parallel_for(0, rows, grain_rows(n), [&](int64_t begin, int64_t end) {
+  pool::parallel_for(0, rows, grain_rows(n), [&](int64_t begin, int64_t end) {
     std::vector<float> hf(n);
     for (int64_t r = begin; r < end; ++r) {
       const T* xr = x.data_ptr<T>() + r * x.stride(0);
@@ -258,7 +259,7 @@ template <typename T>
 void rotary_rows(const int64_t* pos, torch::Tensor& t, const float* cos_sin, int64_t rotary) {
   const int64_t tokens = t.size(0), heads = t.size(1), s0 = t.stride(0), s1 = t.stride(1), half = rotary / 2;
   T* base = t.data_ptr<T>();
-  at::parallel_for(0, tokens, grain_rows(heads * rotary), [&](int64_t begin, int64_t end) {
+  pool::parallel_for(0, tokens, grain_rows(heads * rotary), [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const float* c = cos_sin + pos[i] * rotary;
       const float* s = c + half;
@@ -462,7 +463,7 @@ void silu_mul_rows(const torch::Tensor& gate_up, torch::Tensor& out) {
   const int64_t rows = gate_up.size(0), n = out.size(1), ld = gate_up.stride(0);
   const T* in = gate_up.data_ptr<T>();
   T* o = out.data_ptr<T>();
-  at::parallel_for(0, rows, grain_rows(2 * n), [&](int64_t begin, int64_t end) {
+  pool::parallel_for(0, rows, grain_rows(2 * n), [&](int64_t begin, int64_t end) {
     alignas(64) T gate_tail[kLanes], up_tail[kLanes], out_tail[kLanes];
     auto lanes = &silu_mul_lanes<T>;
     for (int64_t r = begin; r < end; ++r) {
@@ -508,7 +509,7 @@ void attend_rows(const torch::Tensor& q, const torch::Tensor& k_cache, const tor
   const int64_t items = static_cast<int64_t>(rows.size()) * kv_heads;
   const bool heads_packed = q.stride(1) == dim && out.stride(1) == dim;
   const AttendItem<T> vector_item = heads_packed ? vector_attention<T>(dim, group) : nullptr;
-  at::parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
+  pool::parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores, qf(group * dim), acc(group * dim), kv_row(dim);
     std::vector<int64_t> at;  // where each key's row starts in the caches, for the current query row
     int64_t current = -1;
@@ -639,7 +640,7 @@ void write_kv_(torch::Tensor key, torch::Tensor value, torch::Tensor k_cache, to
   for (int64_t i = 0; i < key.size(0); ++i) {
     TORCH_CHECK(slot[i] < slots, "slot ", slot[i], " is outside the cache");
   }
-  at::parallel_for(0, key.size(0), grain_rows(2 * row), [&](int64_t begin, int64_t end) {
+  pool::parallel_for(0, key.size(0), grain_rows(2 * row), [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       if (slot[i] < 0) continue;
       std::memcpy(kc + slot[i] * bytes, kp + i * ks, bytes);
@@ -722,7 +723,7 @@ torch::Tensor dot_linear(torch::Tensor x, torch::Tensor weight, c10::optional<to
   const float* wp = weight.data_ptr<float>();
   float* yp = y.data_ptr<float>();
   const int64_t ldx = x.stride(0), block_lines = 4 * K * 4 / 64, tiles = (M + kTileRows - 1) / kTileRows;
-  at::parallel_for(0, N / 4, 8, [&](int64_t begin, int64_t end) {
+  pool::parallel_for(0, N / 4, 8, [&](int64_t begin, int64_t end) {
     for (int64_t block = begin; block < end; ++block) {
       const float* w = wp + block * 4 * K;
       const char* next = reinterpret_cast<const char*>(w + 4 * K);
@@ -850,7 +851,7 @@ torch::Tensor argmax_rows(torch::Tensor logits) {
   TORCH_CHECK(n >= 1, "logits must have at least one column");
   auto out = torch::empty({rows}, logits.options().dtype(torch::kInt64));
   int64_t* o = out.data_ptr<int64_t>();
-  at::parallel_for(0, rows, grain_rows(n), [&](int64_t begin, int64_t end) {
+  pool::parallel_for(0, rows, grain_rows(n), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const float* p = logits.data_ptr<float>() + r * logits.stride(0);
       // Each lane keeps its first largest value and where it was; NaNs are only noted, then looked for.
@@ -908,6 +909,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("swiglu", &swiglu, Release());
   m.def("logits", &logits, Release());
   m.def("amx_built", &amx::built);
+  m.def("set_pool", &pool::set_pool);
   py::class_<Decoder>(m, "Decoder")
       .def(py::init<std::vector<std::vector<c10::optional<torch::Tensor>>>, int64_t, int64_t, int64_t, double,
                     double, int64_t, int64_t>())

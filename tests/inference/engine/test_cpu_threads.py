@@ -100,3 +100,27 @@ def test_a_fixed_count_is_kept_whatever_the_load() -> None:
 
     _on_thread(serve)
     assert seen == [2, 2, 2, 2]
+
+
+def test_a_later_engines_governor_is_not_held_to_an_earlier_ones_back_off() -> None:
+    # torch.set_num_threads on one thread sets the count new threads start with: a second engine (another
+    # local model, the next benchmark run) must still be free to use every thread it started with.
+    most = cpu_threads._START_THREADS
+    if most < 2:
+        pytest.skip("torch was started with one thread")
+    seen: list[tuple[int, bool, int]] = []
+
+    def first() -> None:
+        governor = ThreadGovernor()
+        governor.check()
+        governor._resize(others=len(governor.cpus) - 1.0)
+        seen.append((governor.threads, governor.fixed, torch.get_num_threads()))
+
+    def second() -> None:
+        governor = ThreadGovernor()
+        seen.append((governor.most, governor.fixed, governor.check()))
+        torch.set_num_threads(most)  # as the process started, for the tests after this one
+
+    _on_thread(first)
+    _on_thread(second)
+    assert seen == [(1, False, 1), (most, False, most)]

@@ -305,3 +305,24 @@ def test_head_logits_are_the_products_values_widened(fused: ModuleType, dtype: t
         got = vocab_logits(x, head)
         assert got.dtype == torch.float32
         assert torch.equal(got, linear(x, head).float())
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_kernels_pool_gives_openmps_tokens_and_logprobs_bit_for_bit(
+    fused: ModuleType, tiny_model_dirs: dict[str, Path], dtype: str
+) -> None:
+    # Their loops are cut into more chunks on the pool than over an OpenMP team; each row is its own.
+    path = tiny_model_dirs["llama"]
+    loaded = load_model(str(path), dtype=dtype, device="cpu")
+    outputs = []
+    for pool_threads in (0, 2, 3):
+        engine = LLMEngine(engine_config(path, dtype=dtype, num_blocks=64, max_num_seqs=4), loaded)
+        cpu_fused.set_pool_threads(pool_threads)  # after the engine's own choice
+        for i, prompt in enumerate(PROMPTS[:4]):
+            engine.add_request(f"r{i}", prompt, SamplingParams(max_tokens=6, temperature=0.0, logprobs=3))
+        seen: list[tuple[str, list[int], list[object]]] = []
+        while engine.has_unfinished():
+            seen += [(out.request_id, out.token_ids, out.logprobs) for out in engine.step()]
+        outputs.append(seen)
+    cpu_fused.set_pool_threads(-1)
+    assert outputs[0] == outputs[1] == outputs[2]

@@ -92,7 +92,7 @@ def main() -> None:
     ap.add_argument("--transport", choices=["stdio", "http"], default="http")
     ap.add_argument("--settle", type=float, default=15.0, help="seconds after start before measuring")
     ap.add_argument("--seconds", type=float, default=20.0, help="seconds measured")
-    ap.add_argument("--json", help="write the result here too")
+    ap.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "idle.json"), help="the result, as JSON")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         config = args.config or str(small_config(Path(folder)))
@@ -132,8 +132,8 @@ def main() -> None:
         "upstreams_wakeups_per_s": round((after_children[1] - before_children[1]) / wall, 2),
     }
     print(json.dumps(result))
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -166,11 +166,11 @@ class ConfigReloader:
         try:
             while True:
                 # watches first, then the look: a change made between the two still wakes the wait
-                folders = {self.path.parent, *(file.parent for file in self.mux.config.profile_token_files)}
-                watched = events is not None and all([events.add(folder) for folder in folders])
+                files = {self.path, *self.mux.config.profile_token_files}
+                watched = events is not None and all([events.add(folder) for folder in {f.parent for f in files}])
                 pending = await self._look(pending)
                 if events is not None and watched and pending is None:
-                    await events.wait()  # asleep until a watched folder changes: an idle server is not woken
+                    await events.wait(files)  # asleep until one of them changes: an idle server is not woken
                 else:
                     await anyio.sleep(self.interval)  # a change settling, or no inotify: polled
         finally:

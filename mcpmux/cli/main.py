@@ -52,11 +52,22 @@ Desktop / Cursor / Claude Code JSON ({"mcpServers": ...}) and VS Code JSON ({"se
 """
 
 
+def _no_progress_monitor() -> None:
+    """tqdm starts a monitor thread with its first bar, even a disabled one (tool search's BM25 index
+    makes one), which wakes every 10 s for the life of the process to hurry stalled bars; a server's
+    bars (a model's one-time conversion) do without it, and an idle server is then not woken."""
+    import tqdm  # imported here: only `serve` builds indexes and loads models
+
+    tqdm.tqdm.monitor_interval = 0
+
+
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     configure_logging(args.log_level or ("warning" if args.command == "serve" else "error"), args.log_format)
     if args.command == "status":  # talks to a running server: no config of its own
         sys.exit(status_main(args))
+    if args.command == "serve":
+        _no_progress_monitor()
     try:
         config = _resolve_config(args)
         code = anyio.run(_COMMANDS[args.command], args, config)

@@ -52,7 +52,7 @@ from mcpmux.mux.lifetime import UpstreamLifetime
 from mcpmux.mux.relayed_rounds import get_prompt
 from mcpmux.mux.reload import ReloadReport, ServerDiff, log_reload, plan_reload
 from mcpmux.mux.result_store import ResultStore
-from mcpmux.mux.sessions import ServerSessions, Session, reap_forever
+from mcpmux.mux.sessions import Reaper, ServerSessions, Session
 from mcpmux.mux.task_relay import TaskRelay
 from mcpmux.tools.base import LocalTool
 from mcpmux.upstream.lane import ProgressFn
@@ -111,6 +111,7 @@ class Mux:
         names, lower-case)."""
         self.sessions: dict[str, ServerSessions] = {}
         """Per server, its shared session and clients' own (`[servers.X] sessions`)."""
+        self._reaper = Reaper(lambda: list(self.sessions.values()), lambda: self.config.mux)
         self._caller_views: dict[tuple[str | None, tuple[int, ...]], tuple[tuple[object, ...], CatalogView]] = {}
         """Catalogs of clients' own sessions, by profile and the sessions they list (each kept alive by its view)."""
         self.tasks = TaskRelay(self.upstreams, self.catalog)
@@ -169,7 +170,7 @@ class Mux:
             await self._start_inference()
             if self.tool_search is not None:
                 self.tool_search.start(self._tasks)  # indexes while the upstreams connect
-            self._tasks.start_soon(reap_forever, lambda: list(self.sessions.values()), lambda: self.config.mux)
+            self._tasks.start_soon(self._reaper.run)
             if self._waits_for_upstreams:
                 await self.wait_for_upstreams()
         except BaseException:
@@ -308,7 +309,12 @@ class Mux:
         dispatcher = UpstreamDispatcher(upstream, self.cache, lambda: self.config.mux, self.metrics.observe_call)
         self.dispatchers[name] = dispatcher
         self.sessions[name] = ServerSessions(
-            upstream, dispatcher, functools.partial(self._start_own_session, name), lambda: self.config.mux, self._busy
+            upstream,
+            dispatcher,
+            functools.partial(self._start_own_session, name),
+            lambda: self.config.mux,
+            self._busy,
+            self._reaper.started,
         )
 
     def _busy(self, upstream: Upstream) -> bool:

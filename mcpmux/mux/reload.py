@@ -6,8 +6,9 @@
   unchanged ones are not touched (same `Upstream`, same session, their calls in flight complete).
   The catalog is rebuilt and list_changed announced once, after the new upstreams have connected
   (or `startup_timeout` ran out).
-- `ConfigReloader` polls the file (mtime, size, inode) and reloads once it has stopped changing; SIGHUP
-  calls `reload()` directly. An invalid file is logged and the running config kept.
+- `ConfigReloader` looks at the file (mtime, size, inode) when its folder changes (inotify, see
+  `mcpmux.mux.folder_events`; polled each second where that is not available) and reloads once it has
+  stopped changing; SIGHUP calls `reload()` directly. An invalid file is logged and the running config kept.
 
 A reload cancels the calls in flight on the upstreams it stops (`mcpmux.core.call_tracker`).
 """
@@ -26,6 +27,7 @@ from pydantic import BaseModel
 
 from mcpmux.core.config import Config, ServerConfig, load_config
 from mcpmux.errors import ConfigError
+from mcpmux.mux.folder_events import FolderEvents
 
 logger = logging.getLogger(__name__)
 
@@ -124,6 +126,10 @@ def log_reload(source: object, report: ReloadReport) -> None:
         )
 
 
+Signature = tuple[tuple[int, int, int] | None, ...] | None
+"""The config file's and its token files' (mtime, size, inode); None while the config file is missing."""
+
+
 class Reloadable(Protocol):
     """What `ConfigReloader` reloads (a `Mux`)."""
 
@@ -133,7 +139,7 @@ class Reloadable(Protocol):
 
 
 class ConfigReloader:
-    """Reloads a `Mux` from its config file: when the file changes (polled) and when asked (SIGHUP)."""
+    """Reloads a `Mux` from its config file: when the file changes and when asked (SIGHUP)."""
 
     def __init__(self, mux: Reloadable, path: str | Path, interval: float = 1.0) -> None:
         self.mux = mux
@@ -152,23 +158,38 @@ class ConfigReloader:
         return await self.mux.reload(config)
 
     async def watch(self) -> None:
-        """Poll the file every `interval` seconds; reload once a change has held still for one interval
-        (so a half-written file is not read), while `[mux] reload` is true. Runs until cancelled."""
-        pending: tuple[tuple[int, int, int] | None, ...] | None = None
-        while True:
-            await anyio.sleep(self.interval)
-            if not self.mux.config.mux.reload:
-                continue
-            now = self._signature()
-            if now == self._seen or now is None:
-                pending = None
-            elif now != pending:
-                pending = now  # changed since the last look: wait one more interval for it to settle
-            else:
-                pending = None
-                await self.reload()
+        """Look at the file when its folder (or a token file's) changes, or every `interval` seconds
+        where folders cannot be watched; reload once a change has held still for one interval (so a
+        half-written file is not read), while `[mux] reload` is true. Runs until cancelled."""
+        pending: Signature = None
+        events = FolderEvents.open()
+        try:
+            while True:
+                # watches first, then the look: a change made between the two still wakes the wait
+                files = {self.path, *self.mux.config.profile_token_files}
+                watched = events is not None and all([events.add(folder) for folder in {f.parent for f in files}])
+                pending = await self._look(pending)
+                if events is not None and watched and pending is None:
+                    await events.wait(files)  # asleep until one of them changes: an idle server is not woken
+                else:
+                    await anyio.sleep(self.interval)  # a change settling, or no inotify: polled
+        finally:
+            if events is not None:
+                events.close()
 
-    def _signature(self) -> tuple[tuple[int, int, int] | None, ...] | None:
+    async def _look(self, pending: Signature) -> Signature:
+        """One look at the files; returns the change still settling, if any."""
+        if not self.mux.config.mux.reload:
+            return pending
+        now = self._signature()
+        if now == self._seen or now is None:
+            return None
+        if now != pending:
+            return now  # changed since the last look: wait one more interval for it to settle
+        await self.reload()
+        return None
+
+    def _signature(self) -> Signature:
         """The file's, and its profiles' token files' (a token file changed alone reloads too)."""
         own = _stat(self.path)
         if own is None:

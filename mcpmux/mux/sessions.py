@@ -101,12 +101,15 @@ class ServerSessions:
         start: Start,
         settings: Callable[[], MuxSettings],
         busy: Callable[[Upstream], bool],
+        own_started: Callable[[], None],
     ) -> None:
-        """`start` starts a session of clients' own; `busy` says whether calls are in flight on a session."""
+        """`start` starts a session of clients' own; `busy` says whether calls are in flight on a session;
+        `own_started` is told each time one has started (`Reaper.started`)."""
         self.shared: Session = (shared, dispatcher)
         self._start = start
         self._settings = settings
         self._busy = busy
+        self._own_started = own_started
         self._own: dict[str, _Own] = {}
         self._starting: dict[str, anyio.Event] = {}
         self.isolated = False
@@ -123,6 +126,11 @@ class ServerSessions:
     @property
     def name(self) -> str:
         return self.shared[0].name
+
+    @property
+    def owns(self) -> bool:
+        """Whether sessions of clients' own are running (`Reaper` has something to look at)."""
+        return bool(self._own)
 
     @property
     def own(self) -> int:
@@ -236,6 +244,7 @@ class ServerSessions:
                 wanted.key, wanted.owner, wanted.extensions, wanted.legacy
             )
             own = self._own[wanted.key] = _Own(upstream, dispatcher, lifetime)
+            self._own_started()
             logger.info(
                 "upstream %r: started a session for %s (%d of at most %d)",
                 self.name,
@@ -311,12 +320,29 @@ class ServerSessions:
             await own.lifetime.stop()
 
 
-async def reap_forever(sessions: Callable[[], list[ServerSessions]], settings: Callable[[], MuxSettings]) -> None:
-    """Reap idle sessions of clients' own, every tenth of `client_session_idle` (at least every second)."""
-    while True:
-        await anyio.sleep(min(max(settings().client_session_idle / 10, 1.0), 60.0))
-        for server in sessions():
-            await server.reap()
+class Reaper:
+    """Stops sessions of clients' own once idle: looks every tenth of `client_session_idle` (at least
+    every second) while there are some, and sleeps while there are none (an idle mcpmux is not woken)."""
+
+    def __init__(self, sessions: Callable[[], list[ServerSessions]], settings: Callable[[], MuxSettings]) -> None:
+        self._sessions = sessions
+        self._settings = settings
+        self._started: anyio.Event | None = None  # made in `run`: an event needs the running loop
+
+    def started(self) -> None:
+        """A session of clients' own started: `run` looks again."""
+        if self._started is not None:
+            self._started.set()
+
+    async def run(self) -> None:
+        self._started = anyio.Event()
+        while True:
+            if not any(server.owns for server in self._sessions()):
+                await self._started.wait()
+                self._started = anyio.Event()
+            await anyio.sleep(min(max(self._settings().client_session_idle / 10, 1.0), 60.0))
+            for server in self._sessions():
+                await server.reap()
 
 
 class _Turns:

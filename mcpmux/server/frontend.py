@@ -8,7 +8,6 @@ a client's cancellation cancels the handler, which cancels the upstream request.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import hmac
@@ -18,7 +17,7 @@ import secrets
 import socket
 import uuid
 import weakref
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import anyio
@@ -58,6 +57,7 @@ from mcpmux.server.http.edge import PROFILE_SCOPE, HttpEdge
 from mcpmux.server.http.edge_policy import EdgePolicy
 from mcpmux.server.http.fast import FastPathMiddleware, task_owner
 from mcpmux.server.http.fast_front import HttpFastFront, protocol_class
+from mcpmux.server.http.quiet_server import DatedProtocol, QuietServer
 from mcpmux.server.http.standalone_stream import StandaloneStreamWatch
 from mcpmux.server.input_rounds import InputRounds, ParkedCall, parks
 from mcpmux.server.reach import ask_on, by_rounds, on_session
@@ -674,13 +674,13 @@ class Frontend:
         app, front = self.http_app(sock.getsockname()[0], policy, path)
         config = uvicorn.Config(
             app,
-            http=protocol_class(front) if front is not None else "auto",
+            http=protocol_class(front) if front is not None else DatedProtocol,
             log_level="warning",
             lifespan="on",
             timeout_graceful_shutdown=shutdown_timeout,
             timeout_keep_alive=KEEP_ALIVE_TIMEOUT,
         )
-        server = _UvicornServer(config)
+        server = QuietServer(config)
         async with anyio.create_task_group() as tasks:
             if stop is not None:
 
@@ -698,14 +698,6 @@ class Frontend:
                 tasks.start_soon(stop_when_asked)
             await server.serve(sockets=[sock])
             tasks.cancel_scope.cancel()
-
-
-class _UvicornServer(uvicorn.Server):
-    """Leaves signals to the CLI, which owns the process (uvicorn would re-raise them after shutdown)."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
 
 
 def bind(host: str, port: int) -> socket.socket:

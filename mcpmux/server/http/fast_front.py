@@ -31,7 +31,7 @@ import mcp_types as types
 from mcp.server.connection import Connection
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.types import Scope
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, RequestResponseCycle
 
 from mcpmux.core.inbound import InboundCall
 from mcpmux.mux.call_sink import ServedCall, serve
@@ -39,6 +39,7 @@ from mcpmux.mux.fast_path import FastCall, FastPath
 from mcpmux.server.http.edge import HttpEdge
 from mcpmux.server.http.fast import CANCELLED_ERROR, FastPathMiddleware, http_status, session_of
 from mcpmux.server.http.keepalive import IdleConnections
+from mcpmux.server.http.quiet_server import DatedProtocol
 from mcpmux.server.reach import Hears, ask_on
 from mcpmux.upstream.lane import ProgressFn
 from mcpmux.wire.batch_array import id_key
@@ -172,7 +173,7 @@ class HttpFastFront:
         inbound.ask, inbound.log, inbound.notify = ask_on(connection), log, connection.notify
 
 
-class FastHttpProtocol(HttpToolsProtocol):
+class FastHttpProtocol(DatedProtocol):
     """uvicorn's httptools protocol, with fast-path POSTs served below ASGI (see the module docstring).
 
     `protocol_class(front)` binds it to a front.

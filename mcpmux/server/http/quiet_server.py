@@ -1,9 +1,9 @@
 """`QuietServer`: uvicorn that sleeps while nothing happens.
 
 uvicorn's `Server.main_loop` wakes every 0.1 s to see whether it should exit and, once a second, to
-put the time in the `Date` header its responses carry. In an idle `mcpmux serve --openai-only` that
-was the only thing running: 1.5-2 ms of CPU a second, ten wake-ups, for as long as the process
-lives. Here the loop waits on the exit itself (setting `should_exit` ends it at once, as before),
+put the time in the `Date` header its responses carry. In an idle `mcpmux serve --transport http`
+(and `--openai-only`) that was nearly all that ran: 1.5-2 ms of CPU a second, ten wake-ups, for as
+long as the process lives. Here the loop waits on the exit itself (setting `should_exit` ends it at once, as before),
 and `DatedProtocol` refreshes the `Date` header when a request arrives in a new second, so that it
 still says when the response was made.
 """
@@ -49,7 +49,8 @@ class QuietServer(uvicorn.Server):
 
 
 class DatedProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol, which puts the current second in the `Date` header itself."""
+    """uvicorn's httptools protocol, which puts the current second in the `Date` header itself (the
+    fast front's `FastHttpProtocol` builds on it, and writes those headers in its own answers)."""
 
     def on_headers_complete(self) -> None:
         if self.config.date_header:

@@ -142,6 +142,12 @@ class InboundCall:
         return notes
 
 
+def may_be_asked(capabilities: types.ClientCapabilities | None) -> bool:
+    """Whether a client that declared `capabilities` may be asked, during a call, what an upstream's
+    sampling or elicitation wants (its calls then go where that request can reach it)."""
+    return capabilities is not None and (capabilities.sampling is not None or capabilities.elicitation is not None)
+
+
 def can_answer(capabilities: types.ClientCapabilities | None, request: ClientRequest) -> bool:
     """Whether a client that declared `capabilities` can answer `request`."""
     if capabilities is None:

@@ -43,7 +43,7 @@ from starlette.types import ASGIApp
 
 from mcpmux import __version__
 from mcpmux.core.config import Config
-from mcpmux.core.inbound import ANONYMOUS, Caller, InboundCall, serving
+from mcpmux.core.inbound import ANONYMOUS, Caller, InboundCall, may_be_asked, serving
 from mcpmux.core.metrics import metrics_route
 from mcpmux.errors import InputRequired, MuxError, error_data
 from mcpmux.mux.call_sink import answered
@@ -434,8 +434,7 @@ class Frontend:
         session: ServerSession = ctx.session
         message = {"jsonrpc": "2.0", "id": ctx.request_id, "method": "tools/call", "params": ctx.params}
         modern = ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
-        capabilities = session.client_capabilities
-        declared = capabilities is not None and (capabilities.sampling or capabilities.elicitation) is not None
+        declared = may_be_asked(session.client_capabilities)
         call = self.fast.route(message, inbound.caller, None if modern else ctx.protocol_version, declared)
         if isinstance(call, ToSdk):
             return None

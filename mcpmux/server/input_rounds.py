@@ -44,6 +44,8 @@ from mcp.server.session import ServerSession
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
+from mcpmux.core.inbound import may_be_asked
+
 logger = logging.getLogger(__name__)
 
 SamplingAnswer = types.CreateMessageResult | types.CreateMessageResultWithTools
@@ -246,8 +248,7 @@ class ParkedCall:
 def parks(session: ServerSession, asks_client: bool) -> bool:
     """Whether a call runs parked: from a 2026-07-28 client that declared sampling or elicitation in its
     request, on an upstream that may ask the client (the plan's `asks_client`)."""
-    capabilities = session.client_capabilities
-    declared = capabilities is not None and (capabilities.sampling is not None or capabilities.elicitation is not None)
+    declared = may_be_asked(session.client_capabilities)
     return declared and session.protocol_version in MODERN_PROTOCOL_VERSIONS and asks_client
 
 

@@ -233,12 +233,7 @@ def test_one_call_layers_give_the_layers_logits_bit_for_bit(
     for one_call in (True, False):
         model.one_call = one_call
         engine = LLMEngine(engine_config(path, dtype=dtype, num_blocks=64, max_num_seqs=4), loaded)
-        for i, prompt in enumerate(PROMPTS[:4]):
-            engine.add_request(f"r{i}", prompt, SamplingParams(max_tokens=6, temperature=0.0, logprobs=3))
-        seen: list[tuple[str, list[int], list[object]]] = []
-        while engine.has_unfinished():
-            seen += [(out.request_id, out.token_ids, out.logprobs) for out in engine.step()]
-        outputs.append(seen)
+        outputs.append(_greedy_outputs(engine))
     model.one_call = True
     assert outputs[0] == outputs[1]
 
@@ -307,6 +302,16 @@ def test_head_logits_are_the_products_values_widened(fused: ModuleType, dtype: t
         assert torch.equal(got, linear(x, head).float())
 
 
+def _greedy_outputs(engine: LLMEngine) -> list[tuple[str, list[int], list[object]]]:
+    """Four prompts, greedy, 6 tokens each with their top-3 logprobs: every output, in order."""
+    for i, prompt in enumerate(PROMPTS[:4]):
+        engine.add_request(f"r{i}", prompt, SamplingParams(max_tokens=6, temperature=0.0, logprobs=3))
+    seen: list[tuple[str, list[int], list[object]]] = []
+    while engine.has_unfinished():
+        seen += [(out.request_id, out.token_ids, out.logprobs) for out in engine.step()]
+    return seen
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_the_kernels_pool_gives_openmps_tokens_and_logprobs_bit_for_bit(
     fused: ModuleType, tiny_model_dirs: dict[str, Path], dtype: str
@@ -318,11 +323,6 @@ def test_the_kernels_pool_gives_openmps_tokens_and_logprobs_bit_for_bit(
     for pool_threads in (0, 2, 3):
         engine = LLMEngine(engine_config(path, dtype=dtype, num_blocks=64, max_num_seqs=4), loaded)
         cpu_fused.set_pool_threads(pool_threads)  # after the engine's own choice
-        for i, prompt in enumerate(PROMPTS[:4]):
-            engine.add_request(f"r{i}", prompt, SamplingParams(max_tokens=6, temperature=0.0, logprobs=3))
-        seen: list[tuple[str, list[int], list[object]]] = []
-        while engine.has_unfinished():
-            seen += [(out.request_id, out.token_ids, out.logprobs) for out in engine.step()]
-        outputs.append(seen)
+        outputs.append(_greedy_outputs(engine))
     cpu_fused.set_pool_threads(-1)
     assert outputs[0] == outputs[1] == outputs[2]

@@ -7,6 +7,10 @@ by writing a new file and renaming it over the old one; events naming other file
 (a log written next to the config) are read and dropped, and the watcher looks only when its own
 files change. Where inotify cannot be had (another OS, the per-user watch limit reached)
 `FolderEvents.open` returns None and the watcher polls as before.
+
+Why not `watchfiles`, the library made for this: its `awatch` wakes 20 times a second while nothing
+changes (its Rust side checks a stop event every 50 ms): measured with watchfiles 1.3.0, 20.5
+wake-ups and 0.9 ms of CPU a second, which is what this module exists to remove.
 """
 
 from __future__ import annotations

@@ -186,10 +186,16 @@ def backend(args: argparse.Namespace, work: Path) -> Iterator[str]:
             process.wait(timeout=30)
         return
     folder = ensure_converted(args.model)
+    cores = sorted(os.sched_getaffinity(0))
+    if args.split_cores:  # vLLM (its every process) inherits the first cores; this process keeps the rest
+        os.sched_setaffinity(0, cores[: args.threads])
     try:
         vllm = VLLMServer(str(folder), _free_port(), work / "vllm.log", threads=args.threads)
     except PeerUnavailable as err:
         raise SystemExit(f"vLLM left out, nothing to compare: {err}") from err
+    finally:
+        if args.split_cores:
+            os.sched_setaffinity(0, cores[args.threads :])
     try:
         yield vllm.wait_ready(900)
     finally:
@@ -209,7 +215,14 @@ def main() -> None:
     ap.add_argument("--base", type=Path, help="also mcpmux from this source tree (a checkout of another commit)")
     ap.add_argument("--idle", type=float, default=10.0, help="seconds of idle at the end, for each relay's idle CPU")
     ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="vLLM's OpenMP threads")
+    ap.add_argument(
+        "--split-cores", action="store_true",
+        help="vLLM on the first --threads cores, the client and mcpmux on the others (as in a fleet, where the "
+        "relay has cores of its own); needs more cores than --threads",
+    )  # fmt: skip
     args = ap.parse_args()
+    if args.split_cores and args.threads >= len(os.sched_getaffinity(0)):
+        ap.error(f"--split-cores: --threads {args.threads} leaves no core for the client and mcpmux")
     # The fake backend answers in milliseconds: more requests, so that CPU time (counted in 10 ms ticks) adds up.
     args.requests = args.requests or (64 if args.backend == "fake" else 16)
     args.sequential = args.sequential or (24 if args.backend == "fake" else 6)

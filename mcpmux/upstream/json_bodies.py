@@ -44,10 +44,13 @@ class JoinedBodies:
         return messages
 
     async def on_response(self, response: httpx2.Response) -> None:
-        """An httpx response hook: a POST's JSON body holding several messages becomes the event stream
-        they stand for. Any other body is left as it came (read, and given back whole)."""
+        """An httpx response hook: an MCP POST's JSON body holding several messages becomes the event
+        stream they stand for. Any other body is left as it came (read, and given back whole); the
+        client's other requests (an OAuth flow's, which accept no event stream) are not looked at."""
+        request = response.request
         kind = response.headers.get("content-type", "").split(";")[0].strip().lower()
-        if response.request.method != "POST" or not response.is_success or kind != "application/json":
+        mcp_post = request.method == "POST" and "text/event-stream" in request.headers.get("accept", "")
+        if not mcp_post or not response.is_success or kind != "application/json":
             return
         stream = response.stream
         assert isinstance(stream, httpx2.AsyncByteStream)

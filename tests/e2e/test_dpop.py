@@ -140,6 +140,35 @@ async def test_an_authorization_server_that_does_not_advertise_dpop_gets_no_proo
 
 @pytest.mark.slow
 @pytest.mark.anyio
+@pytest.mark.parametrize("advertised", [True, False], ids=["dpop", "bearer"])
+async def test_the_client_credentials_grant_uses_dpop_only_where_advertised(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, advertised: bool
+) -> None:
+    """A machine client (no login): its token request and calls carry proofs, answered nonces
+    included, where the authorization server advertises DPoP, and none where it does not."""
+    monkeypatch.setenv("D_SECRET", "machine-secret")
+    with _serving(*([] if advertised else ["bearer"])) as url:
+        config = tmp_path / "mcpmux.toml"
+        config.write_text(
+            f'[inference]\nbackend = "off"\n\n[servers.d]\nurl = "{url}"\n\n'
+            '[servers.d.oauth]\ngrant = "client_credentials"\nclient_id = "machine"\nclient_secret_env = "D_SECRET"\n'
+        )
+        monkeypatch.setenv("MCPMUX_HOME", str(tmp_path / "home"))
+        async with Mux.from_config(config) as mux:
+            for n in range(4):  # the DPoP server's nonce changes every 3 proofs
+                assert text_of(await mux.call_tool("d__echo", {"text": str(n)})) == str(n)
+            received = json.loads(text_of(await mux.call_tool("d__proofs", {})))
+            refused = _refusals(text_of(await mux.call_tool("d__refusals", {})))
+    if advertised:
+        assert received["token"] >= 1, received
+        assert received["mcp"] >= 5, received
+        assert set(refused) <= {"mcp: no token", "token: use_dpop_nonce", "mcp: use_dpop_nonce"}, refused
+    else:
+        assert received == {"token": 0, "mcp": 0}
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
 async def test_the_server_refuses_a_proof_without_the_right_ath_nonce_or_key(dpop_server: str, tmp_path: Path) -> None:
     """What the test above relies on: this server refuses the token sent any other way."""
     home = tmp_path / "home"

@@ -1,7 +1,8 @@
 """An MCP server that takes DPoP-bound tokens only (RFC 9449), with its own authorization server,
 for the tests: `python dpop_server.py PORT TTL [bearer]`.
 
-The authorization server registers clients dynamically, approves every authorization at once
+The authorization server registers clients dynamically, grants client credentials to any client,
+approves every authorization at once
 (a redirect to the client's redirect_uri with the code, PKCE S256 checked), and issues access
 tokens (TTL seconds) and rotating refresh tokens bound to the key of the DPoP proof on the token
 request; a token request without a valid proof is refused. The MCP endpoint (`/mcp`) takes only
@@ -165,6 +166,8 @@ async def token(request: Request) -> Response:
         if held is None or held["jwk"] != proof["jwk"]:  # a refresh token is bound to the key too
             return _token_error("invalid_grant")
         scope = held["scope"]
+    elif form.get("grant_type") == "client_credentials":  # any client: what is tested is the proof
+        scope = str(form.get("scope", ""))
     else:
         return _token_error("unsupported_grant_type")
     issued, renewal = secrets.token_urlsafe(16), secrets.token_urlsafe(16)

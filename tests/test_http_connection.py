@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from mcpmux.upstream.http_connection import Connection
+from mcpmux.wire.json_texts import several_messages
 
 pytestmark = pytest.mark.anyio
 
@@ -55,6 +56,9 @@ class ChainingPool:
             self.idle.pop().start(f"r{self.left}", request(f"r{self.left}"))
         else:
             self.done.set_exception(AssertionError("the answered connection was not idle yet"))
+
+    def several(self, body: bytes) -> list[Any] | None:
+        return several_messages(body)
 
     def carrying(self, request_id: str, connection: Connection | None) -> None:
         pass

@@ -7,7 +7,7 @@ its reference client and mcpmux as the client: one table per run, scenario by sc
 
 Runs, for each suite version (`install.SUITES`, installed on first use):
 - server: the suite as the client, against the reference server (`direct`) and against mcpmux's
-  HTTP front fronting that server with `prefix_single = false` (`mcpmux`);
+  HTTP front fronting that server with `prefix_single = false` and sampling policy `client` (`mcpmux`);
 - client: the suite's mock servers, driven by the suite's reference client (`direct`) and by
   mcpmux's own commands (`mcpmux_client.py`: `mcpmux login`, `mcpmux tools`, `mcpmux call`).
 0.1.16 runs `--suite all`; the 0.2 line runs each revision's frozen requirement set
@@ -108,8 +108,11 @@ def reference_server(suite: Suite, work: Path) -> tuple[str, AbstractContextMana
 def mcpmux_server(upstream: str, protocol: str, work: Path) -> tuple[str, AbstractContextManager[None]]:
     port = free_port()
     config = work / "mcpmux.toml"
+    # Sampling policy `client`: the suite tests a relay, so only its own client may answer the reference's
+    # sampling (by default mcpmux's local model answers for a client that cannot: docs/conformance.md).
     config.write_text(
-        f'[mux]\nprefix_single = false\n\n[servers.reference]\nurl = "{upstream}"\nprotocol = "{protocol}"\n'
+        f'[mux]\nprefix_single = false\n\n[servers.reference]\nurl = "{upstream}"\nprotocol = "{protocol}"\n\n'
+        '[servers.reference.sampling]\npolicy = "client"\n'
     )
     command = [sys.executable, "-m", "mcpmux", "serve", "--transport", "http", "--config", str(config)]
     server = serving([*command, "--port", str(port)], port, work / "mcpmux-server.log", MCPMUX_HOME=str(work))

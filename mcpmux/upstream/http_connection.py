@@ -40,6 +40,7 @@ class Pool(Protocol):
     session_id: str | None
 
     def deliver(self, message: dict[str, Any], request_id: str | None = None) -> None: ...
+    def several(self, body: bytes) -> list[Any] | None: ...
     def carrying(self, request_id: str, connection: Connection | None) -> None: ...
     def rest(self, connection: Connection) -> None: ...
     def forget(self, connection: Connection) -> None: ...
@@ -214,10 +215,7 @@ class Connection(asyncio.Protocol):
             elif head.status >= 400:
                 self._http_error(head.status)
             elif exchange.events is None:
-                message = self._parsed(bytes(exchange.body), "JSON response")
-                if message is not None:
-                    exchange.answered = True
-                    self._deliver(message)
+                self._json_body(bytes(exchange.body))
             elif not self._resumed(exchange):
                 self._fail("SSE stream ended without a response")
         self._finish(exchange)
@@ -238,6 +236,33 @@ class Connection(asyncio.Protocol):
             message["id"] = exchange.request_id  # as the SDK's transport: the answer is the request's
             exchange.answered = True
             self._linger = asyncio.get_running_loop().call_later(LINGER, self._overstayed)
+        self._deliver(message)
+
+    def _json_body(self, body: bytes) -> None:
+        """A JSON response: its message, or the several it holds (a server's deviation, read as the
+        events of a stream would be: `Pool.several`), each handed on in order."""
+        several = self.pool.several(body)
+        if several is None:
+            message = self._parsed(body, "JSON response")
+            if message is not None:
+                self._answer(message)
+            return
+        for item in several:
+            if not _is_jsonrpc(item):
+                self._fail("Failed to parse JSON response: not a JSON-RPC message", types.PARSE_ERROR)
+                return
+            if "method" in item:
+                self._deliver(item)
+            else:
+                item["id"] = self.exchange.request_id if self.exchange is not None else None  # as on a stream
+                self._answer(item)
+                return  # what follows the answer is not the request's, as on an event stream
+        self._fail("SSE stream ended without a response")
+
+    def _answer(self, message: dict[str, Any]) -> None:
+        exchange = self.exchange
+        assert exchange is not None
+        exchange.answered = True
         self._deliver(message)
 
     def _resumed(self, exchange: Exchange) -> bool:

@@ -47,6 +47,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from mcpmux.core.inbound import InboundCall
 from mcpmux.upstream.http_connection import Connection, Resumption
+from mcpmux.upstream.json_bodies import JoinedBodies
 from mcpmux.upstream.lane import Send, UpstreamLane, is_lane_id
 from mcpmux.wire.json_bytes import dumps
 
@@ -86,7 +87,7 @@ def raw_lane_allowed(url: str) -> bool:
 class HttpLane:
     """Keep-alive connections to one upstream endpoint, carrying the lane's requests."""
 
-    def __init__(self, url: str, http: httpx2.AsyncClient, lane: UpstreamLane) -> None:
+    def __init__(self, url: str, http: httpx2.AsyncClient, lane: UpstreamLane, joined: JoinedBodies) -> None:
         parts = urlsplit(url)
         self._https = parts.scheme == "https"
         self._host = parts.hostname or ""
@@ -102,6 +103,7 @@ class HttpLane:
         self._headers = headers
         self._http = http
         self._lane = lane
+        self._joined = joined
         self.session_id: str | None = None
         """A 2025 session's id, from the SDK's handshake."""
         self.pass_on: PassOn | None = None
@@ -296,6 +298,9 @@ class HttpLane:
                 return
 
     # -- what connections tell their pool (`mcpmux.upstream.http_connection.Pool`) ---------------------------
+
+    def several(self, body: bytes) -> list[Any] | None:
+        return self._joined.split(body)
 
     def carrying(self, request_id: str, connection: Connection | None) -> None:
         if connection is None:

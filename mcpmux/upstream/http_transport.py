@@ -26,6 +26,7 @@ from pydantic import ValidationError
 
 from mcpmux.core.inbound import InboundCall, in_call
 from mcpmux.upstream.http_lane import HttpLane, raw_lane_allowed
+from mcpmux.upstream.json_bodies import JoinedBodies
 from mcpmux.upstream.lane import UpstreamLane, session_sender
 from mcpmux.upstream.oauth.upstream_auth import UpstreamOAuth
 
@@ -34,18 +35,22 @@ _Item = SessionMessage | Exception
 
 @asynccontextmanager
 async def http_transport(
-    url: str, headers: dict[str, str], lane: UpstreamLane, oauth: UpstreamOAuth | None = None
+    url: str,
+    headers: dict[str, str],
+    lane: UpstreamLane,
+    joined: JoinedBodies,
+    oauth: UpstreamOAuth | None = None,
 ) -> AsyncIterator[tuple[Any, Any]]:
     """The (read, write) streams an SDK `Client` takes; `lane` is attached to an `HttpLane` where one can serve.
 
-    `oauth` signs the SDK's requests; a connection that carries a token has no `HttpLane`, which sends none.
+    `joined` reads the upstream's JSON bodies that hold several messages, on both paths. `oauth` signs
+    the SDK's requests; a connection that carries a token has no `HttpLane`, which sends none.
     """
     # The HTTP client stays ours to close: left open, each reconnection would leak the old pool's sockets.
     http = httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30.0, read=None), auth=oauth)
     signed = oauth is not None and oauth.active
-    raw = HttpLane(url, http, lane) if raw_lane_allowed(url) and _on_asyncio() and not signed else None
-    if raw is not None:
-        http.event_hooks = {"response": [raw.on_sdk_response]}
+    raw = HttpLane(url, http, lane, joined) if raw_lane_allowed(url) and _on_asyncio() and not signed else None
+    http.event_hooks = {"response": [*([raw.on_sdk_response] if raw is not None else []), joined.on_response]}
     async with http, streamable_http_client(url, http_client=http) as (read, write):
         if raw is None:
             yield read, write

@@ -39,6 +39,7 @@ from mcpmux.core.output_schema import result_error, sdk_problem
 from mcpmux.errors import UpstreamError, UpstreamTimeoutError, UpstreamUnavailableError
 from mcpmux.upstream.child_stderr import ChildStderr
 from mcpmux.upstream.http_transport import http_transport
+from mcpmux.upstream.json_bodies import JoinedBodies
 from mcpmux.upstream.lane import UpstreamLane
 from mcpmux.upstream.oauth.upstream_auth import NeedsLoginError, needs_login, upstream_oauth
 from mcpmux.upstream.session_io import Listing, WatchedTransport, fetch_listing, listen_for_changes
@@ -158,6 +159,7 @@ class Upstream:
         self._client_changed = anyio.Event()
         self._refreshing: anyio.Event | None = None
         self.oauth = upstream_oauth(name, config)
+        self._joined = JoinedBodies(name)  # kept across reconnections: its deviation is logged once
         self.stderr = ChildStderr(name)
         """A stdio upstream's stderr: passed on labelled with its name; the last lines kept (`down` reasons)."""
         self.subscriptions: set[str] = set()
@@ -314,7 +316,7 @@ class Upstream:
             child = stdio_transport(command, args, env, config.cwd, lane, self.stderr, spoke)
             transport = WatchedTransport(child, health.lost, lane, self._on_task_status, self._answer_task)
         else:
-            endpoint = http_transport(config.url or "", dict(config.headers), lane, self.oauth)
+            endpoint = http_transport(config.url or "", dict(config.headers), lane, self._joined, self.oauth)
             transport = WatchedTransport(endpoint, health.lost, lane, self._on_task_status, self._answer_task)
         events = self.events
         client = Client(

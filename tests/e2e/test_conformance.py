@@ -28,14 +28,7 @@ REFERENCE = Path(os.environ.get("MCP_CONFORMANCE_REPO", "/work/.mirror/modelcont
 (benchmarks/conformance/install.py)."""
 LATEST = "0.2.0-alpha.12"
 
-SERVER_GAPS: dict[tuple[str, str], set[str]] = {
-    (LATEST, "--requirements 2026-07-28"): {
-        # Two checks: mcpmux answers sampling with its own model by default, so a client that declared
-        # none still has it (no -32021; with `policy = "client"` it is refused); and the reference's
-        # two JSON texts in one `application/json` body, which the SDK's own client refuses directly too.
-        "server-stateless",
-    },
-}
+SERVER_GAPS: dict[tuple[str, str], set[str]] = {}
 UNSETTLED: dict[tuple[str, str], set[str]] = {
     # Pending in the suite (run, not scored). The reference hands `test_reconnection`'s result only to
     # a reconnection made within 100 ms, though it asks clients to wait 5 s (`retry`); mcpmux waits

@@ -13,6 +13,7 @@ import stat
 import subprocess
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -29,15 +30,28 @@ TTL = 3
 """Seconds the server's access tokens live: long enough to log in and call, short enough to lapse here."""
 
 
-@pytest.fixture
-def dpop_server() -> Iterator[str]:
+@contextmanager
+def _serving(*mode: str) -> Iterator[str]:
     port = free_port()
-    process = subprocess.Popen([PY, str(SERVER), str(port), str(TTL)], stderr=subprocess.DEVNULL)
+    process = subprocess.Popen([PY, str(SERVER), str(port), str(TTL), *mode], stderr=subprocess.DEVNULL)
     try:
         wait_for_port(port, process)
         yield f"http://127.0.0.1:{port}/mcp"
     finally:
         stop(process)
+
+
+@pytest.fixture
+def dpop_server() -> Iterator[str]:
+    with _serving() as url:
+        yield url
+
+
+@pytest.fixture
+def bearer_server() -> Iterator[str]:
+    """The same servers without DPoP: nothing in their metadata advertises it."""
+    with _serving("bearer") as url:
+        yield url
 
 
 def _mcpmux(*args: str, home: Path) -> subprocess.Popen[str]:
@@ -98,6 +112,59 @@ async def test_a_dpop_bound_login_calls_with_proofs_nonces_and_refreshes(
     assert refused.pop("token: use_dpop_nonce") >= 2  # the login's, and the refresh's
     assert refused.pop("mcp: use_dpop_nonce") >= 3
     assert set(refused) <= {"mcp: no token"}, refused
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_an_authorization_server_that_does_not_advertise_dpop_gets_no_proof(
+    bearer_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No `dpop_signing_alg_values_supported` in its metadata: the login, the refresh and every MCP
+    request go without a `DPoP` header (the servers count what they received), with a bearer token."""
+    home = tmp_path / "home"
+    config = tmp_path / "mcpmux.toml"
+    config.write_text(f'[inference]\nbackend = "off"\n\n[servers.d]\nurl = "{bearer_server}"\n')
+    record, stored = _log_in(config, home)
+    assert (stored["token_type"], stored["dpop_key"]) == ("Bearer", None)
+
+    monkeypatch.setenv("MCPMUX_HOME", str(home))
+    async with Mux.from_config(config) as mux:
+        assert text_of(await mux.call_tool("d__echo", {"text": "plain"})) == "plain"
+        await anyio.sleep(max(0.0, json.loads(record.read_text())["expires_at"] - time.time()))
+        assert text_of(await mux.call_tool("d__echo", {"text": "after"})) == "after"  # refreshed first
+        received = json.loads(text_of(await mux.call_tool("d__proofs", {})))
+    refreshed = json.loads(record.read_text())
+    assert refreshed["token"]["access_token"] != stored["token"]["access_token"]
+    assert received == {"token": 0, "mcp": 0}  # both reached (the login's and the refresh's token requests), no proof
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+@pytest.mark.parametrize("advertised", [True, False], ids=["dpop", "bearer"])
+async def test_the_client_credentials_grant_uses_dpop_only_where_advertised(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, advertised: bool
+) -> None:
+    """A machine client (no login): its token request and calls carry proofs, answered nonces
+    included, where the authorization server advertises DPoP, and none where it does not."""
+    monkeypatch.setenv("D_SECRET", "machine-secret")
+    with _serving(*([] if advertised else ["bearer"])) as url:
+        config = tmp_path / "mcpmux.toml"
+        config.write_text(
+            f'[inference]\nbackend = "off"\n\n[servers.d]\nurl = "{url}"\n\n'
+            '[servers.d.oauth]\ngrant = "client_credentials"\nclient_id = "machine"\nclient_secret_env = "D_SECRET"\n'
+        )
+        monkeypatch.setenv("MCPMUX_HOME", str(tmp_path / "home"))
+        async with Mux.from_config(config) as mux:
+            for n in range(4):  # the DPoP server's nonce changes every 3 proofs
+                assert text_of(await mux.call_tool("d__echo", {"text": str(n)})) == str(n)
+            received = json.loads(text_of(await mux.call_tool("d__proofs", {})))
+            refused = _refusals(text_of(await mux.call_tool("d__refusals", {})))
+    if advertised:
+        assert received["token"] >= 1, received
+        assert received["mcp"] >= 5, received
+        assert set(refused) <= {"mcp: no token", "token: use_dpop_nonce", "mcp: use_dpop_nonce"}, refused
+    else:
+        assert received == {"token": 0, "mcp": 0}
 
 
 @pytest.mark.slow

@@ -1,7 +1,8 @@
 """An MCP server that takes DPoP-bound tokens only (RFC 9449), with its own authorization server,
-for the tests: `python dpop_server.py PORT TTL`.
+for the tests: `python dpop_server.py PORT TTL [bearer]`.
 
-The authorization server registers clients dynamically, approves every authorization at once
+The authorization server registers clients dynamically, grants client credentials to any client,
+approves every authorization at once
 (a redirect to the client's redirect_uri with the code, PKCE S256 checked), and issues access
 tokens (TTL seconds) and rotating refresh tokens bound to the key of the DPoP proof on the token
 request; a token request without a valid proof is refused. The MCP endpoint (`/mcp`) takes only
@@ -9,8 +10,13 @@ request; a token request without a valid proof is refused. The MCP endpoint (`/m
 `jti` never seen before). Both demand their own nonce (`DPoP-Nonce`), a different one every
 `NONCE_EVERY` proofs, so a client must pick up a new nonce while it works, not only once.
 
+With `bearer` it is the same servers without DPoP, as most are: their metadata does not advertise
+it (no `dpop_signing_alg_values_supported`), the authorization server issues bearer tokens and
+ignores any proof, and the MCP endpoint takes `Authorization: Bearer`.
+
 Tools: `echo`; `refusals`, what the two refused so far (JSON: reason -> count), which shows
-whether a client was challenged and whether it answered each challenge as it should.
+whether a client was challenged and whether it answered each challenge as it should; `proofs`,
+how many requests each of the two received with a `DPoP` header (JSON: "token" | "mcp" -> count).
 """
 
 from __future__ import annotations
@@ -35,6 +41,9 @@ from starlette.routing import Route
 
 PORT = int(sys.argv[1])
 TTL = int(sys.argv[2])
+BEARER = sys.argv[3:] == ["bearer"]
+ADVERTISED = {} if BEARER else {"dpop_signing_alg_values_supported": ["ES256"]}
+SCHEME = "Bearer" if BEARER else "DPoP"
 URL = f"http://127.0.0.1:{PORT}"
 MCP_URL = f"{URL}/mcp"
 TOKEN_URL = f"{URL}/token"
@@ -42,6 +51,7 @@ NONCE_EVERY = 3
 """Proofs each nonce serves before the server asks for a new one."""
 
 refusals: Counter[str] = Counter()
+proofs: Counter[str] = Counter()
 clients: dict[str, dict[str, Any]] = {}
 codes: dict[str, dict[str, Any]] = {}
 access: dict[str, dict[str, Any]] = {}
@@ -98,9 +108,7 @@ def check_proof(request: Request, url: str, token: str | None) -> tuple[dict[str
 
 
 async def protected_resource(request: Request) -> Response:
-    return JSONResponse(
-        {"resource": MCP_URL, "authorization_servers": [URL], "dpop_signing_alg_values_supported": ["ES256"]}
-    )
+    return JSONResponse({"resource": MCP_URL, "authorization_servers": [URL], **ADVERTISED})
 
 
 async def authorization_server(request: Request) -> Response:
@@ -114,7 +122,7 @@ async def authorization_server(request: Request) -> Response:
             "grant_types_supported": ["authorization_code", "refresh_token"],
             "code_challenge_methods_supported": ["S256"],
             "token_endpoint_auth_methods_supported": ["none"],
-            "dpop_signing_alg_values_supported": ["ES256"],
+            **ADVERTISED,
         }
     )
 
@@ -141,10 +149,11 @@ def _token_error(error: str, headers: dict[str, str] | None = None) -> Response:
 
 async def token(request: Request) -> Response:
     form = await request.form()
-    proof, why = check_proof(request, TOKEN_URL, None)
+    proofs["token"] += "dpop" in request.headers
+    proof, why = ({"jwk": None}, None) if BEARER else check_proof(request, TOKEN_URL, None)
     if proof is None:
         return _token_error(f"invalid_dpop_proof ({why})")
-    if not as_nonces.take(proof["nonce"]):
+    if not BEARER and not as_nonces.take(proof["nonce"]):
         return _token_error("use_dpop_nonce", {"DPoP-Nonce": as_nonces.current})
     if form.get("grant_type") == "authorization_code":
         grant = codes.pop(str(form.get("code")), None)
@@ -157,12 +166,14 @@ async def token(request: Request) -> Response:
         if held is None or held["jwk"] != proof["jwk"]:  # a refresh token is bound to the key too
             return _token_error("invalid_grant")
         scope = held["scope"]
+    elif form.get("grant_type") == "client_credentials":  # any client: what is tested is the proof
+        scope = str(form.get("scope", ""))
     else:
         return _token_error("unsupported_grant_type")
     issued, renewal = secrets.token_urlsafe(16), secrets.token_urlsafe(16)
     access[issued] = {"jwk": proof["jwk"], "expires": time.time() + TTL}
     refresh[renewal] = {"jwk": proof["jwk"], "scope": scope}
-    answer = {"access_token": issued, "token_type": "DPoP", "expires_in": TTL, "refresh_token": renewal}
+    answer = {"access_token": issued, "token_type": SCHEME, "expires_in": TTL, "refresh_token": renewal}
     return JSONResponse({**answer, **({"scope": scope} if scope else {})})
 
 
@@ -191,24 +202,33 @@ def list_refusals() -> str:
     return json.dumps(dict(refusals))
 
 
+@server.tool(name="proofs")
+def list_proofs() -> str:
+    """How many requests the authorization server ("token") and the MCP endpoint ("mcp") received with a DPoP header."""
+    return json.dumps(dict(proofs))
+
+
 mcp_app = server.streamable_http_app()
 
 
 def _challenge(error: str, **headers: str) -> Response:
     refusals[f"mcp: {error}"] += 1
     metadata = f'resource_metadata="{URL}/.well-known/oauth-protected-resource/mcp"'
-    value = f'DPoP error="{error}", {metadata}' if error != "no token" else f"DPoP {metadata}"
+    value = f'{SCHEME} error="{error}", {metadata}' if error != "no token" else f"{SCHEME} {metadata}"
     return JSONResponse({"error": error}, status_code=401, headers={"WWW-Authenticate": value, **headers})
 
 
 async def guard(request: Request) -> Response | None:
     """None: the request may reach the MCP server; else the refusal."""
+    proofs["mcp"] += "dpop" in request.headers
     scheme, _, presented = request.headers.get("authorization", "").partition(" ")
     if not presented:
         return _challenge("no token")
     held = access.get(presented)
-    if scheme != "DPoP" or held is None or held["expires"] < time.time():
+    if scheme != SCHEME or held is None or held["expires"] < time.time():
         return _challenge("invalid_token")
+    if BEARER:
+        return None
     proof, why = check_proof(request, MCP_URL, presented)
     if proof is None:
         return _challenge(f"invalid_dpop_proof ({why})")

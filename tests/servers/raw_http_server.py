@@ -12,6 +12,10 @@ Options:
   `retry: 300`, then ends before the answer; a `GET` with that id in `Last-Event-ID` gets the
   answer (SEP-1699). `whoami` reports each such reconnection (`resumed`: the id, and the
   milliseconds since the stream ended);
+- `joined`: it answers every `tools/call` as the suite's 2026 reference server answers
+  `test_streaming_elicitation`: a progress notification (for a request that gave a progress token)
+  and then the response, as two newline-separated JSON texts in one `application/json` body;
+  `joined-array`: the same two messages as one JSON array (a 2025-03-26 batch's shape);
 - `listen-json`: it answers `subscriptions/listen` as the suite's 2026 reference server does, with
   its acknowledgement as a line of an `application/json` body that it never finishes.
 
@@ -135,6 +139,8 @@ async def serve_connection(reader: asyncio.StreamReader, writer: asyncio.StreamW
                         return
                 if "id" in request:
                     payload = json.dumps(await answer(request, headers)).encode()
+                    if request.get("method") == "tools/call" and OPTIONS & {"joined", "joined-array"}:
+                        payload = joined(request, payload)
                 else:
                     status = b"202 Accepted"
             session = f"mcp-session-id: {sessions['current']}\r\n".encode() if b'"initialize"' in body else b""
@@ -147,6 +153,17 @@ async def serve_connection(reader: asyncio.StreamReader, writer: asyncio.StreamW
         pass
     finally:
         writer.close()
+
+
+def joined(request: dict[str, Any], answered: bytes) -> bytes:
+    """The call's progress, then its answer, in one JSON body: newline-separated texts, or an array."""
+    token = request.get("params", {}).get("_meta", {}).get("progressToken")
+    progress = {"progressToken": token, "progress": 1, "total": 2, "message": "half way"}
+    texts = [json.dumps({"jsonrpc": "2.0", "method": "notifications/progress", "params": progress}).encode()]
+    texts = texts if token is not None else []
+    if "joined-array" in OPTIONS:
+        return b"[" + b",".join([*texts, answered]) + b"]"
+    return b"\n".join([*texts, answered]) + b"\n"
 
 
 def chunk(data: bytes) -> bytes:

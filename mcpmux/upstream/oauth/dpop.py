@@ -5,6 +5,9 @@ useless without the key.
     MCP request   ──▶ Authorization: DPoP <token> + DPoP: proof(ath = hash of the token)
     either answered "use_dpop_nonce" with a DPoP-Nonce ──▶ signed again with that nonce, once
 
+Only where the authorization server advertises it: its metadata's `dpop_signing_alg_values_supported`
+lists ES256 (`noting_dpop_support` reads that field as the SDK's discovery fetches the document; the
+SDK's `OAuthMetadata` drops it). Elsewhere no proof is sent, and the token is a plain bearer one.
 One ES256 key pair per upstream login, generated at `mcpmux login` and stored with its tokens
 (the token store's record, written whole and owner-only). A proof is a JWT signed with PyJWT,
 carrying the public key in its header; every proof has its own `jti`. A server's latest nonce is
@@ -33,6 +36,9 @@ from mcp.shared.auth import OAuthToken
 
 ALGORITHM = "ES256"
 USE_NONCE = "use_dpop_nonce"
+ADVERTISED = "dpop_signing_alg_values_supported"
+METADATA_DOCUMENTS = ("/.well-known/oauth-authorization-server", "/.well-known/openid-configuration")
+"""Where authorization server metadata is published (RFC 8414, OpenID Connect Discovery), anywhere in the path."""
 
 
 class DpopKey:
@@ -143,6 +149,38 @@ async def signed(
         return
     finally:
         await flow.aclose()
+
+
+async def noting_dpop_support(
+    flow: AsyncGenerator[httpx2.Request, httpx2.Response], note: Callable[[bool], None]
+) -> AsyncGenerator[httpx2.Request, httpx2.Response]:
+    """`flow` (the SDK's OAuth flow), calling `note(advertised)` with each authorization server metadata
+    document it reads: whether its `dpop_signing_alg_values_supported` lists ES256. The SDK takes the
+    last document it read before its token request, so the last note is the one that counts."""
+    try:
+        request = await flow.__anext__()
+        while True:
+            response = yield request
+            if request.method == "GET" and response.status_code == 200 and _is_metadata(request.url):
+                note(await _advertises_dpop(response))
+            request = await flow.asend(response)
+    except StopAsyncIteration:
+        return
+    finally:
+        await flow.aclose()
+
+
+def _is_metadata(url: httpx2.URL) -> bool:
+    return any(document in url.path for document in METADATA_DOCUMENTS)
+
+
+async def _advertises_dpop(response: httpx2.Response) -> bool:
+    try:
+        document = json.loads(await response.aread())
+    except ValueError:
+        return False
+    algorithms = document.get(ADVERTISED) if isinstance(document, dict) else None
+    return isinstance(algorithms, list) and ALGORITHM in algorithms
 
 
 def parse_token(content: bytes) -> tuple[OAuthToken, bool]:

@@ -6,9 +6,10 @@
               ▶ authorization URL (to the person) ▶ callback on 127.0.0.1 (state checked)
               ▶ token ▶ the handshake again, with it ▶ stored (`token_store`)
 
-The token request carries a DPoP proof of a key pair made for this login (`dpop`), stored with the
-token: an authorization server that takes DPoP binds the token to it (`token_type` "DPoP"), one that
-does not ignores the proof, as any header it does not know, and issues a bearer token.
+Where the authorization server's metadata advertises DPoP (ES256), the token request carries a
+proof of a key pair made for this login (`dpop_provider`), stored with the token, which the server
+binds to it (`token_type` "DPoP"); elsewhere no proof is sent, no key is stored, and the token is a
+bearer one.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import os
 import secrets
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 from urllib.parse import parse_qs, urljoin, urlsplit
 
 import anyio
@@ -26,16 +27,16 @@ import httpx2
 from anyio.abc import SocketStream
 from mcp import Client
 from mcp.client.auth import OAuthClientProvider
-from mcp.client.auth.exceptions import OAuthFlowError, OAuthTokenError
+from mcp.client.auth.exceptions import OAuthFlowError
 from mcp.client.auth.utils import union_scopes
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.auth import AuthorizationCodeResult, OAuthClientInformationFull, OAuthClientMetadata
 from mcp.shared.exceptions import MCPError
-from pydantic import AnyUrl, ValidationError
+from pydantic import AnyUrl
 
 from mcpmux.core.config import ServerConfig
 from mcpmux.errors import MuxError
-from mcpmux.upstream.oauth.dpop import DpopKey, parse_token, signed
+from mcpmux.upstream.oauth.dpop_provider import DpopProvider
 from mcpmux.upstream.oauth.legacy_issuer import noting_legacy_issuer
 from mcpmux.upstream.oauth.stored_login import StoredLogin
 from mcpmux.upstream.oauth.token_store import TokenStore
@@ -112,25 +113,19 @@ class _Callback:
         return self.result
 
 
-class _Provider(OAuthClientProvider):
+class _Provider(DpopProvider):
     """The SDK's provider, asking for the configured scopes where some are (it would take the server's),
     sending a pre-registered client's secret the way the authorization server takes it, with DPoP
-    proofs (which the SDK lacks), and taking a 2025-03-26 server's own issuer (`legacy_issuer`)."""
+    where the authorization server advertises it (which the SDK lacks), and taking a 2025-03-26
+    server's own issuer (`legacy_issuer`)."""
 
     scopes: str | None = None
     preregistered: bool = False
-    bound: bool = False
-    """Whether the token is DPoP-bound (`token_type` "DPoP")."""
     legacy_issuer: str | None = None
     """The issuer a server with no protected-resource metadata names on its own origin."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.dpop = DpopKey.generate()
-
-    def _auth_flow(self, request: httpx2.Request) -> AsyncGenerator[httpx2.Request, httpx2.Response]:
-        flow = noting_legacy_issuer(super()._auth_flow(request), self.context.server_url, self._note_legacy_issuer)
-        return signed(flow, lambda: self.dpop)
+    def _unsigned_flow(self, request: httpx2.Request) -> AsyncGenerator[httpx2.Request, httpx2.Response]:
+        return noting_legacy_issuer(super()._unsigned_flow(request), self.context.server_url, self._note_legacy_issuer)
 
     def _note_legacy_issuer(self, issuer: str) -> None:
         self.legacy_issuer = issuer
@@ -139,24 +134,6 @@ class _Provider(OAuthClientProvider):
         if self.context.auth_server_url is None and self.legacy_issuer is not None:
             return self.legacy_issuer
         return super()._expected_issuer()
-
-    async def _handle_token_response(self, response: httpx2.Response) -> None:
-        if response.status_code not in {200, 201}:
-            await super()._handle_token_response(response)  # raises, with the server's answer
-        try:
-            token, self.bound = parse_token(await response.aread())
-        except (ValidationError, ValueError) as err:
-            raise OAuthTokenError(f"Invalid token response: {err}") from None
-        if token.scope is None:  # RFC 6749 §5.1: what was asked for was granted (as the SDK records it)
-            token.scope = self.context.client_metadata.scope
-        self.context.current_tokens = token
-        self.context.update_token_expiry(token)
-        await self.context.storage.set_tokens(token)
-
-    def _add_auth_header(self, request: httpx2.Request) -> None:
-        tokens = self.context.current_tokens
-        if tokens is not None and tokens.access_token:
-            request.headers["Authorization"] = f"{'DPoP' if self.bound else 'Bearer'} {tokens.access_token}"
 
     async def _perform_authorization(self) -> httpx2.Request:
         if self.scopes:
@@ -243,9 +220,9 @@ async def log_in(
         else urljoin(context.get_authorization_base_url(context.server_url), "/token")
     )
     resource = context.get_resource_url() if context.should_include_resource_param(context.protocol_version) else None
-    login = StoredLogin.issued(
-        storage.tokens, storage.client, token_endpoint, resource, dpop_key=provider.dpop.to_pem(), bound=provider.bound
-    )
+    key = provider.dpop.to_pem() if provider.dpop_advertised else None  # refreshes are signed only with one
+    tokens, client, bound = storage.tokens, storage.client, provider.bound
+    login = StoredLogin.issued(tokens, client, token_endpoint, resource, dpop_key=key, bound=bound)
     preregistered = settings is not None and settings.client_secret_env is not None
     store.save(name, server.url or "", login.to_record(keep_secret=not preregistered))
     return login

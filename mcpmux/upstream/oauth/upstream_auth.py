@@ -15,7 +15,8 @@ login refresh it once: the others find the new token when the lock is theirs. Wi
 "client_credentials"` or `"identity_assertion"` there is no login: mcpmux gets tokens itself as a machine
 client (`MachineOAuth`), or as the user through the identity provider (`identity_assertion`).
 A login whose token is DPoP-bound sends it as `Authorization: DPoP`, each request (and each refresh)
-signed with the login's key (`dpop`).
+signed with the login's key (`dpop`); the machine grants client credentials and workload identity
+use DPoP the same way where the authorization server advertises it (`dpop_provider`).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from pydantic import ValidationError
 from mcpmux.core.config import ServerConfig
 from mcpmux.errors import ConfigError, UpstreamUnavailableError
 from mcpmux.upstream.oauth.dpop import DpopKey, parse_token, signed
+from mcpmux.upstream.oauth.dpop_provider import DpopProvider
 from mcpmux.upstream.oauth.id_jag import id_jag_fetcher
 from mcpmux.upstream.oauth.stored_login import StoredLogin
 from mcpmux.upstream.oauth.token_store import TokenStore, default_home
@@ -290,12 +292,12 @@ class MachineOAuth(UpstreamOAuth):
                 signing_key=key,
                 signing_algorithm=settings.signing_algorithm,
             )
-            provider = PrivateKeyJWTOAuthProvider(
+            provider = _PrivateKeyJWT(
                 self.url, storage, settings.client_id, signer.create_assertion_provider(), _scope(settings.scopes)
             )
         else:
             secret = _required_env(name, "client_secret_env", settings.client_secret_env or "")
-            provider = ClientCredentialsOAuthProvider(
+            provider = _ClientCredentials(
                 self.url, storage, settings.client_id, secret, "client_secret_basic", _scope(settings.scopes)
             )
         self._provider = provider
@@ -316,6 +318,14 @@ class MachineOAuth(UpstreamOAuth):
                 sent = await flow.asend(response)
         except StopAsyncIteration:
             return
+
+
+class _ClientCredentials(DpopProvider, ClientCredentialsOAuthProvider):
+    """The SDK's client-credentials grant (a secret), with DPoP where the authorization server advertises it."""
+
+
+class _PrivateKeyJWT(DpopProvider, PrivateKeyJWTOAuthProvider):
+    """The SDK's client-credentials grant (private_key_jwt), with DPoP where the authorization server advertises it."""
 
 
 def _required_env(name: str, key: str, variable: str) -> str:

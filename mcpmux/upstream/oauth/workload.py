@@ -19,15 +19,18 @@ from pathlib import Path
 from typing import Any
 
 import httpx2
-from mcp.client.auth import OAuthClientProvider, TokenStorage
+from mcp.client.auth import TokenStorage
 from mcp.client.auth.exceptions import OAuthFlowError
 from mcp.shared.auth import OAuthClientInformationFull, OAuthClientMetadata
+
+from mcpmux.upstream.oauth.dpop_provider import DpopProvider
 
 JWT_BEARER = "urn:ietf:params:oauth:grant-type:jwt-bearer"
 
 
-class WorkloadIdentityProvider(OAuthClientProvider):
-    """The SDK's provider (discovery, token handling), with the jwt-bearer grant as its authorization."""
+class WorkloadIdentityProvider(DpopProvider):
+    """The SDK's provider (discovery, token handling), with the jwt-bearer grant as its authorization,
+    and DPoP where the authorization server advertises it."""
 
     def __init__(
         self, server_url: str, storage: TokenStorage, client_id: str, assertion: Callable[[], str], scope: str | None

@@ -38,8 +38,8 @@ from dataclasses import dataclass
 import anyio
 import numpy as np
 import torch
-from tool_search_data import ROOT, Query, load_docs, load_queries
-from tool_search_tried import server_folds, table
+from tool_search_data import ROOT, Query
+from tool_search_tried import indexed, server_folds, table
 
 from mcpmux.inference.serving.embeddings import Embedder
 from mcpmux.inference.serving.encoder import EmbeddingModel
@@ -215,10 +215,7 @@ def main() -> None:
     parser.add_argument("--heldout", action="store_true", help="after the choice: the held-out servers' figures")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    index = ToolIndex()
-    index.update(load_docs())
-    wanted = ("tune", "heldout") if args.heldout else ("tune",)  # held-out queries are not even embedded before
-    queries = [q for q in load_queries() if q.kind != "nonsense" and q.split in wanted]
+    index, queries = indexed(args.heldout)
     e5 = None if args.no_e5 else e5_vectors(index.docs, queries)
     data = Data(index, queries, anyio.run(minilm, index.docs, queries), e5)
     tune = [row for row, q in enumerate(queries) if q.split == "tune"]

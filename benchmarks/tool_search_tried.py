@@ -252,6 +252,16 @@ def cross_validated(data: Data, tune: list[int], folds: int, repeats: int) -> li
     return runs
 
 
+def indexed(heldout: bool) -> tuple[ToolIndex, list[Query]]:
+    """The whole catalog's index, and the tuning servers' queries (with `heldout`, the held-out servers'
+    too: before the choice they are not even embedded); nonsense queries left out (the threshold answers
+    them)."""
+    index = ToolIndex()
+    index.update(load_docs())
+    wanted = ("tune", "heldout") if heldout else ("tune",)
+    return index, [q for q in load_queries() if q.kind != "nonsense" and q.split in wanted]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--folds", type=int, default=5)
@@ -259,10 +269,7 @@ def main() -> None:
     parser.add_argument("--heldout", action="store_true", help="after the choice: the held-out servers' figures")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    index = ToolIndex()
-    index.update(load_docs())
-    wanted = ("tune", "heldout") if args.heldout else ("tune",)  # held-out queries are not even embedded before
-    queries = [q for q in load_queries() if q.kind != "nonsense" and q.split in wanted]
+    index, queries = indexed(args.heldout)
     data = Data(index, *anyio.run(embed_all, index.docs, queries), queries)
     tune = [row for row, q in enumerate(queries) if q.split == "tune"]
     sys.stdout.write(

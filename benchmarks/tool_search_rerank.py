@@ -34,6 +34,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import anyio
 import numpy as np
@@ -60,6 +61,16 @@ description's first sentence."""
 TOKENS = 128
 
 Ranker = Callable[[dict[str, float], Sequence[int]], list[int]]
+Candidates = dict[str, tuple[Ranker, list[dict[str, float]]]]
+
+
+class Scored(Protocol):
+    """What the cross-validation needs of a benchmark's data: each query's right tool's server, and the
+    shipped ranking's ranks."""
+
+    server: np.ndarray
+
+    def shipped(self, setting: dict[str, float], rows: Sequence[int]) -> list[int]: ...
 
 
 @dataclass(frozen=True)
@@ -144,7 +155,7 @@ def best(ranker: Ranker, settings: list[dict[str, float]], rows: Sequence[int]) 
 
 
 def cross_validated(
-    data: Data, ranker: Ranker, settings: list[dict[str, float]], tune: list[int], folds: int, repeats: int
+    data: Scored, ranker: Ranker, settings: list[dict[str, float]], tune: list[int], folds: int, repeats: int
 ) -> tuple[list[list[int]], list[dict[str, float]]]:
     """Each tuning query's rank with the setting its server's fold did not choose from, per repeat; and
     the settings chosen."""
@@ -157,6 +168,38 @@ def cross_validated(
             ranks.update(zip(check, ranker(setting, check), strict=True))
         runs.append([ranks[row] for row in tune])
     return runs, chosen
+
+
+def report(
+    data: Scored, queries: list[Query], candidates: Candidates, folds: int, repeats: int, heldout: bool, fits: int = 0
+) -> None:
+    """The tuning servers' table (each candidate cross-validated against the shipped ranking) and, with
+    `heldout`, the held-out servers' (each with the setting the whole tuning part chooses); `fits`: also
+    print that many best settings per candidate by MRR on all tuning queries."""
+    tune = [row for row, q in enumerate(queries) if q.split == "tune"]
+    sys.stdout.write(
+        f"tuning servers ({len(tune)} queries; {folds}-fold cross-validation over servers, "
+        f"{repeats} repeats; no threshold):\n"
+    )
+    ranks = {"shipped": [data.shipped({}, tune)]}
+    for label, (ranker, settings) in candidates.items():
+        runs, chosen = cross_validated(data, ranker, settings, tune, folds, repeats)
+        ranks[label] = runs
+        sys.stdout.write(f"  {label}: settings chosen per fold {chosen}\n")
+    sys.stdout.write(table(queries, tune, ranks))
+    for label, (ranker, settings) in candidates.items() if fits else ():
+        ranked = sorted(((mrr(ranker(s, tune)), str(s)) for s in settings), reverse=True)[:fits]
+        sys.stdout.write(f"  {label}, best MRR on all tuning queries: " + ", ".join(f"{s} {m:.3f}" for m, s in ranked))
+        sys.stdout.write("\n")
+    if heldout:
+        held = [row for row, q in enumerate(queries) if q.split == "heldout"]
+        ranks = {"shipped": [data.shipped({}, held)]}
+        for label, (ranker, settings) in candidates.items():
+            setting = best(ranker, settings, tune)
+            ranks[label] = [ranker(setting, held)]
+            sys.stdout.write(f"  {label}: the whole tuning part chooses {setting}\n")
+        sys.stdout.write(f"held-out servers ({len(held)} queries):\n")
+        sys.stdout.write(table(queries, held, ranks))
 
 
 async def minilm(docs: list[ToolDoc], queries: list[Query]) -> MiniLM:
@@ -218,31 +261,12 @@ def main() -> None:
     index, queries = indexed(args.heldout)
     e5 = None if args.no_e5 else e5_vectors(index.docs, queries)
     data = Data(index, queries, anyio.run(minilm, index.docs, queries), e5)
-    tune = [row for row, q in enumerate(queries) if q.split == "tune"]
-    candidates: dict[str, tuple[Ranker, list[dict[str, float]]]] = {}
+    candidates: Candidates = {}
     if e5 is not None:
         candidates["e5 instead of MiniLM"] = (data.e5_instead, grid(alpha=ALPHAS))
         candidates["e5 beside MiniLM"] = (data.e5_beside, grid(w=BESIDE))
     candidates["late interaction (MaxSim)"] = (data.late, grid(view=LATE_VIEWS, k=LATE_K, w=LATE_W))
-    sys.stdout.write(
-        f"tuning servers ({len(tune)} queries; {args.folds}-fold cross-validation over servers, "
-        f"{args.repeats} repeats; no threshold):\n"
-    )
-    ranks = {"shipped": [data.shipped({}, tune)]}
-    for label, (ranker, settings) in candidates.items():
-        runs, chosen = cross_validated(data, ranker, settings, tune, args.folds, args.repeats)
-        ranks[label] = runs
-        sys.stdout.write(f"  {label}: settings chosen per fold {chosen}\n")
-    sys.stdout.write(table(data.queries, tune, ranks))
-    if args.heldout:
-        held = [row for row, q in enumerate(queries) if q.split == "heldout"]
-        ranks = {"shipped": [data.shipped({}, held)]}
-        for label, (ranker, settings) in candidates.items():
-            setting = best(ranker, settings, tune)
-            ranks[f"{label}"] = [ranker(setting, held)]
-            sys.stdout.write(f"  {label}: the whole tuning part chooses {setting}\n")
-        sys.stdout.write(f"held-out servers ({len(held)} queries):\n")
-        sys.stdout.write(table(data.queries, held, ranks))
+    report(data, queries, candidates, args.folds, args.repeats, args.heldout)
 
 
 if __name__ == "__main__":

@@ -771,14 +771,12 @@ torch::Tensor pool_gemm(torch::Tensor x, torch::Tensor weight, c10::optional<tor
   RECORD_FUNCTION("mcpmux::pool_gemm", {});
   if (x.stride(1) != 1 || x.stride(0) < x.size(1)) x = x.contiguous();
   const int64_t M = x.size(0), K = x.size(1), N = weight.size(0);
-  torch::Tensor y;
+  auto y = torch::empty({M, N}, x.options());
   float beta = 0.0f;
-  if (bias.has_value()) {  // added as addmm adds it: the product summed into a copy of the bias
+  if (bias.has_value()) {  // added as addmm adds it: the product summed into a copy of the bias in each row
     TORCH_CHECK(bias->scalar_type() == torch::kFloat32 && bias->numel() == N, "bias: [N] float32");
-    y = bias->reshape({1, N}).expand({M, N}).contiguous();
+    y.copy_(bias->reshape({1, N}).expand({M, N}));
     beta = 1.0f;
-  } else {
-    y = torch::empty({M, N}, x.options());
   }
   const float* xp = x.data_ptr<float>();
   const float* wp = weight.data_ptr<float>();

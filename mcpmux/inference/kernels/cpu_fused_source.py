@@ -757,10 +757,18 @@ bool dot_linear_fits(const torch::Tensor& x, const torch::Tensor& weight, int64_
 
 // F.linear(x, weight, bias) in float32 for the many rows of a prefill step, on the plain [N, K] weight: the
 // output's columns split into blocks that the pool's threads take, each block one single-threaded MKL product
-// of every row of x with that block's weight rows. MKL's own team would end each product at an OpenMP barrier
-// (a thread waiting for a core another process holds stalls the product) and is sized by torch's thread count,
-// which the thread governor lowers under load; the pool keeps both threads busy with no barrier.
+// of every row of x with that block's weight rows. MKL's own team ends each product at an OpenMP barrier: on a
+// host where other processes take a core now and then, every product waits for the thread whose core was taken
+// (a 512-token prefill step took 1.9x as long as on the pool, docs/perf.md), and the thread governor shrinks
+// that team when the load stays. So the pool multiplies where it has more threads than torch's team, and for
+// products of kPoolGemmRows rows or more (a full prefill step): on a quiet host each product alone is 8-25%
+// slower in blocks than on MKL's team, but such a step as a whole was no slower; smaller products on a quiet
+// host stay on MKL's team.
+constexpr int64_t kPoolGemmRows = 512;
+
 bool pool_gemm_fits(const torch::Tensor& x, const torch::Tensor& weight) {
+  const int mode = pool::mode.load(std::memory_order_relaxed);
+  if (mode <= 0 || (mode <= at::get_num_threads() && x.size(0) < kPoolGemmRows)) return false;
   return sgemm_ != nullptr && MKL_Set_Num_Threads_Local != nullptr && !weight.is_mkldnn() &&
          x.scalar_type() == torch::kFloat32 && weight.scalar_type() == torch::kFloat32 && x.dim() == 2 &&
          weight.dim() == 2 && weight.is_contiguous() && x.size(1) == weight.size(1) &&

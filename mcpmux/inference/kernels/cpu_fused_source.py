@@ -967,7 +967,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_and_mul", &silu_and_mul, Release());
   m.def("argmax_rows", &argmax_rows, Release());
   m.def("linear", &linear, Release());
-  m.def("pool_gemm", &pool_gemm, Release());
   m.def("swiglu", &swiglu, Release());
   m.def("logits", &logits, Release());
   m.def("amx_built", &amx::built);

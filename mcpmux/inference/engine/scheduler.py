@@ -12,6 +12,16 @@ running request is never a victim, so it always finishes. Only in a step without
 waiting requests admitted, in effective priority order, strictly (a head that does not fit blocks
 those behind it, so a large request is never starved by small ones), up to `max_num_seqs` running.
 
+One long prompt at a time while short ones wait: a prompt whose prefill takes more than one chunk
+is *long*, and while a shorter prompt is waiting, a step carries at most one long prompt's chunk.
+Another long prompt waits for a step without one, and the shorter prompts behind it are admitted
+meanwhile (a long prompt passed over this way does not block the queue). A step's time grows with
+its tokens, so a second long chunk makes every short request in the step, and every one arriving
+during it, wait longer for its first token; with one, short requests among long ones get theirs a
+step or two sooner, and the long ones still run in arrival order, each as soon as the one before
+has finished its prefill. With no short prompt waiting, long prompts fill the step's budget as
+before: fewer, fuller steps, each paying once for reading the weights.
+
 In-batch prefix sharing: a waiting request whose next full blocks (after its cached prefix) are
 being computed right now by a running request is a *follower*: it is passed over, without holding
 back those behind it, until those blocks are cached, and is then admitted with the hit instead of
@@ -56,6 +66,7 @@ class SchedulerOutput:
     scheduled: list[ScheduledSeq] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
     deferred: list[Sequence] = field(default_factory=list)  # followers waiting for a leader's prefix
+    held: list[Sequence] = field(default_factory=list)  # long prompts passed over for shorter ones
     num_batched_tokens: int = 0
 
 
@@ -118,6 +129,7 @@ class Scheduler:
         chunk = self.config.prefill_chunk_size
         self.running.sort(key=self._rank)
         i = 0
+        long_chunk = False  # whether a long prompt's chunk is in this step (module doc)
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             n = min(seq.num_tokens - seq.num_computed_tokens, chunk, budget)
@@ -126,9 +138,10 @@ class Scheduler:
             self.block_manager.allocate(seq, n)
             out.scheduled.append(ScheduledSeq(seq, n))
             budget -= n
+            long_chunk = long_chunk or self._is_long(seq, seq.num_cached_tokens)
             i += 1
         if not out.preempted:
-            budget = self._admit(budget, out)
+            budget = self._admit(budget, long_chunk, out)
         for seq in self.waiting:
             seq.waited_steps += 1
         out.num_batched_tokens = self.config.max_num_batched_tokens - budget
@@ -196,8 +209,9 @@ class Scheduler:
         self.waiting.append(seq)
         self.num_preemptions += 1
 
-    def _admit(self, budget: int, out: SchedulerOutput) -> int:
+    def _admit(self, budget: int, long_chunk: bool, out: SchedulerOutput) -> int:
         self.waiting.sort(key=self._order)
+        one_long = any(not self._is_long(seq, 0) for seq in self.waiting)  # a short prompt waits
         i = 0
         while i < len(self.waiting) and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[i]
@@ -207,6 +221,12 @@ class Scheduler:
                 i += 1
                 continue
             cached = match.num_blocks * self.config.block_size
+            if self._is_long(seq, cached):
+                if long_chunk and one_long:
+                    out.held.append(seq)  # one long prompt at a time: the shorter ones behind it go first
+                    i += 1
+                    continue
+                long_chunk = True
             n = min(seq.num_tokens - cached, self.config.prefill_chunk_size, budget)
             if not self.block_manager.can_allocate(seq, n, match):
                 break
@@ -216,6 +236,11 @@ class Scheduler:
             out.scheduled.append(ScheduledSeq(seq, n))
             budget -= n
         return budget
+
+    def _is_long(self, seq: Sequence, cached: int) -> bool:
+        """Whether `seq` is still prefilling a prompt of more than one chunk past its `cached` tokens."""
+        prefilling = seq.num_tokens - seq.num_computed_tokens > 1
+        return prefilling and seq.num_tokens - max(cached, 0) > self.config.prefill_chunk_size
 
     def _follows(self, seq: Sequence, match: PrefixMatch) -> bool:
         """Whether `seq` should wait for a running request to cache its next blocks (see module doc)."""

@@ -76,6 +76,44 @@ def test_long_prompt_is_chunked_and_decodes_keep_going() -> None:
     assert_pool_clean(sched)
 
 
+def scheduled(out: SchedulerOutput) -> dict[str, int]:
+    return {item.seq.request_id: item.num_new_tokens for item in out.scheduled}
+
+
+def test_short_prompts_pass_a_second_long_prompt_while_one_is_prefilling() -> None:
+    sched = make_scheduler(max_num_batched_tokens=32, prefill_chunk_size=8)
+    sched.add(make_seq("long-a", list(range(1, 21))))  # 20 tokens: three chunks
+    assert scheduled(step(sched)) == {"long-a": 8}
+    sched.add(make_seq("long-b", list(range(30, 50))))
+    sched.add(make_seq("short-1", [5, 6, 7]))
+    sched.add(make_seq("short-2", [8, 9, 10]))
+    out = step(sched)
+    # One long chunk a step while short prompts wait: long-b waits, the short ones behind it go in
+    # and get their first tokens, though the budget had room for long-b's first chunk.
+    assert scheduled(out) == {"long-a": 8, "short-1": 3, "short-2": 3}
+    assert [sched.get(rid).num_output_tokens for rid in ("short-1", "short-2")] == [1, 1]  # type: ignore[union-attr]
+    # No short prompt waits any more: long-b shares the step with long-a's last chunk.
+    assert scheduled(step(sched)) == {"long-a": 4, "long-b": 8, "short-1": 1, "short-2": 1}
+    run_to_end(sched)
+    assert_pool_clean(sched)
+
+
+def test_long_prompts_fill_the_step_when_no_short_prompt_waits() -> None:
+    sched = make_scheduler(max_num_batched_tokens=32, prefill_chunk_size=8)
+    for rid, first in (("long-a", 1), ("long-b", 30), ("long-c", 60)):
+        sched.add(make_seq(rid, list(range(first, first + 20))))
+    assert scheduled(step(sched)) == {"long-a": 8, "long-b": 8, "long-c": 8}
+    run_to_end(sched)
+    assert_pool_clean(sched)
+
+
+def test_a_waiting_long_prompt_goes_first_when_no_long_chunk_is_running() -> None:
+    sched = make_scheduler(max_num_batched_tokens=32, prefill_chunk_size=8)
+    sched.add(make_seq("long", list(range(1, 21))))
+    sched.add(make_seq("short", [5, 6, 7]))
+    assert scheduled(step(sched)) == {"long": 8, "short": 3}
+
+
 def test_prefix_cache_hits_full_blocks_and_leaves_one_token_to_compute() -> None:
     sched = make_scheduler()
     shared = list(range(10, 22))  # 3 full blocks of 4
@@ -258,10 +296,16 @@ def test_invariants_over_random_workloads(w: Workload) -> None:
         admitted = [s for s in waiting_before if s.status is not SequenceStatus.WAITING]
         still = [s for s in waiting_before if s.status is SequenceStatus.WAITING]
         # Admission follows effective priority (aging included), then arrival: nobody is skipped but
-        # a follower, which waits only while a running request computes its next prefix block.
-        deferred = {id(s) for s in out.deferred}
+        # a follower, which waits only while a running request computes its next prefix block, and a
+        # long prompt held for shorter ones while another long prompt's chunk is in the step.
+        passed = {id(s) for s in out.deferred + out.held}
         for a in admitted:
-            assert all(order[id(a)] < order[id(s)] for s in still if id(s) not in deferred)
+            assert all(order[id(a)] < order[id(s)] for s in still if id(s) not in passed)
+        for h in out.held:
+            assert h.status is SequenceStatus.WAITING
+            assert h.num_tokens > w.chunk
+            assert any(item.seq.num_tokens > w.chunk for item in out.scheduled), "held for no long prompt"
+            assert any(s.num_tokens <= h.num_tokens for s in waiting_before if s is not h), "held for nobody"
         bs = sched.block_manager.block_size
         for f in out.deferred:
             assert f.status is SequenceStatus.WAITING

@@ -16,9 +16,12 @@ pool thread that waits for a core delays only the chunk it took. With one core o
 threads gave 1.6-1.9x the tokens/s of one (docs/perf.md). What the count here still sizes is torch's own
 team, for the operators outside those kernels.
 
-The OpenMP wait policy stays libgomp's (spin briefly, then sleep): it is read once, when torch loads,
-so it could not follow the load, and a team no larger than the free cores spins only on cores nobody
-else wants.
+A step the pool runs nearly all of (`pool_step`: decode rows the fused kernels take) gets a team of one
+thread: the few operators left to torch are small, and libgomp's team threads spin for a while after
+each one (300,000 pauses, about 20 ms here) on the cores the pool's threads need next. A 32-sequence
+bfloat16 decode step took 12.1 ms so against 13.7-14.2 ms with torch's two threads (docs/perf.md).
+The wait policy itself is libgomp's: it is read once, when torch loads, and shortening it for every
+step (`OMP_WAIT_POLICY=PASSIVE`, `GOMP_SPINCOUNT`) made steps on torch's own kernels 3-17% slower.
 
 Only on Linux (elsewhere the count is left as torch set it); `threads` fixes the count instead.
 """
@@ -68,31 +71,36 @@ class ThreadGovernor:
         self.fixed = threads > 0 or not sys.platform.startswith("linux") or self.most <= 1
         self.threads = self.most
         self._wants_more = 0
-        self._applied = False
+        self._team = 0  # the count last given to torch on this thread (0: none yet)
         self._last = None if self.fixed else self._sample(time.monotonic())
         self._interval = FIRST_INTERVAL_SECONDS
 
-    def check(self) -> int:
-        """The team size for the next step, applied to this thread; measures at most every `INTERVAL_SECONDS`."""
-        if not self._applied:
-            torch.set_num_threads(self.threads)
-            self._applied = True
+    def check(self, pool_step: bool = False) -> int:
+        """The team size for the next step, applied to this thread: one for a `pool_step` (module doc), else the
+        count from the free cores, measured at most every `INTERVAL_SECONDS`."""
+        self._measure()
+        team = 1 if pool_step else self.threads
+        if team != self._team:
+            torch.set_num_threads(team)
+            self._team = team
+        return team
+
+    def _measure(self) -> None:
         if self.fixed:
-            return self.threads
+            return
         now = time.monotonic()
         if self._last is not None and now - self._last.at < self._interval:
-            return self.threads
+            return
         sample = self._sample(now)
         if sample is None:
             self.fixed = True
-            return self.threads
+            return
         last, self._last = self._last, sample
         self._interval = INTERVAL_SECONDS
         if last is not None:
             elapsed = sample.at - last.at
             others = max(0.0, (sample.busy - last.busy) - (sample.own - last.own)) / elapsed
             self._resize(others)
-        return self.threads
 
     def _resize(self, others: float) -> None:
         free = len(self.cpus) - others
@@ -111,6 +119,7 @@ class ThreadGovernor:
         )  # fmt: skip
         self.threads = want
         torch.set_num_threads(want)
+        self._team = want
 
     def _sample(self, now: float) -> _Sample | None:
         try:

@@ -13,6 +13,7 @@ from mcpmux.inference.engine.sampler import SampleRequest, TokenLogprob, sample
 from mcpmux.inference.engine.scheduler import ScheduledSeq
 from mcpmux.inference.kernels import cpu_fused
 from mcpmux.inference.models.forward_batch import ForwardBatch
+from mcpmux.inference.models.linear import FUSED_ROWS
 from mcpmux.inference.models.loader import LoadedModel
 
 log = logging.getLogger(__name__)
@@ -127,12 +128,22 @@ class ModelRunner:
             max_seq_len=max(seq_lens),
         )
 
+    def _pool_step(self, scheduled: list[ScheduledSeq]) -> bool:
+        """Whether the fused kernels' pool runs nearly all of this step (`cpu_threads` then gives torch's own team
+        one thread): every bfloat16 step where the products run on AMX tiles and attention in the kernels at
+        any length (batch invariance), else decode rows few enough for the kernels' products."""
+        if self.loaded.dtype not in (torch.float32, torch.bfloat16) or cpu_fused.ops() is None:
+            return False
+        if self.loaded.dtype == torch.bfloat16 and cpu_fused.amx_tiles() and cpu_fused.batch_invariant():
+            return True
+        return len(scheduled) <= FUSED_ROWS and all(item.num_new_tokens == 1 for item in scheduled)
+
     def run(self, scheduled: list[ScheduledSeq], requests: list[SampleRequest]) -> StepResult:
         """Run one step. `requests` has one entry per scheduled sequence that samples, in order."""
         if self._await_kernels:
             self._kernels_ready()
         if self.governor is not None:
-            self.governor.check()
+            self.governor.check(pool_step=self._pool_step(scheduled))
         batch = self.prepare(scheduled)
         with torch.inference_mode():
             logits = self.graphs.forward(batch) if self.graphs is not None else None

@@ -56,6 +56,38 @@ def test_seeded_rows_do_not_depend_on_their_neighbours() -> None:
     assert shuffled == [alone[i] for i in (3, 1, 0, 2)]
 
 
+MIXED = [{}, {"top_k": 1000}, {"top_p": 0.9}, {"min_p": 0.02}, {"top_k": 20, "top_p": 0.5}, {"top_p": 0.999}]
+
+
+def mixed_requests() -> list[SampleRequest]:
+    return [req(seed=20 + i, **params) for i, params in enumerate(MIXED)]
+
+
+def test_seeded_rows_at_vocabulary_size_do_not_depend_on_their_neighbours_filters() -> None:
+    # Rows take their most likely tokens together, as wide as the batch's largest top-k: each row's draw
+    # must still depend on that row alone, whichever path its filters take.
+    torch.manual_seed(1)
+    rows = torch.randn(len(MIXED), 3000) * 3
+    alone = [sample(rows[i : i + 1], [mixed_requests()[i]]).token_ids[0] for i in range(len(MIXED))]
+    together = sample(rows, mixed_requests()).token_ids
+    backwards = sample(rows.flip(0), mixed_requests()[::-1]).token_ids
+    assert together == alone
+    assert backwards == alone[::-1]
+
+
+def test_top_p_past_the_first_candidates_keeps_exactly_its_prefix() -> None:
+    # A slowly falling distribution: top-p 0.5 keeps a prefix of about 900 tokens, far past the 256
+    # looked at first, so the row is sorted whole; no token after the prefix is ever drawn.
+    logits = torch.linspace(0.0, -2.0, 4000)
+    probs = torch.softmax(logits, dim=-1)
+    kept = int(((torch.cumsum(probs, dim=-1) - probs) < 0.5).sum())
+    assert kept > 256
+    r = req(seed=5, top_p=0.5)
+    seen = {sample(logits[None], [r]).token_ids[0] for _ in range(600)}
+    assert max(seen) < kept
+    assert max(seen) >= 256, "never drew past the first candidates"
+
+
 def test_logprobs_report_the_sampled_token_and_top_n() -> None:
     result = sample(LOGITS[None], [req(temperature=0.0, logprobs=2)])
     lp = result.logprobs[0]

@@ -16,10 +16,11 @@ pool thread that waits for a core delays only the chunk it took. With one core o
 threads gave 1.6-1.9x the tokens/s of one (docs/perf.md). What the count here still sizes is torch's own
 team, for the operators outside those kernels.
 
-A step the pool runs nearly all of (`pool_step`: decode rows the fused kernels take) gets a team of one
-thread: the few operators left to torch are small, and libgomp's team threads spin for a while after
-each one (300,000 pauses, about 20 ms here) on the cores the pool's threads need next. A 32-sequence
-bfloat16 decode step took 12.1 ms so against 13.7-14.2 ms with torch's two threads (docs/perf.md).
+A step the pool runs nearly all of (`pool_step`, as the model runner judges it: decode rows the fused
+kernels multiply, or any bfloat16 step on AMX tiles) gets a team of one thread: the few operators left
+to torch are small, and libgomp's team threads spin for a while after each one (300,000 pauses, about
+20 ms here) on the cores the pool's threads need next. A 32-sequence bfloat16 decode step took 12.1 ms
+so against 13.7-14.2 ms with torch's two threads (docs/perf.md).
 The wait policy itself is libgomp's: it is read once, when torch loads, and shortening it for every
 step (`OMP_WAIT_POLICY=PASSIVE`, `GOMP_SPINCOUNT`) made steps on torch's own kernels 3-17% slower.
 

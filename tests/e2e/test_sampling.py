@@ -105,7 +105,9 @@ async def test_answered_locally_through_the_chat_template(mux: Mux, upstream: st
     )
     assert answer_greedy == {"text": expected, "model": "tiny", "stop_reason": "maxTokens"}
     assert answer["model"] == "tiny"
-    assert answer["text"]
+    # Sampled from a random model over 384 tokens: about one draw in a hundred ends at once on an
+    # end-of-turn token, with nothing to say; any other answer has text.
+    assert answer["text"] or answer["stop_reason"] == "endTurn", answer
 
 
 async def test_max_tokens_is_capped_and_stop_sequences_cut_the_text(mux: Mux) -> None:

@@ -11,7 +11,8 @@ read it.
 For each block of 32 output columns, for each 32-wide step along K, two 1 KiB B tiles (16 columns
 each) in the VNNI form `TDPBF16PS` reads: row p of a tile holds, for each of its 16 columns, the
 weights at k = 2p and 2p + 1. A block's tiles follow one another, so a thread reads its columns'
-weights as one sequential stream, prefetched `kPrefetch` steps ahead.
+weights as one sequential stream, prefetched into L2 `kPrefetchL2` steps ahead and into L1
+`kPrefetchL1` steps ahead.
 
 **Product**: each thread takes whole 32-column blocks; for each block it walks 32 rows of x at a time
 (two A tiles of 16 rows), keeping four 16 x 16 float32 accumulators in tiles over all of K, then
@@ -52,7 +53,9 @@ torch::Tensor unpacked(const torch::Tensor& w) {
 #ifdef MCPMUX_AMX
 namespace {
 
-constexpr int64_t kPrefetch = 2;  // K steps (2 KiB of weights each) ahead
+// How far ahead the weights are prefetched, in K steps of 2 KiB: into L1 just before the tiles read them,
+// and into L2 well before (without the second, a decode step's products took 3-7% longer, docs/perf.md).
+constexpr int64_t kPrefetchL1 = 2, kPrefetchL2 = 8;
 
 struct alignas(64) TileConfig {
   uint8_t palette = 1;
@@ -109,9 +112,24 @@ struct Rows {
   }
 };
 
+// The 2 KiB of weights `at` steps into the block at wb (`steps` long), running on into `next` (a block as
+// long, or nullptr): a step past both is nullptr.
+inline const char* weights_at(const uint16_t* wb, int64_t steps, const uint16_t* next, int64_t at) {
+  if (at < steps) return reinterpret_cast<const char*>(wb + at * 1024);
+  if (next == nullptr || at >= 2 * steps) return nullptr;
+  return reinterpret_cast<const char*>(next + (at - steps) * 1024);
+}
+
+template <int Hint>
+inline void prefetch_step(const char* p) {
+  if (p == nullptr) return;
+  for (int line = 0; line < 2048; line += 64) _mm_prefetch(p + line, static_cast<_mm_hint>(Hint));
+}
+
 // Rows m0 .. m0 + 31 (those below M) of x times the 32-column weight block at wb, into c (float). With
-// `fetch`, the weights kPrefetch steps ahead are prefetched as it multiplies, running on into `next` (the
-// block this thread multiplies next, or nullptr), so that memory streams from one block into the next.
+// `fetch`, the weights ahead are prefetched as it multiplies (kPrefetchL1 and kPrefetchL2 steps), running on
+// into `next` (the block this thread multiplies next, or nullptr), so that memory streams from one block into
+// the next.
 void block_product(const Rows& x, int64_t m0, const uint16_t* wb, int64_t steps, bool fetch, const uint16_t* next,
                    float (*c)[32]) {
   const bool two = m0 + 16 < x.M;
@@ -125,11 +143,8 @@ void block_product(const Rows& x, int64_t m0, const uint16_t* wb, int64_t steps,
   for (int64_t k = 0; k < steps; ++k) {
     const uint16_t* b = wb + k * 1024;
     if (fetch) {
-      const int64_t ahead = k + kPrefetch;
-      const uint16_t* p = ahead < steps ? wb + ahead * 1024 : next == nullptr ? nullptr : next + (ahead - steps) * 1024;
-      if (p != nullptr) {
-        for (int line = 0; line < 2048; line += 64) _mm_prefetch(reinterpret_cast<const char*>(p) + line, _MM_HINT_T0);
-      }
+      prefetch_step<_MM_HINT_T0>(weights_at(wb, steps, next, k + kPrefetchL1));
+      prefetch_step<_MM_HINT_T1>(weights_at(wb, steps, next, k + kPrefetchL2));
     }
     _tile_loadd(6, b, 64);
     _tile_loadd(7, b + 512, 64);

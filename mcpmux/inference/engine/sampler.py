@@ -88,43 +88,84 @@ def _sample_rows(scores: torch.Tensor, requests: list[SampleRequest]) -> list[in
     """One token for each row of `scores` (the sampled rows' logits), drawn as the module doc says."""
     temperatures = torch.tensor([req.params.temperature for req in requests], dtype=scores.dtype)
     scaled = scores / temperatures.unsqueeze(1)
-    width = min(scaled.shape[1], max(CANDIDATES, *(req.params.top_k for req in requests)))
-    values, order = torch.topk(scaled, width, dim=1)  # each row's most likely tokens, most likely first
     probs = torch.softmax(scaled, dim=1)  # row by row, each on one thread: the same alone or batched
-    return [_draw(scaled[i], probs[i], values[i], order[i], req) for i, req in enumerate(requests)]
+    tokens = [0] * len(requests)
+    filtered = [i for i, req in enumerate(requests) if _filtered(req.params)]
+    for i in (i for i, req in enumerate(requests) if not _filtered(req.params)):
+        tokens[i] = _pick_rows(probs[i : i + 1], [requests[i]])[0]  # the whole vocabulary, in its own order
+    if filtered:
+        rows: slice | list[int] = slice(None) if len(filtered) == len(requests) else filtered  # a slice copies nothing
+        for i, token in zip(filtered, _sample_filtered(scaled[rows], probs[rows], [requests[i] for i in filtered]),
+                            strict=True):  # fmt: skip
+            tokens[i] = token
+    return tokens
 
 
-def _draw(row: torch.Tensor, probs: torch.Tensor, values: torch.Tensor, order: torch.Tensor,
-          req: SampleRequest) -> int:  # fmt: skip
-    """A token of `row` (temperature applied; `probs` its distribution) under the request's filters, from its
-    most likely `values` at `order`."""
+def _filtered(p: SamplingParams) -> bool:
+    return p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0
+
+
+def _sample_filtered(scaled: torch.Tensor, probs: torch.Tensor, requests: list[SampleRequest]) -> list[int]:
+    """Tokens for rows with a filter (`scaled`: logits over temperature, `probs` their distribution), from
+    each row's `CANDIDATES` most likely tokens where its filters stay within them, else from the row sorted
+    whole. Every row's numbers are computed on that row alone, whatever the batch's other rows ask for."""
+    params = [req.params for req in requests]
+    width = min(scaled.shape[1], max(CANDIDATES, *(p.top_k for p in params)))
+    values, order = kernels.top_k(scaled, width)  # each row's most likely tokens, most likely first
+    count = min(width, CANDIDATES)
+    top_k = torch.tensor([p.top_k if 0 < p.top_k <= count else count for p in params]).unsqueeze(1)
+    # A top-k row's distribution renormalised over its k; another row's probabilities of its candidates.
+    renormalised = torch.softmax(values[:, :count].masked_fill(torch.arange(count) >= top_k, -torch.inf), 1)
+    with_k = torch.tensor([p.top_k > 0 for p in params]).unsqueeze(1)
+    candidates = torch.where(with_k, renormalised, probs.gather(1, order[:, :count]))
+    within = [0 < p.top_k <= count or (p.top_k == 0 and _cut_within(candidates[i], p)) for i, p in enumerate(params)]
+    tokens = [0] * len(requests)
+    rows = [i for i, inside in enumerate(within) if inside]
+    if rows:
+        kept = _apply_top_p_min_p(candidates[rows], [params[i] for i in rows])
+        picks = _pick_rows(kept, [requests[i] for i in rows])
+        for i, pick in zip(rows, picks, strict=True):
+            tokens[i] = int(order[i, pick])
+    for i in (i for i, inside in enumerate(within) if not inside):
+        tokens[i] = _sample_past_candidates(scaled[i], probs[i], values[i], order[i], requests[i])
+    return tokens
+
+
+def _sample_past_candidates(row: torch.Tensor, probs: torch.Tensor, values: torch.Tensor, order: torch.Tensor,
+                            req: SampleRequest) -> int:  # fmt: skip
+    """A token of a row whose top-k holds more than the candidates (drawn over its k, all taken), or whose
+    top-p or min-p may keep a token past them (drawn over the row sorted whole)."""
     p = req.params
-    if p.top_k > 0:  # the candidates hold the top k: the distribution renormalised over them
-        probs, order = torch.softmax(values[: p.top_k], dim=-1), order[: p.top_k]
-    elif p.top_p >= 1.0 and p.min_p == 0.0:  # no filter: the whole vocabulary, in its own order
-        return _pick(probs, req.generator)
-    else:  # the first CANDIDATES whatever the batch's widest top-k, so the draw depends on this row alone
-        whole, order = probs, order[:CANDIDATES]
-        probs = whole[order]
-        if not _cut_within(probs, p):  # the filters may keep a token past the candidates: sort them all
-            order = torch.sort(row, descending=True).indices
-            probs = whole[order]
-    if p.top_p < 1.0:
-        # Drop a token when the tokens before it already reach top_p; the first always stays.
-        before = torch.cumsum(probs, dim=-1) - probs
-        probs[before >= p.top_p] = 0.0
-    if p.min_p > 0.0:
-        probs[probs < p.min_p * probs[0]] = 0.0
-    return int(order[_pick(probs, req.generator)])
+    if p.top_k > 0:
+        order, probs = order[: p.top_k], torch.softmax(values[: p.top_k], dim=-1)
+    else:
+        order = torch.sort(row, descending=True).indices
+        probs = probs[order]
+    kept = _apply_top_p_min_p(probs.unsqueeze(0), [p])
+    return int(order[_pick_rows(kept, [req])[0]])
 
 
-def _pick(probs: torch.Tensor, generator: torch.Generator) -> int:
-    """An index of `probs` (not all zero) drawn with probability probs[i] / their sum: one uniform draw from
-    the request's generator against the running sum (in float64, so that even the last of 49,152 tokens keeps
-    its own probability). A token of probability 0 never comes out: its running sum equals the one before."""
-    cumulative = torch.cumsum(probs, dim=-1, dtype=torch.float64)
-    point = torch.rand(1, generator=generator, dtype=torch.float64) * cumulative[-1]
-    return min(int(torch.searchsorted(cumulative, point, right=True)), probs.numel() - 1)
+def _apply_top_p_min_p(probs: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """Rows of probabilities, most likely first, with top-p's and min-p's dropped tokens set to 0 (in place)."""
+    top_p = torch.tensor([p.top_p if p.top_p < 1.0 else torch.inf for p in params], dtype=probs.dtype).unsqueeze(1)
+    min_p = torch.tensor([p.min_p for p in params], dtype=probs.dtype).unsqueeze(1)
+    # Drop a token when the tokens before it already reach top_p; the first always stays.
+    before = torch.cumsum(probs, dim=1) - probs
+    probs[before >= top_p] = 0.0
+    probs[probs < min_p * probs[:, :1]] = 0.0
+    return probs
+
+
+def _pick_rows(probs: torch.Tensor, requests: list[SampleRequest]) -> list[int]:
+    """An index of each row of `probs` (not all zero) drawn with probability probs[i] / the row's sum: one
+    uniform draw from the row's request's generator against the row's running sum (in float64, so that even
+    the last of 49,152 tokens keeps its own probability). A token of probability 0 never comes out: its
+    running sum equals the one before."""
+    cumulative = torch.cumsum(probs, dim=1, dtype=torch.float64)
+    draws = torch.cat([torch.rand(1, generator=req.generator, dtype=torch.float64) for req in requests])
+    points = (draws * cumulative[:, -1]).unsqueeze(1)
+    picks = torch.searchsorted(cumulative, points, right=True).clamp_(max=probs.shape[1] - 1)
+    return [int(i) for i in picks.squeeze(1).tolist()]
 
 
 def _cut_within(probs: torch.Tensor, p: SamplingParams) -> bool:

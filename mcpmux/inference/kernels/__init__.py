@@ -180,6 +180,17 @@ def silu_and_mul(gate_up: Tensor) -> Tensor:
     return reference.silu_and_mul(gate_up)
 
 
+def top_k(values: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """``torch.topk(values, k, dim=-1)`` for float32 ``values`` [N, vocab]: each row's k largest values, largest
+    first, and their indices (equal values in the order of their indices where the fused kernels run)."""
+    fused = fused_ops(values)
+    if fused is not None and values.dtype == torch.float32 and values.dim() == 2 and values.stride(1) == 1:
+        top, where = fused.top_k_rows(values, k)
+        return top, where
+    top, where = torch.topk(values, k, dim=-1)
+    return top, where
+
+
 def argmax(logits: Tensor) -> Tensor:
     """``torch.argmax(logits, dim=-1)`` for float32 ``logits`` [N, vocab]: each row's first largest value's index."""
     fused = fused_ops(logits)

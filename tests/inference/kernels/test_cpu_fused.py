@@ -4,6 +4,7 @@ layers it replaces, and the engine's fp32 greedy output with them against HF."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 from collections.abc import Iterator
@@ -117,6 +118,26 @@ def test_argmax_is_torchs_first_largest_index(fused: ModuleType) -> None:
     assert got.tolist() == torch.argmax(logits, dim=-1).tolist()
     assert got.tolist()[1:5] == [7, 0, 123, 5]
     assert kernels.argmax(logits[:0]).shape == (0,)
+
+
+@pytest.mark.parametrize("k", [1, 50, 256, 3000])
+def test_top_k_keeps_torchs_values_with_equals_in_index_order(fused: ModuleType, k: int) -> None:
+    torch.manual_seed(0)
+    values = torch.randn(5, 49152) * 3
+    values[1] = values[1].round()  # thousands of equal values, many at the k-th place
+    values[2, 100:] = float("-inf")  # fewer finite values than k (for the larger k)
+    values[3, 17] = float("nan")  # ranks below every number
+    values[4] = torch.linspace(0.0, -2.0, 49152)
+    top, where = kernels.top_k(values, k)
+    assert torch.equal(top[[0, 1, 2, 4]], torch.topk(values[[0, 1, 2, 4]], k, dim=1).values)
+    assert torch.equal(values.gather(1, where)[[0, 1, 2, 4]], top[[0, 1, 2, 4]])
+    for row in range(5):  # every index once; among equal values, the lower index first
+        pairs = list(zip(top[row].tolist(), where[row].tolist(), strict=True))
+        assert len(set(where[row].tolist())) == k
+        assert all(a[0] > b[0] or (a[0] == b[0] and a[1] < b[1]) for a, b in itertools.pairwise(pairs))
+    assert 17 not in where[3].tolist()
+    assert torch.equal(top[3], torch.topk(values[3].nan_to_num(nan=-torch.inf), k).values)
+    assert where[1].tolist() == sorted(range(49152), key=lambda i: (-values[1, i].item(), i))[:k]
 
 
 def test_engine_greedy_output_with_fused_kernels_equals_hf(fused: ModuleType, tiny_model_dirs: dict[str, Path]) -> None:

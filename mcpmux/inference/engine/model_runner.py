@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from mcpmux.inference.engine.cpu_memory import keep_freed_memory
 from mcpmux.inference.engine.cpu_threads import ThreadGovernor
 from mcpmux.inference.engine.cuda_graphs import DecodeGraphs
 from mcpmux.inference.engine.sampler import SampleRequest, TokenLogprob, sample
@@ -76,8 +77,9 @@ class ModelRunner:
         # answers batch-invariant: the torch kernels would answer otherwise until the build is done.
         self._await_kernels = loaded.device.type == "cpu" and cpu_fused.enabled() and cpu_fused.batch_invariant()
         self.governor = ThreadGovernor(cpu_threads) if loaded.device.type == "cpu" else None
-        if self.governor is not None:  # no barrier in the kernels' pool: its threads cost a busy host nothing
-            cpu_fused.set_pool_threads(self.governor.most)
+        if self.governor is not None:
+            keep_freed_memory()  # a step's few-MB tensors reused, not page-faulted in afresh
+            cpu_fused.set_pool_threads(self.governor.most)  # no barrier in the pool: a busy host costs it nothing
 
     def _kernels_ready(self) -> None:
         self._await_kernels = False

@@ -3,11 +3,14 @@
 Greedy rows take the argmax. Sampled rows apply temperature, then top-k, top-p and min-p on the
 sorted distribution, and draw with the request's own `torch.Generator`: one uniform number a token,
 placed on the running sum of the kept probabilities. The distribution is sorted only as far as the
-filters reach: the step's sampled rows take their `CANDIDATES` most likely tokens at once (a top-k,
-not a sort of the whole vocabulary: 2.7 ms a row here), and a row whose filters might keep a token
-past them is sorted whole; a row with no filter draws over the whole vocabulary unsorted. What a row
-draws depends on that row alone (its probabilities are computed row by row, its generator advances
-by one number a token), so a seeded request samples the same tokens whatever else shares its batch.
+filters reach: the step's rows with a filter take their `CANDIDATES` most likely tokens at once
+(`kernels.top_k`, one pass over each row: 2.5 ms for 32 rows of 49,152 here, where `torch.topk` took
+6.7 ms and a sort of one row 2.7 ms), and their filters and draws run on those rows together; a row
+whose filters might keep a token past them takes its `WIDER` most likely tokens, and is sorted whole
+only if the filters reach past those too. A row with no filter draws over the whole vocabulary
+unsorted. What a row draws depends on that row alone (its numbers are computed row by row, as wide
+whatever else the batch holds, and its generator advances by one number a token), so a seeded
+request samples the same tokens whatever else shares its batch.
 """
 
 from __future__ import annotations
@@ -27,6 +30,12 @@ if TYPE_CHECKING:
 
 CANDIDATES = 256
 """How many of a sampled row's most likely tokens are taken first: top-p and min-p rarely reach further."""
+
+
+WIDER = 4096
+"""How many most likely tokens a row takes when its filters reach past the first `CANDIDATES`, before it is
+sorted whole: 0.8 ms a row of 49,152 against 2.7 ms for the sort (on flat distributions, top-p 0.95 at
+temperature 0.7 kept up to 2,597 tokens)."""
 
 
 @dataclass(slots=True)
@@ -134,12 +143,15 @@ def _sample_filtered(scaled: torch.Tensor, probs: torch.Tensor, requests: list[S
 def _sample_past_candidates(row: torch.Tensor, probs: torch.Tensor, values: torch.Tensor, order: torch.Tensor,
                             req: SampleRequest) -> int:  # fmt: skip
     """A token of a row whose top-k holds more than the candidates (drawn over its k, all taken), or whose
-    top-p or min-p may keep a token past them (drawn over the row sorted whole)."""
+    top-p or min-p may keep a token past them (drawn over its `WIDER` most likely tokens where the filters
+    stay within those, else over the row sorted whole)."""
     p = req.params
     if p.top_k > 0:
         order, probs = order[: p.top_k], torch.softmax(values[: p.top_k], dim=-1)
     else:
-        order = torch.sort(row, descending=True).indices
+        order = kernels.top_k(row.unsqueeze(0), min(WIDER, row.numel()))[1][0]
+        if not _cut_within(probs[order], p):
+            order = torch.sort(row, descending=True).indices
         probs = probs[order]
     kept = _apply_top_p_min_p(probs.unsqueeze(0), [p])
     return int(order[_pick_rows(kept, [req])[0]])

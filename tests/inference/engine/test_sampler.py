@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from mcpmux.inference.engine.config import SamplingParams
-from mcpmux.inference.engine.sampler import SampleRequest, make_generator, sample
+from mcpmux.inference.engine.sampler import CANDIDATES, WIDER, SampleRequest, make_generator, sample
 from mcpmux.inference.errors import InvalidSettingError
 
 CPU = torch.device("cpu")
@@ -75,17 +75,18 @@ def test_seeded_rows_at_vocabulary_size_do_not_depend_on_their_neighbours_filter
     assert backwards == alone[::-1]
 
 
-def test_top_p_past_the_first_candidates_keeps_exactly_its_prefix() -> None:
-    # A slowly falling distribution: top-p 0.5 keeps a prefix of about 900 tokens, far past the 256
-    # looked at first, so the row is sorted whole; no token after the prefix is ever drawn.
-    logits = torch.linspace(0.0, -2.0, 4000)
+@pytest.mark.parametrize(("size", "past"), [(4000, CANDIDATES), (49152, WIDER)])
+def test_top_p_past_the_first_candidates_keeps_exactly_its_prefix(size: int, past: int) -> None:
+    # A slowly falling distribution: top-p 0.5 keeps a prefix of about a quarter of the tokens, past the 256
+    # looked at first (then past the WIDER next, sorted whole); no token after the prefix is ever drawn.
+    logits = torch.linspace(0.0, -2.0, size)
     probs = torch.softmax(logits, dim=-1)
     kept = int(((torch.cumsum(probs, dim=-1) - probs) < 0.5).sum())
-    assert kept > 256
+    assert kept > past
     r = req(seed=5, top_p=0.5)
     seen = {sample(logits[None], [r]).token_ids[0] for _ in range(600)}
     assert max(seen) < kept
-    assert max(seen) >= 256, "never drew past the first candidates"
+    assert max(seen) >= past, "never drew past the first candidates"
 
 
 def test_logprobs_report_the_sampled_token_and_top_n() -> None:

@@ -116,8 +116,9 @@ def _filtered(p: SamplingParams) -> bool:
 
 def _sample_filtered(scaled: torch.Tensor, probs: torch.Tensor, requests: list[SampleRequest]) -> list[int]:
     """Tokens for rows with a filter (`scaled`: logits over temperature, `probs` their distribution), from
-    each row's `CANDIDATES` most likely tokens where its filters stay within them, else from the row sorted
-    whole. Every row's numbers are computed on that row alone, whatever the batch's other rows ask for."""
+    each row's `CANDIDATES` most likely tokens where its filters stay within them, else as
+    `_sample_past_candidates` draws. Every row's numbers are computed on that row alone, whatever the batch's
+    other rows ask for."""
     params = [req.params for req in requests]
     width = min(scaled.shape[1], max(CANDIDATES, *(p.top_k for p in params)))
     values, order = kernels.top_k(scaled, width)  # each row's most likely tokens, most likely first

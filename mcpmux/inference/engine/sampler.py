@@ -8,9 +8,11 @@ filters reach: the step's rows with a filter take their `CANDIDATES` most likely
 6.7 ms and a sort of one row 2.7 ms), and their filters and draws run on those rows together; a row
 whose filters might keep a token past them takes its `WIDER` most likely tokens, and is sorted whole
 only if the filters reach past those too. A row with no filter draws over the whole vocabulary
-unsorted. What a row draws depends on that row alone (its numbers are computed row by row, as wide
-whatever else the batch holds, and its generator advances by one number a token), so a seeded
-request samples the same tokens whatever else shares its batch.
+unsorted: where the fused kernels run, in one call for all such rows (`kernels.sample_rows`: the
+softmax, the float64 running sum and the search fused, a row a pool thread), else with torch. What a
+row draws depends on that row alone (its numbers are computed row by row, as wide whatever else the
+batch holds, and its generator advances by one number a token), so a seeded request samples the same
+tokens whatever else shares its batch.
 """
 
 from __future__ import annotations
@@ -81,6 +83,14 @@ def sample(logits: torch.Tensor, requests: list[SampleRequest]) -> SampleResult:
         scores.index_add_(0, torch.tensor(constrained, device=scores.device), bias)
     token_list = [int(t) for t in kernels.argmax(scores).tolist()]
     sampled = [row for row, req in enumerate(requests) if not req.params.greedy]
+    plain = [row for row in sampled if not _filtered(requests[row].params)]
+    picked = plain and kernels.sample_rows(
+        scores, plain, [requests[r].params.temperature for r in plain], [requests[r].generator for r in plain]
+    )
+    if picked:  # the rows with no filter, drawn by the fused kernels in one pass each
+        for row, token in zip(plain, picked, strict=True):
+            token_list[row] = token
+        sampled = [row for row in sampled if _filtered(requests[row].params)]
     if sampled:
         for row, token in zip(sampled, _sample_rows(scores[sampled], [requests[r] for r in sampled]), strict=True):
             token_list[row] = token

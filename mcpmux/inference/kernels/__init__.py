@@ -191,6 +191,19 @@ def top_k(values: Tensor, k: int) -> tuple[Tensor, Tensor]:
     return top, where
 
 
+def sample_rows(logits: Tensor, rows: list[int], temperatures: list[float], generators: list[torch.Generator]
+                ) -> list[int] | None:  # fmt: skip
+    """A token for each of `rows` of float32 `logits` [N, vocab] from softmax(row / temperature), drawn by one
+    float64 uniform number from the row's generator against the running sum; None (nothing drawn) where the
+    fused kernels do not run, and the caller samples with torch."""
+    fused = fused_ops(logits)
+    if fused is None or logits.dtype != torch.float32 or logits.dim() != 2 or logits.stride(1) != 1:
+        return None
+    draws = torch.cat([torch.rand(1, generator=g, dtype=torch.float64) for g in generators])
+    picks = fused.sample_rows(logits, torch.tensor(rows, dtype=torch.int64), torch.tensor(temperatures), draws)
+    return [int(t) for t in picks.tolist()]
+
+
 def argmax(logits: Tensor) -> Tensor:
     """``torch.argmax(logits, dim=-1)`` for float32 ``logits`` [N, vocab]: each row's first largest value's index."""
     fused = fused_ops(logits)

@@ -971,6 +971,69 @@ std::vector<torch::Tensor> top_k_rows(torch::Tensor values, int64_t k) {
   return {top, where};
 }
 
+// A token for each of `rows` of float32 `logits` [N, V], drawn from softmax(logits[row] / temperature) by the
+// row's uniform number in [0, 1): the first token whose running sum of exp(x / t - max), summed in float64,
+// passes draw * their total. A token of probability 0 (a logit of -inf) never comes out; the draw depends on
+// that row alone. One pass for the exponentials (kept in a buffer the row's thread owns), one for the total,
+// part of one for the search: softmax, a float64 running sum and a search over the vocabulary, fused.
+torch::Tensor sample_rows(torch::Tensor logits, torch::Tensor rows, torch::Tensor temperatures, torch::Tensor draws) {
+  RECORD_FUNCTION("mcpmux::sample", {});
+  TORCH_CHECK(logits.scalar_type() == torch::kFloat32 && logits.dim() == 2 && logits.stride(1) == 1,
+              "logits must be float32 [N, V] with contiguous rows");
+  const int64_t count = rows.numel(), n = logits.size(1);
+  TORCH_CHECK(rows.scalar_type() == torch::kInt64 && rows.is_contiguous(), "rows: int64");
+  TORCH_CHECK(temperatures.scalar_type() == torch::kFloat32 && temperatures.is_contiguous() &&
+                  temperatures.numel() == count, "temperatures: float32, one a row");
+  TORCH_CHECK(draws.scalar_type() == torch::kFloat64 && draws.is_contiguous() && draws.numel() == count,
+              "draws: float64, one a row");
+  const int64_t* row = rows.data_ptr<int64_t>();
+  for (int64_t i = 0; i < count; ++i) {
+    TORCH_CHECK(row[i] >= 0 && row[i] < logits.size(0), "row ", row[i], " is outside the logits");
+  }
+  auto out = torch::empty({count}, rows.options());
+  int64_t* o = out.data_ptr<int64_t>();
+  const float* temps = temperatures.data_ptr<float>();
+  const double* u = draws.data_ptr<double>();
+  pool::parallel_for(0, count, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> e(padded(n));
+    for (int64_t i = begin; i < end; ++i) {
+      const float* p = logits.data_ptr<float>() + row[i] * logits.stride(0);
+      const float inv = 1.0f / temps[i];
+      vf tops = splat(-std::numeric_limits<float>::infinity());
+      int64_t j = 0;
+      for (; j + kLanes <= n; j += kLanes) {
+        const vf v = load(p + j) * splat(inv);
+        tops = v > tops ? v : tops;
+      }
+      float top = -std::numeric_limits<float>::infinity();
+      for (int l = 0; l < kLanes; ++l) top = std::max(top, tops[l]);
+      for (; j < n; ++j) top = std::max(top, p[j] * inv);
+      j = 0;
+      for (; j + kLanes <= n; j += kLanes) store(e.data() + j, exp_approx(load(p + j) * splat(inv) - splat(top)));
+      for (; j < n; ++j) e[j] = std::exp(p[j] * inv - top);
+      for (j = 0; j < n; ++j) {  // exp_approx clamps below -87: a -inf logit must weigh nothing
+        if (p[j] == -std::numeric_limits<float>::infinity()) e[j] = 0.0f;
+      }
+      double total = 0.0;
+      for (j = 0; j < n; ++j) total += e[j];
+      const double target = u[i] * total;
+      double running = 0.0;
+      int64_t pick = -1, last = 0;
+      for (j = 0; j < n; ++j) {
+        if (e[j] == 0.0f) continue;
+        last = j;
+        running += e[j];
+        if (running > target) {
+          pick = j;
+          break;
+        }
+      }
+      o[i] = pick >= 0 ? pick : last;  // rounding left the draw past the end: the last token that can come out
+    }
+  });
+  return out;
+}
+
 // The index of each row's largest value (the first of equals; a NaN counts as largest), as torch.argmax.
 torch::Tensor argmax_rows(torch::Tensor logits) {
   RECORD_FUNCTION("mcpmux::argmax", {});
@@ -1035,6 +1098,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_and_mul", &silu_and_mul, Release());
   m.def("argmax_rows", &argmax_rows, Release());
   m.def("top_k_rows", &top_k_rows, Release());
+  m.def("sample_rows", &sample_rows, Release());
   m.def("linear", &linear, Release());
   m.def("swiglu", &swiglu, Release());
   m.def("logits", &logits, Release());

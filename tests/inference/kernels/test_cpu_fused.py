@@ -18,6 +18,7 @@ from torch.nn import functional as F
 from mcpmux.inference import kernels
 from mcpmux.inference.engine.config import SamplingParams
 from mcpmux.inference.engine.llm_engine import LLMEngine
+from mcpmux.inference.engine.sampler import SampleRequest, make_generator, sample
 from mcpmux.inference.kernels import cpu_fused, reference
 from mcpmux.inference.models.linear import amx_unpack, is_amx, linear, prepare, vocab_logits
 from mcpmux.inference.models.llama import LlamaCausalLM
@@ -138,6 +139,44 @@ def test_top_k_keeps_torchs_values_with_equals_in_index_order(fused: ModuleType,
     assert 17 not in where[3].tolist()
     assert torch.equal(top[3], torch.topk(values[3].nan_to_num(nan=-torch.inf), k).values)
     assert where[1].tolist() == sorted(range(49152), key=lambda i: (-values[1, i].item(), i))[:k]
+
+
+def test_sampled_rows_follow_softmax_over_temperature(fused: ModuleType) -> None:
+    probs = torch.tensor([0.5, 0.25, 0.15, 0.07, 0.03, 0.0])
+    logits = probs.log()[None].repeat(2, 1)  # the last token: a -inf logit, never drawn
+    gen = torch.Generator().manual_seed(0)
+    counts = torch.zeros(2, 6)
+    for _ in range(4000):
+        picks = kernels.sample_rows(logits, [0, 1], [1.0, 0.5], [gen, gen])
+        assert picks is not None
+        counts[0, picks[0]] += 1
+        counts[1, picks[1]] += 1
+    sharpened = probs**2 / (probs**2).sum()  # temperature 0.5
+    assert torch.allclose(counts[0] / 4000, probs, atol=0.03)
+    assert torch.allclose(counts[1] / 4000, sharpened, atol=0.03)
+    assert counts[:, 5].sum() == 0
+
+
+def test_a_sampled_row_is_the_first_token_past_its_draw(fused: ModuleType) -> None:
+    logits = torch.full((1, 49152), float("-inf"))
+    logits[0, [10, 20000, 49150]] = 0.0  # three equally likely tokens among -inf
+    rows, temps = torch.tensor([0, 0, 0, 0]), torch.tensor([1.0] * 4)
+    draws = torch.tensor([0.0, 0.34, 0.67, 1.0 - 1e-12], dtype=torch.float64)
+    assert fused.sample_rows(logits, rows, temps, draws).tolist() == [10, 20000, 49150, 49150]
+
+
+def test_seeded_rows_drawn_by_the_kernels_do_not_depend_on_their_neighbours(fused: ModuleType) -> None:
+    torch.manual_seed(2)
+    rows = torch.randn(5, 49152) * 3
+
+    def requests(order: list[int]) -> list[SampleRequest]:
+        cpu = torch.device("cpu")
+        return [SampleRequest(SamplingParams(seed=40 + i, temperature=0.7), make_generator(40 + i, cpu)) for i in order]
+
+    alone = [sample(rows[i : i + 1], requests([i])).token_ids[0] for i in range(5)]
+    assert sample(rows, requests(list(range(5)))).token_ids == alone
+    assert sample(rows.flip(0), requests([4, 3, 2, 1, 0])).token_ids == alone[::-1]
+    assert len(set(alone)) > 1
 
 
 def test_engine_greedy_output_with_fused_kernels_equals_hf(fused: ModuleType, tiny_model_dirs: dict[str, Path]) -> None:

@@ -25,8 +25,10 @@ __all__ = [
     "paged_attention",
     "rms_norm",
     "rotary_embedding",
+    "sample_rows",
     "set_backend",
     "silu_and_mul",
+    "top_k",
     "write_kv",
 ]
 

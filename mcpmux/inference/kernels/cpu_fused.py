@@ -1,7 +1,8 @@
 """Fused CPU kernels for the small operators of a step: RMSNorm with its residual add, rotary, the KV
 write, SiLU * up, decode attention read through the block tables (no gathered copy of the context),
-and the greedy argmax, in float32 or bfloat16; and the bfloat16 product on AMX tiles (`cpu_amx_source`),
-with the gate-up product and SiLU * up in one pass for the one-call decoder.
+and the greedy argmax, in float32 or bfloat16; the sampler's top-k and draw over float32 logits; and the
+bfloat16 product on AMX tiles (`cpu_amx_source`), with the gate-up product and SiLU * up in one pass for
+the one-call decoder.
 
 On CPU a decode step of a small model is a few large products and, around them, dozens of small
 operators per layer, each paying torch's dispatch and a pass over memory; at one sequence those are

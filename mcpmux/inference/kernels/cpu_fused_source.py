@@ -7,7 +7,10 @@ floating-point contraction off (no fused multiply-adds the reference does not do
 write match it bit for bit; SiLU * up takes its exponential from a polynomial (within an ulp or two
 of ATen's), RMSNorm sums its squares, attention its scores and values, and the float32 products
 their dot products in another order than the reference, so those match it to rounding. Greedy
-argmax is exact (the first index of the largest value, a NaN counting as largest).
+argmax is exact (the first index of the largest value, a NaN counting as largest). For the sampler, a
+row's top k (the values `torch.topk` gives, equal ones in index order) in one pass against a running
+threshold, and a row's draw from softmax(row / temperature) by a given uniform number (exponentials
+from the same polynomial, their running sum in float64).
 
 Decode attention reads each context through its block table once per query row: a row's KV heads run
 one after another on one thread, the first prefetching the whole cache rows (every KV head) of the keys

@@ -81,7 +81,12 @@ def sample(logits: torch.Tensor, requests: list[SampleRequest]) -> SampleResult:
         bias = mask.result().to(scores.device)  # filled while the forward ran
         scores = logits.clone()
         scores.index_add_(0, torch.tensor(constrained, device=scores.device), bias)
-    token_list = [int(t) for t in kernels.argmax(scores).tolist()]
+    token_list = [0] * len(requests)
+    greedy = [row for row, req in enumerate(requests) if req.params.greedy]
+    if greedy:  # the argmax of these rows only: a 32-row one takes 0.25 ms
+        chosen = scores if len(greedy) == len(requests) else scores[greedy]
+        for row, token in zip(greedy, kernels.argmax(chosen).tolist(), strict=True):
+            token_list[row] = int(token)
     sampled = [row for row, req in enumerate(requests) if not req.params.greedy]
     plain = [row for row in sampled if not _filtered(requests[row].params)]
     picked = plain and kernels.sample_rows(

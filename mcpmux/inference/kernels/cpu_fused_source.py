@@ -1011,12 +1011,13 @@ torch::Tensor sample_rows(torch::Tensor logits, torch::Tensor rows, torch::Tenso
       float top = -std::numeric_limits<float>::infinity();
       for (int l = 0; l < kLanes; ++l) top = std::max(top, tops[l]);
       for (; j < n; ++j) top = std::max(top, p[j] * inv);
-      j = 0;
-      for (; j + kLanes <= n; j += kLanes) store(e.data() + j, exp_approx(load(p + j) * splat(inv) - splat(top)));
-      for (; j < n; ++j) e[j] = std::exp(p[j] * inv - top);
-      for (j = 0; j < n; ++j) {  // exp_approx clamps below -87: a -inf logit must weigh nothing
-        if (p[j] == -std::numeric_limits<float>::infinity()) e[j] = 0.0f;
+      for (j = 0; j + kLanes <= n; j += kLanes) {
+        const vf x = load(p + j);
+        const vi gone = x == splat(-std::numeric_limits<float>::infinity());  // exp_approx clamps, -inf weighs 0
+        const vf weight = exp_approx(x * splat(inv) - splat(top));
+        store(e.data() + j, gone ? vf{} : weight);
       }
+      for (; j < n; ++j) e[j] = std::exp(p[j] * inv - top);
       double total = 0.0;
       for (j = 0; j < n; ++j) total += e[j];
       const double target = u[i] * total;

@@ -30,6 +30,16 @@ def test_greedy_is_argmax() -> None:
     assert result.token_ids == logits.argmax(-1).tolist()
 
 
+def test_greedy_rows_among_sampled_ones_take_their_own_argmax() -> None:
+    torch.manual_seed(3)
+    logits = torch.randn(4, 500) * 3
+    mixed = [req(temperature=0.0), req(seed=7), req(temperature=0.0), req(seed=8, top_p=0.9)]
+    tokens = sample(logits, mixed).token_ids
+    assert [tokens[0], tokens[2]] == logits[[0, 2]].argmax(-1).tolist()
+    assert tokens[1] == sample(logits[1:2], [req(seed=7)]).token_ids[0]
+    assert tokens[3] == sample(logits[3:4], [req(seed=8, top_p=0.9)]).token_ids[0]
+
+
 def test_top_k_top_p_min_p_restrict_the_support() -> None:
     assert draws(LOGITS, 300) == {0, 1, 2, 3, 4}
     assert draws(LOGITS, 200, top_k=2) == {0, 1}

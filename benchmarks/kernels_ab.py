@@ -88,7 +88,7 @@ def main() -> None:
     ours = cpu_fused.wait()
     if ours is None:
         raise SystemExit("this tree's fused CPU kernels did not build (see the log above)")
-    capability = torch.backends.cpu.get_cpu_capability().lower() + ("_amx" if cpu_fused.amx_tiles() else "")
+    capability = torch.backends.cpu.get_cpu_capability().lower() + cpu_fused._bf16_suffix()
     theirs = build_and_load(f"mcpmux_cpu_fused_{capability}", other_sources(args.other), cpu_fused._CFLAGS)
     theirs.set_pool(args.threads)
     sides = {"this tree": ours, str(args.other): theirs}

@@ -132,11 +132,11 @@ class ModelRunner:
 
     def _pool_step(self, scheduled: list[ScheduledSeq]) -> bool:
         """Whether the fused kernels' pool runs nearly all of this step (`cpu_threads` then gives torch's own team
-        one thread): every bfloat16 step where the products run on AMX tiles and attention in the kernels at
+        one thread): every bfloat16 step where the products run on the packed layout and attention in the kernels at
         any length (batch invariance), else decode rows few enough for the kernels' products."""
         if self.loaded.dtype not in (torch.float32, torch.bfloat16) or cpu_fused.ops() is None:
             return False
-        if self.loaded.dtype == torch.bfloat16 and cpu_fused.amx_tiles() and cpu_fused.batch_invariant():
+        if self.loaded.dtype == torch.bfloat16 and cpu_fused.packed_bf16() and cpu_fused.batch_invariant():
             return True
         return len(scheduled) <= FUSED_ROWS and all(item.num_new_tokens == 1 for item in scheduled)
 

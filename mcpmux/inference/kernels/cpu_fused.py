@@ -1,8 +1,8 @@
 """Fused CPU kernels for the small operators of a step: RMSNorm with its residual add, rotary, the KV
 write, SiLU * up, decode attention read through the block tables (no gathered copy of the context),
 and the greedy argmax, in float32 or bfloat16; the sampler's top-k and draw over float32 logits; and the
-bfloat16 product on AMX tiles (`cpu_amx_source`), with the gate-up product and SiLU * up in one pass for
-the one-call decoder.
+bfloat16 product on a packed weight layout (`cpu_amx_source`: AMX tiles, or AVX512-BF16 dot products on
+CPUs without AMX), with the gate-up product and SiLU * up in one pass for the one-call decoder.
 
 On CPU a decode step of a small model is a few large products and, around them, dozens of small
 operators per layer, each paying torch's dispatch and a pass over memory; at one sequence those are
@@ -22,9 +22,10 @@ waits for a busy core holds up only the chunk it took), sized by :func:`set_pool
 **Batch invariance** (`MCPMUX_BATCH_INVARIANT`, on unless set to ``0``; :func:`batch_invariant`): every
 kernel here computes a row from that row alone, in an order fixed by its position and width, whatever
 else shares the step, how many threads split it, and whether the row is decoded, prefilled whole or in
-chunks, or extended after a prefix-cache hit. In bfloat16 on AMX (the builtin models' default there)
-they run every part of a step once long prefills' attention stays in them too (`kernels.direct_pairs`),
-so greedy decoding gives the same tokens for a prompt whatever the batch. float32 keeps MKL for
+chunks, or extended after a prefix-cache hit. In bfloat16 where they multiply it on the packed layout
+(:func:`packed_bf16`: AMX or AVX512-BF16; the builtin models' default there) they run every part of a
+step once long prefills' attention stays in them too (`kernels.direct_pairs`), so greedy decoding gives
+the same tokens for a prompt whatever the batch. float32 keeps MKL for
 products above `FUSED_ROWS` rows and SDPA for long prefills: the dot product on every row cost
 1.4-2x there (docs/perf.md), and float32's contract is equality with Hugging Face's output. The torch
 kernels round differently, so a model that runs these kernels waits for their first build before its
@@ -148,6 +149,18 @@ def amx_tiles() -> bool:
     return bool(torch.cpu._is_amx_tile_supported() and torch._C._cpu._init_amx())
 
 
+@cache
+def packed_bf16() -> bool:
+    """Whether the kernels multiply bfloat16 on their packed layout here (`cpu_amx_source`): on AMX tiles, or with
+    AVX512-BF16 dot products (AMD Zen 4 and later, Intel from Cooper Lake); asked once per process."""
+    return amx_tiles() or bool(torch.cpu._is_avx512_bf16_supported())
+
+
+def _bf16_suffix() -> str:
+    """The build's name for the bfloat16 product this CPU has: its code differs with each."""
+    return "_amx" if amx_tiles() else "_bf16" if packed_bf16() else ""
+
+
 def _find_ninja() -> None:
     """Put the `ninja` package's binary on PATH (torch runs `ninja` from there) where none is on it yet:
     mcpmux's own environment need not be activated, as under `make run` or a client's launch."""
@@ -167,8 +180,8 @@ def _build() -> None:
         _find_ninja()
         # Named by the CPU's instruction set (`-march=native` code must not be loaded on another CPU);
         # `jit_build` adds the source, flags, torch, Python and compiler to the name.
-        capability = torch.backends.cpu.get_cpu_capability().lower() + ("_amx" if amx_tiles() else "")
-        sources = [POOL_SOURCE, AMX_SOURCE, SOURCE]  # the pool, then the AMX product: SOURCE calls both
+        capability = torch.backends.cpu.get_cpu_capability().lower() + _bf16_suffix()
+        sources = [POOL_SOURCE, AMX_SOURCE, SOURCE]  # the pool, then the packed product: SOURCE calls both
         module = build_and_load(f"mcpmux_cpu_fused_{capability}", sources, _CFLAGS)
     except Exception as err:  # no compiler, no ninja, no headers: the torch reference serves
         logger.warning(
@@ -177,10 +190,11 @@ def _build() -> None:
             ENV_VAR,
         )
         return
-    if amx_tiles() and not module.amx_built():
+    if packed_bf16() and not (module.amx_built() if amx_tiles() else module.packed_built()):
         logger.warning(
-            "the compiler did not target this CPU's AMX tiles (gcc 11 or later does): bfloat16 products run "
-            "on unpacked weights, slowly; set %s=onednn to multiply on oneDNN instead",
+            "the compiler did not target this CPU's %s (gcc 11 or later does): bfloat16 products run on "
+            "unpacked weights, slowly; set %s=onednn to multiply on oneDNN instead",
+            "AMX tiles" if amx_tiles() else "AVX512-BF16 instructions",
             "MCPMUX_CPU_MATMUL",
         )
     with _lock:

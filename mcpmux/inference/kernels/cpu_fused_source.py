@@ -831,14 +831,14 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor weight, c10::optional<torch:
 // linear(x, weight) as float32 logits (the output head): for an AMX weight widened as the product rounds them,
 // in one pass, else widened after.
 torch::Tensor logits(torch::Tensor x, torch::Tensor weight, int64_t max_rows) {
-  if (!weight.is_mkldnn() && weight.dim() == 6 && amx::runs_on_tiles(x)) return amx::linear(x, weight, {}, true);
+  if (!weight.is_mkldnn() && weight.dim() == 6 && amx::runs_packed(x)) return amx::linear(x, weight, {}, true);
   return linear(x, weight, {}, max_rows).to(torch::kFloat32);
 }
 
 // silu_and_mul(linear(x, gate_up, bias)), bit for bit: for an AMX weight in one pass (amx::gated_linear: the
 // [M, 2I] product is never written out), else in two calls.
 torch::Tensor swiglu(torch::Tensor x, torch::Tensor gate_up, c10::optional<torch::Tensor> bias, int64_t max_rows) {
-  if (!gate_up.is_mkldnn() && gate_up.dim() == 6 && gate_up.size(0) % 2 == 0 && amx::runs_on_tiles(x)) {
+  if (!gate_up.is_mkldnn() && gate_up.dim() == 6 && gate_up.size(0) % 2 == 0 && amx::runs_packed(x)) {
     return amx::gated_linear(x, gate_up, bias, [](const uint16_t* gate, const uint16_t* up, uint16_t* out) {
       const auto* g = reinterpret_cast<const BFloat16*>(gate);
       const auto* u = reinterpret_cast<const BFloat16*>(up);
@@ -1107,6 +1107,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("swiglu", &swiglu, Release());
   m.def("logits", &logits, Release());
   m.def("amx_built", &amx::built);
+  m.def("packed_built", &amx::packed_built);
   m.def("set_pool", &pool::set_pool);
   py::class_<Decoder>(m, "Decoder")
       .def(py::init<std::vector<std::vector<c10::optional<torch::Tensor>>>, int64_t, int64_t, int64_t, double,

@@ -15,13 +15,15 @@ Four implementations can multiply on CPU, and which is faster depends on the CPU
   the same sums; docs/perf.md, "Prefill where prompts queue"); until the kernels are built, the BLAS
   path below serves.
 
-- **AMX tiles** (`kernels.cpu_amx_source`, bfloat16, on CPUs with AMX where the fused kernels are
-  enabled): `prepare` packs a bfloat16 weight whose sides are multiples of 32 into the tile layout
-  (`amx_pack`, a 6-D tensor only `linear` reads), and every product on it, decode or prefill, runs
-  on the tiles: 1.5-2.3x oneDNN's bfloat16 product at 1-32 rows, about equal from 64 up (the output
-  head 0.8x at 64-128 rows; benchmarks/cpu_products.py). Until the kernels are built, `linear`
-  multiplies the unpacked weight with ATen (slower, same result). `MCPMUX_CPU_MATMUL=onednn` keeps
-  oneDNN's layout instead.
+- **The packed bfloat16 product** (`kernels.cpu_amx_source`, on CPUs with AMX or AVX512-BF16 where the
+  fused kernels are enabled): `prepare` packs a bfloat16 weight whose sides are multiples of 32 into the
+  AMX tile layout (`pack_bf16`, a 6-D tensor only `linear` reads), and every product on it, decode or
+  prefill, runs on the tiles (1.5-2.3x oneDNN's bfloat16 product at 1-32 rows, about equal from 64
+  up, the output head 0.8x at 64-128 rows) or, without AMX (AMD Zen 4 and later), with AVX512-BF16 dot
+  products on the same layout (benchmarks/cpu_products.py). Either way each output is summed in one
+  fixed order whatever the rows beside it: bfloat16 greedy answers do not depend on the batch. Until
+  the kernels are built, `linear` multiplies the unpacked weight with ATen (slower, same result).
+  `MCPMUX_CPU_MATMUL=onednn` keeps oneDNN's layout instead.
 
 - **oneDNN** (`prepare` turns a weight into its tensor once, at load, packed into the blocked layout
   oneDNN's kernels read for `PACK_ROWS`-row products): on CPUs where MKL takes its AVX2 code path
@@ -73,13 +75,13 @@ PACK_ROWS = 32
 # invariance does not extend to float32, where the dot product on every row cost 1.4-2x, docs/perf.md).
 FUSED_ROWS = 64
 
-# An AMX weight's tile side: its rows and columns must be multiples of it.
-AMX_BLOCK = 32
+# The packed layout's block side: a packed weight's rows and columns must be multiples of it.
+PACK_BLOCK = 32
 
 MATMUL_ENV = "MCPMUX_CPU_MATMUL"
 """`onednn` or `blas` forces the layout `prepare` gives weights (oneDNN's, or plain for MKL and the fused
 kernels' dot product); unset or `auto`, float32 weights stay plain where the fused kernels are enabled,
-bfloat16 ones are packed for AMX where the CPU has it, and otherwise `prepare` measures."""
+bfloat16 ones are packed where the CPU has AMX or AVX512-BF16, and otherwise `prepare` measures."""
 
 
 def prepare(weight: Tensor) -> Tensor:
@@ -88,53 +90,53 @@ def prepare(weight: Tensor) -> Tensor:
     A oneDNN tensor has no storage `F.linear` can read: only `linear` and `vocab_linear` take it. A
     weight `prepare` made already is returned as it is.
     """
-    if weight.is_mkldnn or is_amx(weight) or weight.device.type != "cpu":
+    if weight.is_mkldnn or is_packed(weight) or weight.device.type != "cpu":
         return weight
     if _matmul_setting() == "auto" and weight.dtype == torch.float32 and cpu_fused.enabled():
         return weight  # the fused kernels' dot product reads the plain weight
-    if _amx_fits(weight):
-        return amx_pack(weight.detach())
+    if _packs(weight):
+        return pack_bf16(weight.detach())
     if not _onednn_wins(weight.dtype):
         return weight
-    return _packed(weight.detach())
+    return _onednn_packed(weight.detach())
 
 
-def _packed(weight: Tensor) -> Tensor:
+def _onednn_packed(weight: Tensor) -> Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight, PACK_ROWS)
 
 
-def _amx_fits(weight: Tensor) -> bool:
-    """Whether `prepare` packs this weight for the AMX product."""
+def _packs(weight: Tensor) -> bool:
+    """Whether `prepare` packs this weight for the packed bfloat16 product (AMX tiles or AVX512-BF16)."""
     return (
         weight.dtype == torch.bfloat16
         and weight.dim() == 2
-        and weight.shape[0] % AMX_BLOCK == 0
-        and weight.shape[1] % AMX_BLOCK == 0
+        and weight.shape[0] % PACK_BLOCK == 0
+        and weight.shape[1] % PACK_BLOCK == 0
         and _matmul_setting() == "auto"
         and cpu_fused.enabled()
-        and cpu_fused.amx_tiles()
+        and cpu_fused.packed_bf16()
     )
 
 
-def amx_pack(weight: Tensor) -> Tensor:
-    """[N, K] as the AMX product reads it: [N/32, K/32, 2, 16, 16, 2] (`kernels.cpu_amx_source`)."""
+def pack_bf16(weight: Tensor) -> Tensor:
+    """[N, K] as the packed product reads it: [N/32, K/32, 2, 16, 16, 2] (`kernels.cpu_amx_source`)."""
     n, k = weight.shape
-    tiles = weight.reshape(n // AMX_BLOCK, 2, 16, k // AMX_BLOCK, 16, 2)  # (block, half, column, step, pair, e)
+    tiles = weight.reshape(n // PACK_BLOCK, 2, 16, k // PACK_BLOCK, 16, 2)  # (block, half, column, step, pair, e)
     return tiles.permute(0, 3, 1, 4, 2, 5).contiguous()
 
 
-def amx_unpack(weight: Tensor) -> Tensor:
-    """The [N, K] weight `amx_pack` packed."""
-    return weight.permute(0, 2, 4, 1, 3, 5).reshape(weight.shape[0] * AMX_BLOCK, weight.shape[1] * AMX_BLOCK)
+def unpack_bf16(weight: Tensor) -> Tensor:
+    """The [N, K] weight `pack_bf16` packed."""
+    return weight.permute(0, 2, 4, 1, 3, 5).reshape(weight.shape[0] * PACK_BLOCK, weight.shape[1] * PACK_BLOCK)
 
 
-def is_amx(weight: Tensor) -> bool:
+def is_packed(weight: Tensor) -> bool:
     return not weight.is_mkldnn and weight.dim() == 6
 
 
 def in_features(weight: Tensor) -> int:
     """The width of the rows `weight` (from `prepare`) multiplies."""
-    return weight.shape[1] * AMX_BLOCK if is_amx(weight) else weight.shape[1]
+    return weight.shape[1] * PACK_BLOCK if is_packed(weight) else weight.shape[1]
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -142,8 +144,8 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     fused = cpu_fused.ops() if x.device.type == "cpu" else None
     if fused is not None:
         return fused.linear(x, weight, bias, FUSED_ROWS)
-    if is_amx(weight):  # the kernels are still being built
-        return F.linear(x, amx_unpack(weight), bias)
+    if is_packed(weight):  # the kernels are still being built
+        return F.linear(x, unpack_bf16(weight), bias)
     if weight.is_mkldnn:
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight, bias, "none", [], "")
     if x.device.type != "cpu" or x.shape[0] > SKINNY_ROWS:
@@ -153,7 +155,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
 
 def vocab_linear(x: Tensor, weight: Tensor) -> Tensor:
     """``F.linear(x, weight)`` for a large output head, with `weight` from `prepare`."""
-    if weight.is_mkldnn or is_amx(weight) or (x.shape[0] <= FUSED_ROWS and cpu_fused.ops() is not None):
+    if weight.is_mkldnn or is_packed(weight) or (x.shape[0] <= FUSED_ROWS and cpu_fused.ops() is not None):
         return linear(x, weight)
     if x.device.type != "cpu" or weight.shape[0] <= VOCAB_SLICE:
         return F.linear(x, weight)
@@ -167,10 +169,10 @@ def vocab_linear(x: Tensor, weight: Tensor) -> Tensor:
 
 
 def vocab_logits(x: Tensor, weight: Tensor) -> Tensor:
-    """``vocab_linear(x, weight).float()``, the output head's float32 logits: on AMX tiles the product widens each
-    logit as it rounds it (the same values, without a second pass over a [rows, vocab] tensor)."""
+    """``vocab_linear(x, weight).float()``, the output head's float32 logits: on a packed weight the product widens
+    each logit as it rounds it (the same values, without a second pass over a [rows, vocab] tensor)."""
     fused = cpu_fused.ops() if x.device.type == "cpu" else None
-    if fused is not None and is_amx(weight):
+    if fused is not None and is_packed(weight):
         return fused.logits(x, weight, FUSED_ROWS)
     return vocab_linear(x, weight).float()
 
@@ -222,7 +224,7 @@ def _decide(dtype: torch.dtype) -> bool:
     generator = torch.Generator().manual_seed(1)
     inputs = [torch.randn(n, 576, generator=generator).to(dtype) for n in (1, PACK_ROWS)]
     try:
-        packs = [_packed(weight) for weight in weights]
+        packs = [_onednn_packed(weight) for weight in weights]
         linear(inputs[0], packs[0])
     except Exception as err:  # no oneDNN kernel for this dtype on this CPU (float16 without AVX-512 FP16)
         log = logger.warning if forced == "onednn" else logger.info
@@ -270,11 +272,12 @@ def fastest_cpu_dtype() -> torch.dtype:
 
 
 def _by_capability() -> torch.dtype | None:
-    """bfloat16 where the fused kernels multiply it on AMX tiles (2-4x float32's products there), decided without
-    timing: a measurement on a busy host could pick float32 on one start and bfloat16 on the next, and the two
-    give different greedy answers. None: measure."""
-    if _matmul_setting() == "auto" and cpu_fused.enabled() and cpu_fused.amx_tiles():
-        logger.info("CPU dtype: bfloat16 (this CPU multiplies it on AMX tiles)")
+    """bfloat16 where the fused kernels multiply it on the packed layout (AMX tiles: 2-4x float32's products there;
+    AVX512-BF16 dot products: 2-4.7x on an AMD Zen 5), decided without timing: a measurement on a busy host could
+    pick float32 on one start and bfloat16 on the next, and the two give different greedy answers. None: measure."""
+    if _matmul_setting() == "auto" and cpu_fused.enabled() and cpu_fused.packed_bf16():
+        how = "on AMX tiles" if cpu_fused.amx_tiles() else "with AVX512-BF16 dot products"
+        logger.info("CPU dtype: bfloat16 (this CPU multiplies it %s)", how)
         return torch.bfloat16
     return None
 
@@ -285,8 +288,9 @@ _fastest_dtype: torch.dtype | None = None
 
 def _measure_dtypes() -> torch.dtype:
     dtypes = (torch.float32, torch.bfloat16)
-    # An AMX weight is timed in oneDNN's layout: the kernels may still be building, and AMX only widens the gap.
-    weights = {dtype: [_packed(w) if _amx_fits(w) else prepare(w) for w in _probe_weights(dtype)] for dtype in dtypes}
+    # A packable weight is timed in oneDNN's layout: the kernels may still be building, and AMX only widens the gap.
+    probes = {dtype: _probe_weights(dtype) for dtype in dtypes}
+    weights = {dtype: [_onednn_packed(w) if _packs(w) else prepare(w) for w in probes[dtype]] for dtype in dtypes}
     generator = torch.Generator().manual_seed(1)
     inputs = {dtype: [torch.randn(n, 576, generator=generator).to(dtype) for n in (1, PACK_ROWS)] for dtype in dtypes}
     seconds = dict.fromkeys(dtypes, float("inf"))

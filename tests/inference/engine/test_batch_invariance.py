@@ -1,8 +1,9 @@
 """Greedy decoding gives the same tokens for a prompt whatever it is served with: alone, in a batch of 64, after a
 prefix-cache hit, prefilled in small chunks, and before or after the fused CPU kernels are built (the default
-precision, bfloat16 on AMX CPUs; `cpu_fused.batch_invariant`). Real kernels built with gcc, real models: a tiny
-random one under a property test (random prompts, companions and chunk sizes; its logits are near ties, so any
-difference in arithmetic shows in its tokens and log-probabilities) and SmolLM2-135M-Instruct as a user runs it."""
+precision, bfloat16 on AMX and AVX512-BF16 CPUs; `cpu_fused.batch_invariant`). Real kernels built with gcc, real
+models: a tiny random one under a property test (random prompts, companions and chunk sizes; its logits are near
+ties, so any difference in arithmetic shows in its tokens and log-probabilities) and SmolLM2-135M-Instruct as a
+user runs it."""
 
 from __future__ import annotations
 
@@ -78,7 +79,7 @@ def _drain(engine: LLMEngine, rids: list[str]) -> dict[str, Served]:
 
 @pytest.fixture(scope="module")
 def tiny_bf16(kernels_built: None, tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
-    """A tiny random Llama in bfloat16 whose products fit the AMX tiles (sides multiples of 32), head size 32."""
+    """A tiny random Llama in bfloat16 whose products fit the packed layout (sides multiples of 32), head size 32."""
     from tests.inference.tiny_models import build_tiny_model
 
     overrides = {"hidden_size": 192, "num_attention_heads": 6, "num_key_value_heads": 2, "intermediate_size": 256}
@@ -140,8 +141,8 @@ SMOLLM2_GREEDY = SamplingParams(max_tokens=24, temperature=0.0)
 def test_smollm2_default_precision_answers_the_same_alone_batched_chunked_and_after_a_prefix_hit(
     smollm2_default: LoadedModel,
 ) -> None:
-    if cpu_fused.amx_tiles():
-        assert smollm2_default.dtype == torch.bfloat16, "the default precision on an AMX CPU is bfloat16"
+    if cpu_fused.packed_bf16():
+        assert smollm2_default.dtype == torch.bfloat16, "the default precision on an AMX or AVX512-BF16 CPU is bfloat16"
     asks = {f"a{i}": _chat(ask) for i, ask in enumerate(ASKS)}
     alone = {rid: _serve(smollm2_default, {rid: chat}, SMOLLM2_GREEDY)[rid][0] for rid, chat in asks.items()}
     assert all(len(tokens) > 3 for tokens in alone.values())

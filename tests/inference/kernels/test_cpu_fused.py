@@ -20,7 +20,7 @@ from mcpmux.inference.engine.config import SamplingParams
 from mcpmux.inference.engine.llm_engine import LLMEngine
 from mcpmux.inference.engine.sampler import SampleRequest, make_generator, sample
 from mcpmux.inference.kernels import cpu_fused, reference
-from mcpmux.inference.models.linear import amx_unpack, is_amx, linear, prepare, vocab_logits
+from mcpmux.inference.models.linear import is_packed, linear, prepare, unpack_bf16, vocab_logits
 from mcpmux.inference.models.llama import LlamaCausalLM
 from mcpmux.inference.models.loader import load_model
 from tests.inference.engine_harness import PROMPTS, drive, engine_config, greedy_params, hf_reference
@@ -323,17 +323,18 @@ def test_one_call_layers_give_the_layers_logits_bit_for_bit(
     assert outputs[0] == outputs[1]
 
 
-def test_bfloat16_products_on_amx_tiles_match_f_linear(fused: ModuleType) -> None:
-    if not cpu_fused.amx_tiles():
-        pytest.skip("this CPU has no AMX tiles (or the OS does not hand them out): oneDNN multiplies bfloat16")
-    assert fused.amx_built()  # -march=native targets the tiles on such a CPU
+def test_bfloat16_products_on_the_packed_layout_match_f_linear_whatever_the_rows_beside(fused: ModuleType) -> None:
+    if not cpu_fused.packed_bf16():
+        pytest.skip("this CPU has neither AMX nor AVX512-BF16: oneDNN multiplies bfloat16")
+    # -march=native targets the tiles, or the AVX512-BF16 dot products, on such a CPU
+    assert fused.amx_built() if cpu_fused.amx_tiles() else fused.packed_built()
     gen = torch.Generator().manual_seed(3)
     weight = torch.randn(160, 96, generator=gen).to(torch.bfloat16)
     bias = torch.randn(160, generator=gen).to(torch.bfloat16)
     prepared = prepare(weight)
-    assert is_amx(prepared)
-    assert torch.equal(amx_unpack(prepared), weight)
-    assert not is_amx(prepare(weight[:100]))  # sides must be multiples of 32: oneDNN's layout then
+    assert is_packed(prepared)
+    assert torch.equal(unpack_bf16(prepared), weight)
+    assert not is_packed(prepare(weight[:100]))  # sides must be multiples of 32: oneDNN's layout then
     for rows in (0, 1, 15, 16, 17, 33, 130):
         wide = torch.randn(rows, 128, generator=gen).to(torch.bfloat16)
         for x in (wide[:, 16:112], wide[:, 16:112].contiguous().t().contiguous().t()):  # strided rows, transposed
@@ -342,6 +343,9 @@ def test_bfloat16_products_on_amx_tiles_match_f_linear(fused: ModuleType) -> Non
                 got = linear(x, prepared, b)
                 assert got.is_contiguous()
                 torch.testing.assert_close(got, want, **_tolerance(torch.bfloat16))  # shape and dtype too
+                # Batch invariance: each row multiplied alone comes out the same, bit for bit.
+                alone = [linear(x[i : i + 1], prepared, b) for i in range(rows)]
+                assert torch.equal(torch.cat(alone) if alone else got, got)
     # Before the kernels are built, the unpacked weight multiplies: F.linear's result exactly.
     x = torch.randn(5, 96, generator=gen).to(torch.bfloat16)
     cpu_fused.disable()
@@ -353,14 +357,14 @@ def test_bfloat16_products_on_amx_tiles_match_f_linear(fused: ModuleType) -> Non
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_swiglu_is_silu_and_mul_of_the_gate_up_product_bit_for_bit(fused: ModuleType, dtype: torch.dtype) -> None:
-    # The one-call decoder multiplies gate-up and applies SiLU * up in one pass on AMX tiles (the product's
+    # The one-call decoder multiplies gate-up and applies SiLU * up in one pass on the packed layout (the product's
     # output never written out); the layers, and prefills, call the product and the activation apart: every
     # row must come out the same either way, or a prompt's greedy answer would depend on its path.
     gen = torch.Generator().manual_seed(5)
     gate_up = torch.randn(192, 96, generator=gen).to(dtype)  # [gate | up], 96 columns each
     bias = torch.randn(192, generator=gen).to(dtype)
     prepared = prepare(gate_up)
-    assert is_amx(prepared) == (dtype == torch.bfloat16 and cpu_fused.amx_tiles())
+    assert is_packed(prepared) == (dtype == torch.bfloat16 and cpu_fused.packed_bf16())
     for rows in (0, 1, 15, 16, 17, 33, 70):
         wide = torch.randn(rows, 128, generator=gen).to(dtype)
         for x in (wide[:, 16:112], wide[:, 16:112].contiguous()):
@@ -376,7 +380,7 @@ def test_swiglu_is_silu_and_mul_of_the_gate_up_product_bit_for_bit(fused: Module
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_head_logits_are_the_products_values_widened(fused: ModuleType, dtype: torch.dtype) -> None:
-    # On AMX tiles the output head widens its logits to float32 as it rounds them: the values the sampler sees
+    # On the packed layout the output head widens its logits to float32 as it rounds them: the values the sampler sees
     # must be the bfloat16 product's exactly, as before, or greedy answers would move.
     gen = torch.Generator().manual_seed(7)
     head = prepare(torch.randn(256, 96, generator=gen).to(dtype))

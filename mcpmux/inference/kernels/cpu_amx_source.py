@@ -1,11 +1,12 @@
-"""C++ source of the bfloat16 matrix product on Intel AMX tiles, built with the fused CPU kernels
+"""C++ source of the kernels' bfloat16 matrix product on a packed weight layout: on Intel AMX tiles, or with
+AVX512-BF16 dot products on CPUs without AMX (AMD Zen 4 and later), built with the fused CPU kernels
 (`cpu_fused` puts it before `cpu_fused_source.SOURCE`, whose `linear` and `swiglu` call it).
 
 A decode step multiplies a few dozen rows by every weight, so it is bound by reading the weights
 from memory. On 2 cores of a Xeon with AMX, oneDNN's bfloat16 product reads SmolLM2's weights at
 7-19 GB/s at 1-32 rows; this one streams them at 17-34 GB/s (1.5-2.3x oneDNN; about equal from 64
 rows up, `benchmarks/cpu_products.py`) because its weight is laid out in exactly the order its tiles
-read it.
+read it. On an AMD Zen 5 the dot products run 1.1-1.6x oneDNN's product at 1-64 rows.
 
 **Layout** (`models.linear.pack_bf16`): a [N, K] weight becomes a [N/32, K/32, 2, 16, 16, 2] tensor.
 For each block of 32 output columns, for each 32-wide step along K, two 1 KiB B tiles (16 columns
@@ -14,11 +15,15 @@ weights at k = 2p and 2p + 1. A block's tiles follow one another, so a thread re
 weights as one sequential stream, prefetched into L2 `kPrefetchL2` steps ahead and into L1
 `kPrefetchL1` steps ahead.
 
-**Product**: each thread takes whole 32-column blocks; for each block it walks 32 rows of x at a time
-(two A tiles of 16 rows), keeping four 16 x 16 float32 accumulators in tiles over all of K, then
-rounds them to bfloat16 (to nearest even, as oneDNN and ATen round). Rows of x past the last whole
-16 are read from a zero-padded copy. The sums run in another order than ATen's, so results match
-`F.linear` to bfloat16 rounding, not bit for bit.
+**Product**: each thread takes whole 32-column blocks; for each block it walks 32 rows of x at a time,
+then rounds the float32 sums to bfloat16 (to nearest even, as oneDNN and ATen round). On AMX tiles
+(`tile_block_product`): two A tiles of 16 rows, four 16 x 16 float32 accumulators in tiles over all
+of K; rows of x past the last whole 16 are read from a zero-padded copy. With dot products
+(`dot_block_product`): passes of up to 12 rows, each row's 32 outputs in two 16-lane accumulators,
+and for each pair of K the row's two values broadcast against the tile row holding that pair
+(`VDPBF16PS`): the layout's tile rows are exactly that operand. Either way an output's sum runs in
+an order fixed by K alone, whatever rows share the product (batch invariance, `cpu_fused`), and in
+another order than ATen's, so results match `F.linear` to bfloat16 rounding, not bit for bit.
 
 **Gated product** (`amx::gated_linear`, the SwiGLU MLP's gate-up product for the one-call decoder):
 a [gate | up] weight's gate block and its up block are multiplied one after the other, rounded to
@@ -26,9 +31,10 @@ bfloat16 as `linear` rounds them, and handed 32 columns at a time to the activat
 `cpu_fused_source`), so the result is the activation of `linear`'s output bit for bit without the
 [M, 2I] product ever being written out and read back.
 
-Compiled only where the compiler targets AMX-BF16 (`-march=native` on such a CPU); elsewhere, and
-where the OS refuses the tile state, `amx::linear` multiplies the unpacked weight with ATen (the
-Python side packs weights only on CPUs with AMX, so that path is a safety net, not a code path).
+Compiled only where the compiler targets AVX512-BF16 (`-march=native` on such a CPU), the tiles only
+where it targets AMX-BF16 too; a process the OS refuses the tile state multiplies with dot products.
+Elsewhere `amx::linear` multiplies the unpacked weight with ATen (the Python side packs weights only on
+CPUs with AMX or AVX512-BF16, so that path is a safety net, not a code path).
 """
 
 SOURCE = r"""

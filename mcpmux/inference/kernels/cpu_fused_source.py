@@ -28,6 +28,7 @@ SOURCE = r"""
 #include <ATen/Parallel.h>
 #include <ATen/record_function.h>
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -809,21 +810,35 @@ torch::Tensor pool_gemm(torch::Tensor x, torch::Tensor weight, c10::optional<tor
   return y;
 }
 
-// A product as the model's `linear` runs it where these kernels are built (models/linear.py): AMX tiles for
-// an AMX weight (cpu_amx_source), oneDNN for a oneDNN weight, the dot kernel for up to max_rows float32
-// rows, else ATen's linear.
+// oneDNN's product (mkldnn::_linear_pointwise), on a oneDNN weight or a plain one.
+static torch::Tensor onednn_linear(const torch::Tensor& x, const torch::Tensor& weight,
+                                   const c10::optional<torch::Tensor>& bias) {
+  static const auto onednn =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("mkldnn::_linear_pointwise", "")
+          .typed<torch::Tensor(const torch::Tensor&, const torch::Tensor&, const c10::optional<torch::Tensor>&,
+                               c10::string_view, c10::List<c10::optional<c10::Scalar>>,
+                               c10::optional<c10::string_view>)>();
+  return onednn.call(x.contiguous(), weight, bias, "none", c10::List<c10::optional<c10::Scalar>>(), c10::nullopt);
+}
+
+// Whether float32 products past the dot kernel's rows run on oneDNN instead of MKL (`set_onednn_rows`, which
+// cpu_fused sets where oneDNN is much the faster: MKL takes its AVX2 path on AMD CPUs with AVX-512).
+static std::atomic<bool> onednn_rows{false};
+
+void set_onednn_rows(bool on) { onednn_rows.store(on, std::memory_order_relaxed); }
+
+// A product as the model's `linear` runs it where these kernels are built (models/linear.py): the packed product
+// for a packed weight (cpu_amx_source), oneDNN for a oneDNN weight, the dot kernel for up to max_rows float32
+// rows, else oneDNN where set_onednn_rows chose it, else MKL (on the pool's blocks or through ATen's linear).
 torch::Tensor linear(torch::Tensor x, torch::Tensor weight, c10::optional<torch::Tensor> bias, int64_t max_rows) {
   if (!weight.is_mkldnn() && weight.dim() == 6) return amx::linear(x, weight, bias);
-  if (weight.is_mkldnn()) {
-    static const auto onednn =
-        c10::Dispatcher::singleton()
-            .findSchemaOrThrow("mkldnn::_linear_pointwise", "")
-            .typed<torch::Tensor(const torch::Tensor&, const torch::Tensor&, const c10::optional<torch::Tensor>&,
-                                 c10::string_view, c10::List<c10::optional<c10::Scalar>>,
-                                 c10::optional<c10::string_view>)>();
-    return onednn.call(x.contiguous(), weight, bias, "none", c10::List<c10::optional<c10::Scalar>>(), c10::nullopt);
-  }
+  if (weight.is_mkldnn()) return onednn_linear(x, weight, bias);
   if (dot_linear_fits(x, weight, max_rows)) return dot_linear(x.stride(1) == 1 ? x : x.contiguous(), weight, bias);
+  if (onednn_rows.load(std::memory_order_relaxed) && x.scalar_type() == torch::kFloat32 &&
+      weight.scalar_type() == torch::kFloat32 && weight.dim() == 2) {
+    return onednn_linear(x, weight, bias);
+  }
   if (pool_gemm_fits(x, weight)) return pool_gemm(x, weight, bias);
   return at::linear(x, weight, bias);
 }
@@ -1109,6 +1124,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("amx_built", &amx::built);
   m.def("packed_built", &amx::packed_built);
   m.def("set_pool", &pool::set_pool);
+  m.def("set_onednn_rows", &set_onednn_rows);
   py::class_<Decoder>(m, "Decoder")
       .def(py::init<std::vector<std::vector<c10::optional<torch::Tensor>>>, int64_t, int64_t, int64_t, double,
                     double, int64_t, int64_t>())

@@ -7,8 +7,8 @@ Four implementations can multiply on CPU, and which is faster depends on the CPU
   weight rows read once for six rows of `x`, the next four prefetched while these multiply. A decode
   step reads every weight from memory once; this keeps memory streaming while the products run. On
   2 cores of an AMX Xeon it runs SmolLM2's layer products 1.2-1.5x faster than oneDNN's packed
-  product at 4-48 rows on 2 threads, equal at 64-128 (on an AMD Zen 5, 0.65x at 32 rows: x's rows
-  come from L2 there). So where the kernels are enabled, `prepare` leaves float32 weights plain, the
+  product at 4-48 rows on 2 threads, equal at 64-128 (on an AMD Zen 5 0.65x oneDNN at 32 rows, not
+  yet understood). So where the kernels are enabled, `prepare` leaves float32 weights plain, the
   dot product takes up to `FUSED_ROWS` rows, and larger (prefill) products go to oneDNN on the plain
   weight where it is 1.5x faster than MKL (MKL takes its AVX2 path on AMD CPUs with AVX-512: 2-2.3x
   at 512 rows on a Zen 5; timed once a process, `cpu_fused`), else to MKL: on its own team, or where

@@ -25,13 +25,13 @@ else shares the step, how many threads split it, and whether the row is decoded,
 chunks, or extended after a prefix-cache hit. In bfloat16 where they multiply it on the packed layout
 (:func:`packed_bf16`: AMX or AVX512-BF16; the builtin models' default there) they run every part of a
 step once long prefills' attention stays in them too (`kernels.direct_pairs`), so greedy decoding gives
-the same tokens for a prompt whatever the batch. float32 keeps MKL for
-products above `FUSED_ROWS` rows and SDPA for long prefills: the dot product on every row cost
-1.4-2x there (docs/perf.md), and float32's contract is equality with Hugging Face's output. The torch
-kernels round differently, so a model that runs these kernels waits for their first build before its
-first step (`ModelRunner`) instead of answering with the torch kernels meanwhile: its answers never
-change when the build completes. With ``0``, steps run the torch kernels until the build is done, and
-long bfloat16 prefills take SDPA.
+the same tokens for a prompt whatever the batch. float32 keeps MKL (or oneDNN where it is much the
+faster, `_onednn_beats_mkl`) for products above `FUSED_ROWS` rows and SDPA for long prefills: the dot
+product on every row cost 1.4-2x there (docs/perf.md), and float32's contract is equality with Hugging
+Face's output. The torch kernels round differently, so a model that runs these kernels waits for their
+first build before its first step (`ModelRunner`) instead of answering with the torch kernels
+meanwhile: its answers never change when the build completes. With ``0``, steps run the torch kernels
+until the build is done, and long bfloat16 prefills take SDPA.
 """
 
 from __future__ import annotations

@@ -843,14 +843,14 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor weight, c10::optional<torch:
   return at::linear(x, weight, bias);
 }
 
-// linear(x, weight) as float32 logits (the output head): for an AMX weight widened as the product rounds them,
+// linear(x, weight) as float32 logits (the output head): for a packed weight widened as the product rounds them,
 // in one pass, else widened after.
 torch::Tensor logits(torch::Tensor x, torch::Tensor weight, int64_t max_rows) {
   if (!weight.is_mkldnn() && weight.dim() == 6 && amx::runs_packed(x)) return amx::linear(x, weight, {}, true);
   return linear(x, weight, {}, max_rows).to(torch::kFloat32);
 }
 
-// silu_and_mul(linear(x, gate_up, bias)), bit for bit: for an AMX weight in one pass (amx::gated_linear: the
+// silu_and_mul(linear(x, gate_up, bias)), bit for bit: for a packed weight in one pass (amx::gated_linear: the
 // [M, 2I] product is never written out), else in two calls.
 torch::Tensor swiglu(torch::Tensor x, torch::Tensor gate_up, c10::optional<torch::Tensor> bias, int64_t max_rows) {
   if (!gate_up.is_mkldnn() && gate_up.dim() == 6 && gate_up.size(0) % 2 == 0 && amx::runs_packed(x)) {

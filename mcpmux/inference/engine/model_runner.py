@@ -14,7 +14,7 @@ from mcpmux.inference.engine.sampler import SampleRequest, TokenLogprob, sample
 from mcpmux.inference.engine.scheduler import ScheduledSeq
 from mcpmux.inference.kernels import cpu_fused
 from mcpmux.inference.models.forward_batch import ForwardBatch
-from mcpmux.inference.models.linear import FUSED_ROWS
+from mcpmux.inference.models.linear import FUSED_ROWS, float32_on_onednn
 from mcpmux.inference.models.loader import LoadedModel
 
 log = logging.getLogger(__name__)
@@ -133,11 +133,14 @@ class ModelRunner:
     def _pool_step(self, scheduled: list[ScheduledSeq]) -> bool:
         """Whether the fused kernels' pool runs nearly all of this step (`cpu_threads` then gives torch's own team
         one thread): every bfloat16 step where the products run on the packed layout and attention in the kernels at
-        any length (batch invariance), else decode rows few enough for the kernels' products."""
+        any length (batch invariance), else decode rows few enough for the kernels' products (not where float32
+        weights went to oneDNN, whose products run on torch's team)."""
         if self.loaded.dtype not in (torch.float32, torch.bfloat16) or cpu_fused.ops() is None:
             return False
         if self.loaded.dtype == torch.bfloat16 and cpu_fused.packed_bf16() and cpu_fused.batch_invariant():
             return True
+        if self.loaded.dtype == torch.float32 and float32_on_onednn():
+            return False  # oneDNN multiplies on torch's team
         return len(scheduled) <= FUSED_ROWS and all(item.num_new_tokens == 1 for item in scheduled)
 
     def run(self, scheduled: list[ScheduledSeq], requests: list[SampleRequest]) -> StepResult:

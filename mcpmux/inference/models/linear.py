@@ -7,15 +7,17 @@ Four implementations can multiply on CPU, and which is faster depends on the CPU
   weight rows read once for six rows of `x`, the next four prefetched while these multiply. A decode
   step reads every weight from memory once; this keeps memory streaming while the products run. On
   2 cores of an AMX Xeon it runs SmolLM2's layer products 1.2-1.5x faster than oneDNN's packed
-  product at 4-48 rows on 2 threads, equal at 64-128 (on an AMD Zen 5 0.65x oneDNN at 32 rows, not
-  yet understood). So where the kernels are enabled, `prepare` leaves float32 weights plain, the
-  dot product takes up to `FUSED_ROWS` rows, and larger (prefill) products go to oneDNN on the plain
-  weight where it is 1.5x faster than MKL (MKL takes its AVX2 path on AMD CPUs with AVX-512: 2-2.3x
-  at 512 rows on a Zen 5; timed once a process, `cpu_fused`), else to MKL: on its own team, or where
-  that team would wait at a barrier for a core other processes take (a full 512-row prefill step, or
-  the thread governor having shrunk torch's team) as single-threaded MKL products on blocks of output
-  columns split over the kernels' pool (`pool_gemm`, the same sums; docs/perf.md, "Prefill where
-  prompts queue"); until the kernels are built, the BLAS path below serves.
+  product at 4-48 rows on 2 threads, equal at 64-128; on an AMD Zen 5 it is 0.65x oneDNN's at 32 rows
+  (why is not yet understood). So where the kernels are enabled, `prepare` leaves float32 weights
+  plain unless oneDNN's 32-row product is 1.3x the dot product's (timed once a process, once the
+  kernels are built: `float32_on_onednn`), the dot product takes up to `FUSED_ROWS` rows, and larger
+  (prefill) products go to oneDNN on the plain weight where it is 1.5x faster than MKL (MKL takes its
+  AVX2 path on AMD CPUs with AVX-512: 2-2.3x at 512 rows on a Zen 5; timed once a process,
+  `cpu_fused`), else to MKL: on its own team, or where that team would wait at a barrier for a core
+  other processes take (a full 512-row prefill step, or the thread governor having shrunk torch's
+  team) as single-threaded MKL products on blocks of output columns split over the kernels' pool
+  (`pool_gemm`, the same sums; docs/perf.md, "Prefill where prompts queue"); until the kernels are
+  built, the BLAS path below serves.
 
 - **The packed bfloat16 product** (`kernels.cpu_amx_source`, on CPUs with AMX or AVX512-BF16 where the
   fused kernels are enabled): `prepare` packs a bfloat16 weight whose sides are multiples of 32 into the
@@ -82,7 +84,8 @@ PACK_BLOCK = 32
 
 MATMUL_ENV = "MCPMUX_CPU_MATMUL"
 """`onednn` or `blas` forces the layout `prepare` gives weights (oneDNN's, or plain for MKL and the fused
-kernels' dot product); unset or `auto`, float32 weights stay plain where the fused kernels are enabled,
+kernels' dot product); unset or `auto`, float32 weights stay plain where the fused kernels are enabled
+(unless oneDNN is much the faster: `float32_on_onednn`),
 bfloat16 ones are packed where the CPU has AMX or AVX512-BF16, and otherwise `prepare` measures."""
 
 
@@ -95,12 +98,54 @@ def prepare(weight: Tensor) -> Tensor:
     if weight.is_mkldnn or is_packed(weight) or weight.device.type != "cpu":
         return weight
     if _matmul_setting() == "auto" and weight.dtype == torch.float32 and cpu_fused.enabled():
-        return weight  # the fused kernels' dot product reads the plain weight
+        if not _float32_to_onednn():
+            return weight  # the fused kernels' dot product reads the plain weight
+        return _onednn_packed(weight.detach())
     if _packs(weight):
         return pack_bf16(weight.detach())
     if not _onednn_wins(weight.dtype):
         return weight
     return _onednn_packed(weight.detach())
+
+
+def float32_on_onednn() -> bool:
+    """Whether `prepare` has given float32 weights oneDNN's layout though the fused kernels are enabled (their
+    products then run on torch's team, not on the kernels' pool)."""
+    return _float32_on_onednn is True
+
+
+def _float32_to_onednn() -> bool:
+    """Whether float32 weights go to oneDNN's packed layout though the fused kernels are enabled: where oneDNN's
+    32-row product is at least 1.3x as fast as the kernels' dot product (the dot product is 0.65x oneDNN's on an
+    AMD Zen 5, 1.2-1.5x on an AMX Xeon). Timed once a process, once the kernels are built (the engine waits for
+    them before its first step in any case); False without them or without oneDNN."""
+    global _float32_on_onednn
+    with _deciding:
+        if _float32_on_onednn is None:
+            _float32_on_onednn = _onednn_beats_dot()
+        return _float32_on_onednn
+
+
+_float32_on_onednn: bool | None = None
+
+
+def _onednn_beats_dot() -> bool:
+    fused = cpu_fused.wait()
+    if fused is None or not torch.backends.mkldnn.is_available():
+        return False
+    weights = _probe_weights(torch.float32)
+    packs = [_onednn_packed(weight) for weight in weights]
+    x = torch.randn(PACK_ROWS, 576, generator=torch.Generator().manual_seed(1))
+    dot = onednn = float("inf")
+    for _ in range(_PROBE_ROUNDS):  # interleaved, the fastest of each: other work only adds time
+        dot = min(dot, _timed(lambda: [fused.linear(x, w, None, FUSED_ROWS) for w in weights]) / _PROBE_WEIGHTS)
+        onednn = min(onednn, _timed(lambda: [fused.linear(x, w, None, FUSED_ROWS) for w in packs]) / _PROBE_WEIGHTS)
+    wins = onednn * 1.3 <= dot
+    logger.info(
+        "float32 decode products: the fused dot product %.0f us, oneDNN %.0f us per 32-row product: %s",
+        dot * 1e6, onednn * 1e6, "oneDNN" if wins else "the dot product",
+    )  # fmt: skip
+    return wins
 
 
 def _onednn_packed(weight: Tensor) -> Tensor:

@@ -20,7 +20,14 @@ from mcpmux.inference.engine.config import SamplingParams
 from mcpmux.inference.engine.llm_engine import LLMEngine
 from mcpmux.inference.engine.sampler import SampleRequest, make_generator, sample
 from mcpmux.inference.kernels import cpu_fused, reference
-from mcpmux.inference.models.linear import is_packed, linear, prepare, unpack_bf16, vocab_logits
+from mcpmux.inference.models.linear import (
+    float32_on_onednn,
+    is_packed,
+    linear,
+    prepare,
+    unpack_bf16,
+    vocab_logits,
+)
 from mcpmux.inference.models.llama import LlamaCausalLM
 from mcpmux.inference.models.loader import load_model
 from tests.inference.engine_harness import PROMPTS, drive, engine_config, greedy_params, hf_reference
@@ -304,6 +311,18 @@ def test_float32_prefill_products_split_over_the_pool_match_f_linear(
         fused.set_onednn_rows(cpu_fused._onednn_beats_mkl())
         cpu_fused.set_pool_threads(-1)
         torch.set_num_threads(threads)
+
+
+def test_float32_weights_take_the_faster_of_the_dot_product_and_onednn(fused: ModuleType) -> None:
+    # `prepare` times the kernels' dot product against oneDNN's packed weight once (oneDNN 1.5x on an AMD Zen 5,
+    # the dot product 1.2-1.5x on an AMX Xeon); either way a product matches F.linear to rounding.
+    gen = torch.Generator().manual_seed(13)
+    weight, bias = torch.randn(96, 576, generator=gen), torch.randn(96, generator=gen)
+    prepared = prepare(weight)
+    assert prepared.is_mkldnn == float32_on_onednn()
+    for rows in (1, 32, 300):
+        x = torch.randn(rows, 576, generator=gen)
+        torch.testing.assert_close(linear(x, prepared, bias), F.linear(x, weight, bias), rtol=1e-5, atol=4e-6 * 24)
 
 
 def test_float32_prefill_products_run_on_onednn_where_it_is_chosen(fused: ModuleType) -> None:

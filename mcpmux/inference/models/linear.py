@@ -117,8 +117,8 @@ def float32_on_onednn() -> bool:
 def _float32_to_onednn() -> bool:
     """Whether float32 weights go to oneDNN's packed layout though the fused kernels are enabled: where oneDNN's
     32-row product is at least 1.3x as fast as the kernels' dot product (the dot product is 0.65x oneDNN's on an
-    AMD Zen 5, 1.2-1.5x on an AMX Xeon). Timed once a process, once the kernels are built (the engine waits for
-    them before its first step in any case); False without them or without oneDNN."""
+    AMD Zen 5, 1.2-1.5x on an AMX Xeon). Timed once a process, once the kernels are built (under batch invariance
+    the engine waits for them before its first step in any case); False without them or without oneDNN."""
     global _float32_on_onednn
     with _deciding:
         if _float32_on_onednn is None:
@@ -130,7 +130,8 @@ _float32_on_onednn: bool | None = None
 
 
 def _onednn_beats_dot() -> bool:
-    fused = cpu_fused.wait()
+    # Under batch invariance the first step waits for the kernels anyway; without it, loading does not wait.
+    fused = cpu_fused.wait() if cpu_fused.batch_invariant() else cpu_fused.ops()
     if fused is None or not torch.backends.mkldnn.is_available():
         return False
     weights = _probe_weights(torch.float32)

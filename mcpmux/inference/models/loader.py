@@ -30,6 +30,7 @@ from transformers.utils import logging as hf_logging
 from mcpmux.inference.errors import ModelLoadError
 from mcpmux.inference.kernels import cpu_fused
 from mcpmux.inference.models import CausalLM, builtin
+from mcpmux.inference.models.heap import freeze_after_first_load
 from mcpmux.inference.models.linear import fastest_cpu_dtype
 from mcpmux.inference.models.registry import architecture_of, build_causal_lm
 
@@ -190,7 +191,7 @@ def load_model(spec: str, dtype: str = "auto", device: str = "auto") -> LoadedMo
     log.info(
         "loaded %s from %s: %s on %s, context %d", source.name, where, torch_dtype, torch_device, model.max_position
     )
-    return LoadedModel(
+    loaded = LoadedModel(
         name=source.name,
         model=model,
         tokenizer=tokenizer,
@@ -204,3 +205,5 @@ def load_model(spec: str, dtype: str = "auto", device: str = "auto") -> LoadedMo
         device=torch_device,
         eos_token_ids=eos,
     )
+    freeze_after_first_load()  # the imports and this model out of full collections (`heap`)
+    return loaded

@@ -136,10 +136,12 @@ class Embedder:
 
 def _load_model(name: str, device: str) -> EmbeddingModel:
     """The model, torch imported with it on first use: in a worker thread, as it takes seconds."""
+    from mcpmux.inference.models.heap import freeze_after_first_load
     from mcpmux.inference.serving.encoder import EmbeddingModel
 
     model = EmbeddingModel(name, device)
     model.warm_up()
+    freeze_after_first_load()  # torch's imports out of full collections (`heap`)
     return model
 
 

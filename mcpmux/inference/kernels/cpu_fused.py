@@ -51,6 +51,7 @@ from mcpmux.inference.kernels.cpu_amx_source import SOURCE as AMX_SOURCE
 from mcpmux.inference.kernels.cpu_fused_source import SOURCE
 from mcpmux.inference.kernels.cpu_pool_source import SOURCE as POOL_SOURCE
 from mcpmux.inference.kernels.jit_build import load as build_and_load
+from mcpmux.inference.kernels.timing import best_seconds
 
 logger = logging.getLogger(__name__)
 
@@ -217,12 +218,7 @@ def _onednn_beats_mkl() -> bool:
         "mkl": lambda: torch.mm(x, weight.t()),
         "onednn": lambda: torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], ""),
     }
-    seconds = dict.fromkeys(products, float("inf"))
-    for _ in range(5):
-        for name, product in products.items():
-            begin = time.perf_counter()
-            product()
-            seconds[name] = min(seconds[name], time.perf_counter() - begin)
+    seconds = best_seconds(products, rounds=5)
     faster = seconds["onednn"] * 1.5 <= seconds["mkl"]
     logger.info(
         "float32 prefill products: MKL %.2f ms, oneDNN %.2f ms: %s",

@@ -54,8 +54,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
-from collections.abc import Callable
+from functools import partial
 
 import torch
 from torch import Tensor
@@ -63,6 +62,7 @@ from torch.nn import functional as F
 
 from mcpmux.inference.errors import InvalidSettingError
 from mcpmux.inference.kernels import cpu_fused
+from mcpmux.inference.kernels.timing import best_seconds
 
 logger = logging.getLogger(__name__)
 
@@ -137,10 +137,14 @@ def _onednn_beats_dot() -> bool:
     weights = _probe_weights(torch.float32)
     packs = [_onednn_packed(weight) for weight in weights]
     x = torch.randn(PACK_ROWS, 576, generator=torch.Generator().manual_seed(1))
-    dot = onednn = float("inf")
-    for _ in range(_PROBE_ROUNDS):  # interleaved, the fastest of each: other work only adds time
-        dot = min(dot, _timed(lambda: [fused.linear(x, w, None, FUSED_ROWS) for w in weights]) / _PROBE_WEIGHTS)
-        onednn = min(onednn, _timed(lambda: [fused.linear(x, w, None, FUSED_ROWS) for w in packs]) / _PROBE_WEIGHTS)
+    seconds = best_seconds(
+        {
+            "dot": lambda: [fused.linear(x, w, None, FUSED_ROWS) for w in weights],
+            "onednn": lambda: [fused.linear(x, w, None, FUSED_ROWS) for w in packs],
+        },
+        _PROBE_ROUNDS,
+    )
+    dot, onednn = seconds["dot"] / _PROBE_WEIGHTS, seconds["onednn"] / _PROBE_WEIGHTS
     wins = onednn * 1.3 <= dot
     logger.info(
         "float32 decode products: the fused dot product %.0f us, oneDNN %.0f us per 32-row product: %s",
@@ -280,11 +284,11 @@ def _decide(dtype: torch.dtype) -> bool:
         return False
     if forced == "onednn":
         return True
-    # Interleaved, so that both see the same load; the fastest of each, as other work only adds time.
-    onednn = blas = float("inf")
-    for _ in range(_PROBE_ROUNDS):
-        onednn = min(onednn, _timed(lambda: [linear(x, w) for x in inputs for w in packs]) / _PROBE_WEIGHTS)
-        blas = min(blas, _timed(lambda: [linear(x, w) for x in inputs for w in weights]) / _PROBE_WEIGHTS)
+    seconds = best_seconds(
+        {"onednn": partial(_multiply_all, inputs, packs), "blas": partial(_multiply_all, inputs, weights)},
+        _PROBE_ROUNDS,
+    )
+    onednn, blas = seconds["onednn"] / _PROBE_WEIGHTS, seconds["blas"] / _PROBE_WEIGHTS
     wins = onednn < 0.9 * blas
     logger.info(
         "CPU matmul, %s: oneDNN %.0f us, BLAS %.0f us per 1- and 32-row product: %s (%s=onednn|blas to choose)",
@@ -297,10 +301,10 @@ _PROBE_ROUNDS = 9
 _PROBE_WEIGHTS = 16  # 56 MiB in float32, more than a CPU's last-level cache
 
 
-def _timed(product: Callable[[], object]) -> float:
-    start = time.perf_counter()
-    product()
-    return time.perf_counter() - start
+def _multiply_all(inputs: list[Tensor], weights: list[Tensor]) -> None:
+    for x in inputs:
+        for weight in weights:
+            linear(x, weight)
 
 
 def fastest_cpu_dtype() -> torch.dtype:
@@ -341,12 +345,9 @@ def _measure_dtypes() -> torch.dtype:
     weights = {dtype: [_onednn_packed(w) if _packs(w) else prepare(w) for w in probes[dtype]] for dtype in dtypes}
     generator = torch.Generator().manual_seed(1)
     inputs = {dtype: [torch.randn(n, 576, generator=generator).to(dtype) for n in (1, PACK_ROWS)] for dtype in dtypes}
-    seconds = dict.fromkeys(dtypes, float("inf"))
     try:
-        for _ in range(_PROBE_ROUNDS):
-            for dtype in dtypes:
-                step = _timed(lambda: [linear(x, w) for x in inputs[dtype] for w in weights[dtype]])  # noqa: B023
-                seconds[dtype] = min(seconds[dtype], step)
+        seconds = best_seconds({dtype: partial(_multiply_all, inputs[dtype], weights[dtype]) for dtype in dtypes},
+                               _PROBE_ROUNDS)  # fmt: skip
     except RuntimeError as err:  # no bfloat16 product on this CPU at all
         logger.info("CPU dtype: bfloat16 products do not run here (%s): float32", err)
         return torch.float32

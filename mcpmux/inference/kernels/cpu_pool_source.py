@@ -7,13 +7,21 @@ step of 32 sequences on two threads took 1.5 s instead of 70 ms, docs/perf.md). 
 N - 1 sleeping workers take chunks of a loop from an atomic counter, and the loop ends when every chunk is
 done, not when every worker has arrived: a worker woken late finds nothing left and sleeps again, and the
 caller alone finishes a loop nobody helped with (in a forked child too, whose workers are gone). Waiting
-threads spin a few microseconds, then sleep on a condition variable.
+threads spin for a while, then sleep on a condition variable.
+
+How long they spin is `set_spin(us)`, chosen by the engine from the host's load (`engine.cpu_threads`). A
+worker that spins 5 us has often gone to sleep by a decode step's next loop and must be woken by a system
+call, which on a virtual machine can take longer than the loop; 20 us already spans the gaps (a 32-sequence
+bfloat16 decode step on 2 idle cores: 19.6-21.0 ms spinning 5 us, 16.4-17.8 ms at 20, 50 or 200 us). With
+another process on one of the cores it is the other way round (24.8 ms at 5 us, 30.9-32.4 ms at 50): a thread
+spinning on a shared core spends the slice the other thread's chunk needed.
 
 Each chunk runs the loop body on a contiguous range, as `at::parallel_for` does, and every kernel computes
 a row from that row alone, so results do not depend on how a loop is cut.
 
 `set_pool(n)`: n > 0 the pool with n threads; -1 (the default) the pool with torch's thread count of the
 calling thread; 0 `at::parallel_for` (OpenMP), also chosen by `MCPMUX_CPU_POOL=0` (see `cpu_fused`).
+`set_spin(us)`: how long waiting threads spin (default 5 us).
 """
 
 SOURCE = r"""
@@ -32,8 +40,12 @@ namespace pool {
 
 // Chunks per thread: enough that a thread descheduled mid-loop leaves most of its share to the others.
 constexpr int64_t kChunksPerThread = 4;
-// How long a waiting thread spins before it sleeps.
-constexpr auto kSpin = std::chrono::microseconds(5);
+// How long a waiting thread spins before it sleeps (set_spin).
+std::atomic<int64_t> spin_us{5};
+
+std::chrono::steady_clock::time_point spin_end() {
+  return std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us.load(std::memory_order_relaxed));
+}
 
 using Body = void (*)(const void*, int64_t, int64_t);
 
@@ -64,7 +76,7 @@ class Pool {
     for (int i = 0; i < threads - 1; ++i) wake_.notify_one();
     work(*job);
     if (!finished(*job)) {
-      const auto until = std::chrono::steady_clock::now() + kSpin;
+      const auto until = spin_end();
       while (!finished(*job) && std::chrono::steady_clock::now() < until) {
       }
       std::unique_lock<std::mutex> lock(mutex_);
@@ -100,7 +112,7 @@ class Pool {
     inside = true;
     uint64_t seen = generation_.load(std::memory_order_acquire);
     for (;;) {
-      const auto until = std::chrono::steady_clock::now() + kSpin;
+      const auto until = spin_end();
       while (generation_.load(std::memory_order_acquire) == seen && std::chrono::steady_clock::now() < until) {
       }
       std::shared_ptr<Job> job;
@@ -129,6 +141,8 @@ Pool& instance() {
 std::atomic<int> mode{-1};
 
 void set_pool(int64_t n) { mode.store(static_cast<int>(n)); }
+
+void set_spin(int64_t us) { spin_us.store(us, std::memory_order_relaxed); }
 
 // at::parallel_for's contract (f(begin, end) on contiguous ranges of at least grain, inline when small), on
 // the pool where it is on.

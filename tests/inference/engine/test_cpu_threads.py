@@ -1,5 +1,6 @@
 """Intra-op threads follow the cores other processes leave free: a real process burning a core makes the engine's
-step thread back off (and say so), and a core left free again brings the threads back."""
+step thread back off (and say so) and the kernels' pool stop spinning, and a core left free again brings the
+threads back."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import torch
 
 from mcpmux.inference.engine import cpu_threads
 from mcpmux.inference.engine.cpu_threads import ThreadGovernor
+from mcpmux.inference.kernels import cpu_fused
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux") or len(os.sched_getaffinity(0)) < 2, reason="needs Linux and 2 cores"
@@ -49,14 +51,17 @@ def test_a_process_burning_every_other_core_makes_the_step_thread_back_off(
         subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(cores - 1)
     ]  # fmt: skip
     seen: list[int] = []
+    spins: list[int] = []
 
     def serve() -> None:
         governor = ThreadGovernor(most=cores)  # as torch's default count on an idle machine
+        spins.append(cpu_fused.pool_spin())
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and governor.check() > 1:
             time.sleep(0.05)
         seen.append(governor.threads)
         seen.append(torch.get_num_threads())
+        spins.append(cpu_fused.pool_spin())
 
     try:
         with caplog.at_level(logging.INFO, logger=cpu_threads.__name__):
@@ -67,6 +72,8 @@ def test_a_process_burning_every_other_core_makes_the_step_thread_back_off(
             burner.wait()
     assert seen == [1, 1], "the step thread kept more threads than the cores left free"
     assert "backing off to 1 intra-op thread" in caplog.text
+    # The kernels' pool keeps its threads, but they stop spinning on the core the burner shares.
+    assert spins == [cpu_threads.SPIN_QUIET_US, cpu_threads.SPIN_BUSY_US]
 
 
 def test_threads_come_back_once_a_core_stays_free(caplog: pytest.LogCaptureFixture) -> None:

@@ -52,6 +52,7 @@ def main() -> None:
     if cpu_fused.enable(wait=True) is None or not cpu_fused.packed_bf16():
         print("no packed product here (the CPU has neither AMX nor AVX512-BF16, or the kernels did not build)")
         return
+    cpu_fused.set_pool_quiet(True)  # the pool as the engine runs it on a quiet host
     packed = "AMX" if cpu_fused.amx_tiles() else "dpbf16"
     print(f"torch threads: {torch.get_num_threads()}; the packed layout multiplied by {packed}; {args.copies} "
           f"weights per shape, median of {args.rounds} alternating rounds")  # fmt: skip

@@ -24,12 +24,11 @@ so against 13.7-14.2 ms with torch's two threads (docs/perf.md).
 The wait policy itself is libgomp's: it is read once, when torch loads, and shortening it for every
 step (`OMP_WAIT_POLICY=PASSIVE`, `GOMP_SPINCOUNT`) made steps on torch's own kernels 3-17% slower.
 
-The pool's own wait is set here, from the same measurement: its threads spin `SPIN_QUIET_US` before they
-sleep while other processes leave the cores free (a 32-sequence bfloat16 decode step 16.4-17.8 ms against
-19.6-21.0 ms spinning 5 us: a sleeping worker is woken too late for the next loop), and `SPIN_BUSY_US` as
-soon as they do not (24.8 ms against 30.9-32.4 ms with a core burnt: a spinning thread spends the shared
-core's slice). Like the team, the spin starts as on a quiet host; a governor with its count fixed never
-measures and keeps it.
+The same measurement tells the pool whether the host is quiet (`cpu_fused.set_pool_quiet`): its threads then
+spin longer before they sleep between loops (a 32-sequence bfloat16 decode step on 2 idle cores
+16.4-17.8 ms against 19.6-21.0 ms), which on a shared core would spend its slice spinning (30.9-32.4 ms against
+24.8 with a core burnt; `cpu_pool_source`). Like the team, the pool starts as on a quiet host; a governor with
+its count fixed never measures and keeps it so.
 
 Only on Linux (elsewhere the count is left as torch set it); `threads` fixes the count instead.
 """
@@ -48,10 +47,8 @@ from mcpmux.inference.kernels import cpu_fused
 
 log = logging.getLogger(__name__)
 
-SPIN_QUIET_US = 50
-SPIN_BUSY_US = 5
 QUIET_OTHERS = 0.25
-"""Cores' worth of other processes' use under which the host counts as quiet (the pool's longer spin)."""
+"""Cores' worth of other processes' use under which the host counts as quiet (for the kernels' pool)."""
 
 INTERVAL_SECONDS = 1.0
 """How often the free cores are measured (a read of /proc/stat, about 50 us)."""
@@ -90,7 +87,7 @@ class ThreadGovernor:
         self._last = None if self.fixed else self._sample(time.monotonic())
         self._interval = FIRST_INTERVAL_SECONDS
         self.quiet = True  # until measured otherwise, as the team starts at its most
-        cpu_fused.set_pool_spin(SPIN_QUIET_US)
+        cpu_fused.set_pool_quiet(True)
 
     def check(self, pool_step: bool = False) -> int:
         """The team size for the next step, applied to this thread: one for a `pool_step` (module doc), else the
@@ -118,7 +115,7 @@ class ThreadGovernor:
             elapsed = sample.at - last.at
             others = max(0.0, (sample.busy - last.busy) - (sample.own - last.own)) / elapsed
             self._resize(others)
-            self._spin(others < QUIET_OTHERS)
+            self._tell_pool(others < QUIET_OTHERS)
 
     def _resize(self, others: float) -> None:
         free = len(self.cpus) - others
@@ -139,10 +136,10 @@ class ThreadGovernor:
         torch.set_num_threads(want)
         self._team = want
 
-    def _spin(self, quiet: bool) -> None:
+    def _tell_pool(self, quiet: bool) -> None:
         if quiet != self.quiet:
             self.quiet = quiet
-            cpu_fused.set_pool_spin(SPIN_QUIET_US if quiet else SPIN_BUSY_US)
+            cpu_fused.set_pool_quiet(quiet)
 
     def _sample(self, now: float) -> _Sample | None:
         try:

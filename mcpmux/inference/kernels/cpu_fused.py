@@ -65,7 +65,7 @@ _module: ModuleType | None = None
 _thread: threading.Thread | None = None
 _active = False
 _pool_threads = -1  # the kernels' pool: torch's count of the calling thread until set_pool_threads
-_pool_spin_us = 5  # how long its waiting threads spin, until set_pool_spin
+_pool_quiet = False  # how its threads wait: as on a busy host, until set_pool_quiet
 
 
 def ops() -> ModuleType | None:
@@ -140,24 +140,24 @@ def set_pool_threads(threads: int) -> None:
             _apply_pool(_module)
 
 
-def set_pool_spin(microseconds: int) -> None:
-    """How long the pool's waiting threads spin before they sleep (`cpu_pool_source`; the engine's governor sets
-    it from the host's load)."""
-    global _pool_spin_us
+def set_pool_quiet(quiet: bool) -> None:
+    """Whether other processes leave the cores free: the pool's threads then spin longer before they sleep
+    (`cpu_pool_source`; the engine's governor sets it from the host's load)."""
+    global _pool_quiet
     with _lock:
-        _pool_spin_us = microseconds
+        _pool_quiet = quiet
         if _module is not None:
             _apply_pool(_module)
 
 
-def pool_spin() -> int:
-    """Microseconds the pool's waiting threads spin now (`set_pool_spin`)."""
-    return _pool_spin_us
+def pool_quiet() -> bool:
+    """Whether the pool runs as on a quiet host now (`set_pool_quiet`)."""
+    return _pool_quiet
 
 
 def _apply_pool(module: ModuleType) -> None:
     module.set_pool(0 if os.environ.get(POOL_ENV_VAR, "").strip() == "0" else _pool_threads)
-    module.set_pool_spin(_pool_spin_us)
+    module.set_pool_quiet(_pool_quiet)
 
 
 @cache

@@ -1124,7 +1124,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("amx_built", &amx::built);
   m.def("packed_built", &amx::packed_built);
   m.def("set_pool", &pool::set_pool);
-  m.def("set_pool_spin", &pool::set_spin);
+  m.def("set_pool_quiet", &pool::set_quiet);
   m.def("set_onednn_rows", &set_onednn_rows);
   py::class_<Decoder>(m, "Decoder")
       .def(py::init<std::vector<std::vector<c10::optional<torch::Tensor>>>, int64_t, int64_t, int64_t, double,

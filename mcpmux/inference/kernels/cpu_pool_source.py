@@ -9,19 +9,19 @@ done, not when every worker has arrived: a worker woken late finds nothing left 
 caller alone finishes a loop nobody helped with (in a forked child too, whose workers are gone). Waiting
 threads spin for a while, then sleep on a condition variable.
 
-How long they spin is `set_spin(us)`, chosen by the engine from the host's load (`engine.cpu_threads`). A
-worker that spins 5 us has often gone to sleep by a decode step's next loop and must be woken by a system
-call, which on a virtual machine can take longer than the loop; 20 us already spans the gaps (a 32-sequence
-bfloat16 decode step on 2 idle cores: 19.6-21.0 ms spinning 5 us, 16.4-17.8 ms at 20, 50 or 200 us). With
-another process on one of the cores it is the other way round (24.8 ms at 5 us, 30.9-32.4 ms at 50): a thread
-spinning on a shared core spends the slice the other thread's chunk needed.
+How long waiting threads spin before they sleep follows the host's load (`set_quiet`, from the engine's
+governor, `engine.cpu_threads`). On a quiet host they spin 50 us: a worker that spins 5 us has often gone to
+sleep by a decode step's next loop and must be woken by a system call, which on a virtual machine can take
+longer than the loop (a 32-sequence bfloat16 decode step on 2 idle cores: 19.6-21.0 ms spinning 5 us,
+16.4-17.8 ms at 20, 50 or 200 us). On a busy host they spin 5 us: a thread spinning on a shared core spends the
+slice the other thread's chunk needed (24.8 ms spinning 5 us, 30.9-32.4 ms at 50, with a core burnt).
 
 Each chunk runs the loop body on a contiguous range, as `at::parallel_for` does, and every kernel computes
 a row from that row alone, so results do not depend on how a loop is cut.
 
 `set_pool(n)`: n > 0 the pool with n threads; -1 (the default) the pool with torch's thread count of the
 calling thread; 0 `at::parallel_for` (OpenMP), also chosen by `MCPMUX_CPU_POOL=0` (see `cpu_fused`).
-`set_spin(us)`: how long waiting threads spin (default 5 us).
+`set_quiet(q)`: a quiet host or a busy one (the default).
 """
 
 SOURCE = r"""
@@ -38,13 +38,15 @@ SOURCE = r"""
 
 namespace pool {
 
-// Chunks per thread: enough that a thread descheduled mid-loop leaves most of its share to the others.
+// Chunks per thread: enough that a thread descheduled mid-loop leaves most of its share to the others (one a
+// thread made 32-row products up to 12% faster alone, but no decode step faster).
 constexpr int64_t kChunksPerThread = 4;
-// How long a waiting thread spins before it sleeps (set_spin).
-std::atomic<int64_t> spin_us{5};
+// Whether the host is quiet (set_quiet): how long a waiting thread spins before it sleeps.
+std::atomic<bool> quiet{false};
 
 std::chrono::steady_clock::time_point spin_end() {
-  return std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us.load(std::memory_order_relaxed));
+  const auto spin = std::chrono::microseconds(quiet.load(std::memory_order_relaxed) ? 50 : 5);
+  return std::chrono::steady_clock::now() + spin;
 }
 
 using Body = void (*)(const void*, int64_t, int64_t);
@@ -142,7 +144,7 @@ std::atomic<int> mode{-1};
 
 void set_pool(int64_t n) { mode.store(static_cast<int>(n)); }
 
-void set_spin(int64_t us) { spin_us.store(us, std::memory_order_relaxed); }
+void set_quiet(bool q) { quiet.store(q, std::memory_order_relaxed); }
 
 // at::parallel_for's contract (f(begin, end) on contiguous ranges of at least grain, inline when small), on
 // the pool where it is on.

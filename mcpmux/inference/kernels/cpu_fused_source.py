@@ -440,7 +440,8 @@ void dot_tile(const float* __restrict__ x, int64_t ldx, const float* __restrict_
     vf wv[4];
     for (int n = 0; n < 4; ++n) wv[n] = load(w + n * K + k);
     for (int m = 0; m < MR; ++m) {
-      const vf xv = load(x + m * ldx + k);
+      vf xv = load(x + m * ldx + k);
+      asm("" : "+v"(xv));  // one load for the four products: GCC would fold it into each of them
       for (int n = 0; n < 4; ++n) acc[m][n] += xv * wv[n];
     }
   }

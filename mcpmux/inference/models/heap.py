@@ -4,7 +4,7 @@ Loading the first model imports torch and transformers: about 470,000 objects (f
 dicts of their modules) that live as long as the process. CPython's cycle collector walks every one
 of them in each full (oldest-generation) pass, which it starts whenever the objects that survived
 into that generation have grown by a quarter: while serving, every few thousand requests. Each pass
-holds the GIL for 220-320 ms on this 2-core host (measured in `benchmarks/engine.py`'s process: the
+holds the GIL for 210-320 ms on this 2-core host (measured in `benchmarks/engine.py`'s process: the
 step thread stops, every request in flight waits, and a round's time to first token doubled).
 
 So the first load ends by collecting what is garbage now and moving everything left into the

@@ -86,8 +86,7 @@ class ThreadGovernor:
         self._team = 0  # the count last given to torch on this thread (0: none yet)
         self._last = None if self.fixed else self._sample(time.monotonic())
         self._interval = FIRST_INTERVAL_SECONDS
-        self.quiet = True  # until measured otherwise, as the team starts at its most
-        cpu_fused.set_pool_quiet(True)
+        cpu_fused.set_pool_quiet(True)  # until measured otherwise, as the team starts at its most
 
     def check(self, pool_step: bool = False) -> int:
         """The team size for the next step, applied to this thread: one for a `pool_step` (module doc), else the
@@ -115,7 +114,9 @@ class ThreadGovernor:
             elapsed = sample.at - last.at
             others = max(0.0, (sample.busy - last.busy) - (sample.own - last.own)) / elapsed
             self._resize(others)
-            self._tell_pool(others < QUIET_OTHERS)
+            quiet = others < QUIET_OTHERS
+            if quiet != cpu_fused.pool_quiet():
+                cpu_fused.set_pool_quiet(quiet)
 
     def _resize(self, others: float) -> None:
         free = len(self.cpus) - others
@@ -135,11 +136,6 @@ class ThreadGovernor:
         self.threads = want
         torch.set_num_threads(want)
         self._team = want
-
-    def _tell_pool(self, quiet: bool) -> None:
-        if quiet != self.quiet:
-            self.quiet = quiet
-            cpu_fused.set_pool_quiet(quiet)
 
     def _sample(self, now: float) -> _Sample | None:
         try:

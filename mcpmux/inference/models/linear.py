@@ -7,8 +7,8 @@ Four implementations can multiply on CPU, and which is faster depends on the CPU
   weight rows read once for six rows of `x`, the next four prefetched while these multiply. A decode
   step reads every weight from memory once; this keeps memory streaming while the products run. On
   2 cores of an AMX Xeon it runs SmolLM2's layer products 1.2-1.5x faster than oneDNN's packed
-  product at 4-48 rows on 2 threads, equal at 64-128; on an AMD Zen 5 it is 0.65x oneDNN's at 32 rows
-  (why is not yet understood). So where the kernels are enabled, `prepare` leaves float32 weights
+  product at 4-48 rows on 2 threads, equal at 64-128; on an AMD Zen 5 it takes 1.3-1.4x oneDNN's time at 32 rows
+  (part of why is not yet understood). So where the kernels are enabled, `prepare` leaves float32 weights
   plain unless oneDNN's 32-row product is 1.3x the dot product's (timed once a process, once the
   kernels are built: `float32_on_onednn`), the dot product takes up to `FUSED_ROWS` rows, and larger
   (prefill) products go to oneDNN on the plain weight where it is 1.5x faster than MKL (MKL takes its
@@ -116,8 +116,8 @@ def float32_on_onednn() -> bool:
 
 def _float32_to_onednn() -> bool:
     """Whether float32 weights go to oneDNN's packed layout though the fused kernels are enabled: where oneDNN's
-    32-row product is at least 1.3x as fast as the kernels' dot product (the dot product is 0.65x oneDNN's on an
-    AMD Zen 5, 1.2-1.5x on an AMX Xeon). Timed once a process, once the kernels are built (under batch invariance
+    32-row product is at least 1.3x as fast as the kernels' dot product (the dot product takes 1.3-1.4x oneDNN's time on
+    an AMD Zen 5, 0.67-0.83x on an AMX Xeon). Timed once a process, once the kernels are built (under batch invariance
     the engine waits for them before its first step in any case); False without them or without oneDNN."""
     global _float32_on_onednn
     with _deciding:

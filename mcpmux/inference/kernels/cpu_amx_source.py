@@ -13,7 +13,8 @@ For each block of 32 output columns, for each 32-wide step along K, two 1 KiB B 
 each) in the VNNI form `TDPBF16PS` reads: row p of a tile holds, for each of its 16 columns, the
 weights at k = 2p and 2p + 1. A block's tiles follow one another, so a thread reads its columns'
 weights as one sequential stream, prefetched into L2 `kPrefetchL2` steps ahead and into L1
-`kPrefetchL1` steps ahead.
+`kPrefetchL1` steps ahead; with dot products, the passes over a block also fetch the next block into L2
+(`Share`).
 
 **Product**: each thread takes whole 32-column blocks; for each block it walks 32 rows of x at a time,
 then rounds the float32 sums to bfloat16 (to nearest even, as oneDNN and ATen round). On AMX tiles
@@ -98,6 +99,24 @@ __attribute__((always_inline)) inline void prefetch_step(const char* p) {
   for (int line = 0; line < 2048; line += 64) _mm_prefetch(p + line, static_cast<_mm_hint>(Hint));
 }
 
+// A dot-product pass's share of the next block's weights, fetched into L2 as it multiplies this block: pass
+// `part` of `parts` fetches the part-th of the next block's lines, a few with each K step. Only a block's first
+// pass reads it from memory, at the pace of 12 rows' dot products (faster than memory feeds two cores), and
+// the passes after it read nothing; spread over all of them, the next block streams in at an even, lower rate
+// (32-row products from memory 3% faster, docs/perf.md).
+struct Share {
+  const char* block;  // the next block (as long as this one), or nullptr
+  int64_t part, parts;
+
+  __attribute__((always_inline)) inline void fetch(int64_t k, int64_t steps) const {
+    if (block == nullptr) return;
+    const int64_t step = part * steps + k, lines = 32;  // 32 lines of 64 bytes a step
+    for (int64_t line = step * lines / parts; line < (step + 1) * lines / parts; ++line) {
+      _mm_prefetch(block + line * 64, _MM_HINT_T1);
+    }
+  }
+};
+
 // Rows r0 .. r0 + R - 1 of x times the 32-column weight block at wb into c (R rows of 32 floats, 32 apart), with
 // AVX512-BF16 dot products: for each pair of K in order, the row's two values broadcast against the tile row
 // holding that pair for 16 columns (the packed layout's rows are exactly that operand), so every output is
@@ -105,7 +124,7 @@ __attribute__((always_inline)) inline void prefetch_step(const char* p) {
 // registers; with `fetch` the weights ahead are prefetched as for the tiles.
 template <int R>
 void dot_rows(const Rows& x, int64_t r0, const uint16_t* wb, int64_t steps, bool fetch, const uint16_t* next,
-              float* c) {
+              Share share, float* c) {
   __m512 lo[R], hi[R];
   const int32_t* pairs[R];
 #pragma GCC unroll 16
@@ -120,6 +139,7 @@ void dot_rows(const Rows& x, int64_t r0, const uint16_t* wb, int64_t steps, bool
       prefetch_step<_MM_HINT_T0>(weights_at(wb, steps, next, k + kPrefetchL1));
       prefetch_step<_MM_HINT_T1>(weights_at(wb, steps, next, k + kPrefetchL2));
     }
+    share.fetch(k, steps);
     for (int p = 0; p < 16; ++p) {
       const __m512bh w0 = (__m512bh)_mm512_loadu_si512(b + p * 32);
       const __m512bh w1 = (__m512bh)_mm512_loadu_si512(b + 512 + p * 32);
@@ -140,7 +160,7 @@ void dot_rows(const Rows& x, int64_t r0, const uint16_t* wb, int64_t steps, bool
 
 // Rows a dot_rows pass keeps in registers: 24 accumulators, two weight vectors and a broadcast of the 32.
 constexpr int kDotRows = 12;
-using DotRows = void (*)(const Rows&, int64_t, const uint16_t*, int64_t, bool, const uint16_t*, float*);
+using DotRows = void (*)(const Rows&, int64_t, const uint16_t*, int64_t, bool, const uint16_t*, Share, float*);
 const DotRows kDotPasses[kDotRows] = {&dot_rows<1>, &dot_rows<2>, &dot_rows<3>,  &dot_rows<4>,
                                       &dot_rows<5>, &dot_rows<6>, &dot_rows<7>,  &dot_rows<8>,
                                       &dot_rows<9>, &dot_rows<10>, &dot_rows<11>, &dot_rows<12>};
@@ -151,8 +171,11 @@ const DotRows kDotPasses[kDotRows] = {&dot_rows<1>, &dot_rows<2>, &dot_rows<3>, 
 void dot_block_product(const Rows& x, int64_t m0, const uint16_t* wb, int64_t steps, bool fetch,
                        const uint16_t* next, float (*c)[32]) {
   const int64_t rows = std::min<int64_t>(32, x.M - m0);
+  const int64_t passes = (rows + kDotRows - 1) / kDotRows;
   for (int64_t r = 0; r < rows; r += kDotRows) {
-    kDotPasses[std::min<int64_t>(kDotRows, rows - r) - 1](x, m0 + r, wb, steps, fetch && r == 0, next, &c[r][0]);
+    const Share share{fetch ? reinterpret_cast<const char*>(next) : nullptr, r / kDotRows, passes};
+    kDotPasses[std::min<int64_t>(kDotRows, rows - r) - 1](x, m0 + r, wb, steps, fetch && r == 0, next, share,
+                                                          &c[r][0]);
   }
 }
 

@@ -311,26 +311,53 @@ inline void prefetch_row(const void* p, int64_t bytes) {
   for (int64_t line = 0; line < bytes; line += 64) __builtin_prefetch(c + line, 0, 3);
 }
 
+// The next query row's context, a share of it fetched into L2 while this (row, KV head) is attended: the
+// item of KV head h takes the h-th of the next row's keys (their whole key and value rows), a few with
+// each step over its own keys. Only the first head's pass over a row reads it from memory, at the pace of
+// one head's arithmetic, while the other heads' passes read nothing; so the next row's context streams in
+// through all of them (attention from memory 4-9% faster, docs/perf.md). Empty (count 0) where the next
+// row is not this thread's.
+struct NextKeys {
+  const char* k = nullptr;  // the caches
+  const char* v = nullptr;
+  const int32_t* table = nullptr;  // the next row's block table
+  int64_t block = 0, row_bytes = 0, first = 0, count = 0;
+
+  // Keys first + from .. first + to - 1 into L2.
+  void fetch(int64_t from, int64_t to) const {
+    for (int64_t j = first + from; j < first + to; ++j) {
+      const int64_t at = (static_cast<int64_t>(table[j / block]) * block + j % block) * row_bytes;
+      for (int64_t line = 0; line < row_bytes; line += 64) {
+        __builtin_prefetch(k + at + line, 0, 2);
+        __builtin_prefetch(v + at + line, 0, 2);
+      }
+    }
+  }
+};
+
 // One (query row, KV head) of attention for head_dim = 16 * NV and a group of G query heads (G = 0: any
 // group, read at run time): every key row is loaded once for the whole group (its scores), then every
 // value row once (the group's weighted sums, in G * NV vector registers where they fit). Key j's row is at
 // `at[j]` elements from kc and vc (its KV head's offset included in them). `scores` holds group *
 // padded(len) floats. With `rows_k`/`rows_v` (the caches at this head's row starts) each key's whole row,
 // `row_bytes` long, is prefetched `kPrefetchKeys` ahead: the first head's pass streams the context from
-// memory for them all.
+// memory for them all. `ahead` is fetched as the keys go by.
 template <typename T, int NV, int G>
 void attend_item(const float* qf, int64_t group, const T* kc, const T* vc, const int64_t* at, int64_t len,
                  float* scores, T* out, int64_t out_head_stride, const T* rows_k, const T* rows_v,
-                 int64_t row_bytes) {
+                 int64_t row_bytes, const NextKeys& ahead) {
   constexpr int64_t dim = NV * kLanes;
   const int64_t heads = G > 0 ? G : group, ld = padded(len);
   const bool fetch = rows_k != nullptr;
   if (fetch) {
     for (int64_t j = 0; j < std::min(len, kPrefetchKeys); ++j) prefetch_row(rows_k + at[j], row_bytes);
   }
-  int64_t j = 0;
+  int64_t j = 0, fetched = 0;
   if constexpr (NV <= 4) {  // four keys at a time, their sums folded together
     for (; j + 4 <= len; j += 4) {
+      const int64_t due = (j / 4 + 1) * ahead.count / (len / 4);
+      ahead.fetch(fetched, due);
+      fetched = due;
       if (fetch) {
         for (int64_t a = j + kPrefetchKeys; a < std::min(len, j + kPrefetchKeys + 4); ++a) {
           prefetch_row(rows_k + at[a], row_bytes);
@@ -368,6 +395,7 @@ void attend_item(const float* qf, int64_t group, const T* kc, const T* vc, const
       scores[g * ld + j] = sum(acc);
     }
   }
+  ahead.fetch(fetched, ahead.count);
   for (int64_t g = 0; g < heads; ++g) softmax(scores + g * ld, len);
   constexpr int kHeld = G > 0 ? G : 1;  // heads summed at once
   for (int64_t g0 = 0; g0 < heads; g0 += kHeld) {
@@ -392,7 +420,7 @@ void attend_item(const float* qf, int64_t group, const T* kc, const T* vc, const
 
 template <typename T>
 using AttendItem = void (*)(const float*, int64_t, const T*, const T*, const int64_t*, int64_t, float*, T*,
-                            int64_t, const T*, const T*, int64_t);
+                            int64_t, const T*, const T*, int64_t, const NextKeys&);
 
 template <typename T, int NV>
 AttendItem<T> for_group(int64_t group) {
@@ -545,9 +573,16 @@ void attend_rows(const torch::Tensor& q, const torch::Tensor& k_cache, const tor
       scores.resize(group * ld);
       if (vector_item != nullptr) {
         for (float& v : qf) v *= scale;
+        NextKeys ahead;
+        if ((item / kv_heads + 1) * kv_heads < end) {
+          const QueryRow& next = rows[item / kv_heads + 1];
+          ahead = NextKeys{reinterpret_cast<const char*>(kc), reinterpret_cast<const char*>(vc),
+                           tables + next.seq * max_blocks, block, row * static_cast<int64_t>(sizeof(T)),
+                           kvh * next.len / kv_heads, (kvh + 1) * next.len / kv_heads - kvh * next.len / kv_heads};
+        }
         vector_item(qf.data(), group, kc + kvh * dim, vc + kvh * dim, at.data(), len, scores.data(),
                     op + qrow * os0 + kvh * group * os1, os1, first ? kc : nullptr, first ? vc : nullptr,
-                    row * static_cast<int64_t>(sizeof(T)));
+                    row * static_cast<int64_t>(sizeof(T)), ahead);
         continue;
       }
       // Row j of a cache for this sequence and KV head, as floats (bfloat16 rows converted into kv_row).

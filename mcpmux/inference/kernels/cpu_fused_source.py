@@ -313,10 +313,10 @@ inline void prefetch_row(const void* p, int64_t bytes) {
 
 // The next query row's context, a share of it fetched into L2 while this (row, KV head) is attended: the
 // item of KV head h takes the h-th of the next row's keys (their whole key and value rows), a few with
-// each step over its own keys. Only the first head's pass over a row reads it from memory, at the pace of
-// one head's arithmetic, while the other heads' passes read nothing; so the next row's context streams in
-// through all of them (attention from memory 4-9% faster, docs/perf.md). Empty (count 0) where the next
-// row is not this thread's.
+// each step over its own keys (for heads wider than 64, all of them once its scores are done). Only the
+// first head's pass over a row reads it from memory, at the pace of one head's arithmetic, while the other
+// heads' passes read nothing; so the next row's context streams in through all of them (attention from
+// memory 4-9% faster, docs/perf.md). Empty (count 0) where the next row is not this thread's.
 struct NextKeys {
   const char* k = nullptr;  // the caches
   const char* v = nullptr;
@@ -534,7 +534,7 @@ struct QueryRow {
 // Attention of each query row over its paged context, one (row, KV head) at a time; see paged_attention_. A
 // thread takes consecutive items, so a row's KV heads mostly run on one thread, one after another: the
 // first streams the row's context from memory (its whole cache rows, prefetched), the others read it from
-// cache.
+// cache; meanwhile each fetches its share of the next row's context into L2 (`NextKeys`).
 template <typename T>
 void attend_rows(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
                  const torch::Tensor& block_tables, const std::vector<QueryRow>& rows, float scale,

@@ -158,6 +158,11 @@ async def test_upstream_sampling_with_tools_and_local_generate_schema(
 async def test_one_server_killed_mid_load_every_request_answered_once(vllm: tuple[VLLMServer, VLLMServer]) -> None:
     a, b = vllm
     params = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
+    # The calls that do not stream run four times as long, so that they are still running when the streams
+    # have begun: the least-loaded choice alternates the servers, so one server takes most of them, and
+    # with equal lengths that server could finish all of them before the other's streams began (the two
+    # servers share this host's cores), leaving nothing in flight to kill.
+    long = SamplingParams(max_tokens=192, temperature=0.0, ignore_eos=True)
     results: dict[int, str] = {}
     errors: list[BaseException] = []
     begun: set[int] = set()
@@ -167,7 +172,7 @@ async def test_one_server_killed_mid_load_every_request_answered_once(vllm: tupl
             prompt = [{"role": "user", "content": f"Tell me a story about the number {i}."}]
             try:
                 if i % 2:
-                    text = (await svc.complete(prompt, params)).text
+                    text = (await svc.complete(prompt, long)).text
                 else:
                     parts = []
                     async for delta in svc.stream(prompt, params):
@@ -196,7 +201,7 @@ async def test_one_server_killed_mid_load_every_request_answered_once(vllm: tupl
 
         async def undisturbed(i: int) -> None:
             prompt = [{"role": "user", "content": f"Tell me a story about the number {i}."}]
-            again[i] = (await svc.complete(prompt, params)).text
+            again[i] = (await svc.complete(prompt, long if i % 2 else params)).text
 
         async with anyio.create_task_group() as tg:
             for i in range(12):

@@ -304,11 +304,13 @@ void rotary_rows(const int64_t* pos, torch::Tensor& t, const float* cos_sin, int
 // Keys ahead of the one attended whose cache rows are prefetched (a row is every KV head of a position).
 constexpr int64_t kPrefetchKeys = 8;
 
-// Every line of the cache row at `p` (`bytes` long) into L1: a row of one position holds all its KV heads,
-// so its first head's pass fetches them all, and the other heads find them in cache.
+// Every line of the cache row at `p` (`bytes` long) into L1 (`Locality` 3, as __builtin_prefetch takes it) or
+// L2 (2): a row of one position holds all its KV heads, so its first head's pass fetches them all, and the
+// other heads find them in cache.
+template <int Locality = 3>
 inline void prefetch_row(const void* p, int64_t bytes) {
   const char* c = static_cast<const char*>(p);
-  for (int64_t line = 0; line < bytes; line += 64) __builtin_prefetch(c + line, 0, 3);
+  for (int64_t line = 0; line < bytes; line += 64) __builtin_prefetch(c + line, 0, Locality);
 }
 
 // The next query row's context, a share of it fetched into L2 while this (row, KV head) is attended: the
@@ -327,10 +329,8 @@ struct NextKeys {
   void fetch(int64_t from, int64_t to) const {
     for (int64_t j = first + from; j < first + to; ++j) {
       const int64_t at = (static_cast<int64_t>(table[j / block]) * block + j % block) * row_bytes;
-      for (int64_t line = 0; line < row_bytes; line += 64) {
-        __builtin_prefetch(k + at + line, 0, 2);
-        __builtin_prefetch(v + at + line, 0, 2);
-      }
+      prefetch_row<2>(k + at, row_bytes);
+      prefetch_row<2>(v + at, row_bytes);
     }
   }
 };
@@ -542,6 +542,7 @@ void attend_rows(const torch::Tensor& q, const torch::Tensor& k_cache, const tor
   const int64_t heads = q.size(1), dim = q.size(2);
   const int64_t block = k_cache.size(1), kv_heads = k_cache.size(2), group = heads / kv_heads;
   const int64_t max_blocks = block_tables.size(1), row = kv_heads * dim;
+  const int64_t row_bytes = row * static_cast<int64_t>(sizeof(T));
   const T* kc = k_cache.data_ptr<T>();
   const T* vc = v_cache.data_ptr<T>();
   const int32_t* tables = block_tables.data_ptr<int32_t>();
@@ -576,13 +577,13 @@ void attend_rows(const torch::Tensor& q, const torch::Tensor& k_cache, const tor
         NextKeys ahead;
         if ((item / kv_heads + 1) * kv_heads < end) {
           const QueryRow& next = rows[item / kv_heads + 1];
+          const int64_t first = kvh * next.len / kv_heads, after = (kvh + 1) * next.len / kv_heads;
           ahead = NextKeys{reinterpret_cast<const char*>(kc), reinterpret_cast<const char*>(vc),
-                           tables + next.seq * max_blocks, block, row * static_cast<int64_t>(sizeof(T)),
-                           kvh * next.len / kv_heads, (kvh + 1) * next.len / kv_heads - kvh * next.len / kv_heads};
+                           tables + next.seq * max_blocks, block, row_bytes, first, after - first};
         }
         vector_item(qf.data(), group, kc + kvh * dim, vc + kvh * dim, at.data(), len, scores.data(),
                     op + qrow * os0 + kvh * group * os1, os1, first ? kc : nullptr, first ? vc : nullptr,
-                    row * static_cast<int64_t>(sizeof(T)), ahead);
+                    row_bytes, ahead);
         continue;
       }
       // Row j of a cache for this sequence and KV head, as floats (bfloat16 rows converted into kv_row).

@@ -226,14 +226,19 @@ async def test_event_loop_keeps_ticking_during_long_steps(tiny_llama: Path, load
 async def test_shutdown_aborts_in_flight_and_joins_the_thread(tiny_llama: Path, loaded: LoadedModel) -> None:
     engine = await Engine.start(engine_config(tiny_llama, num_blocks=128), loaded)
     got = []
+    streaming = anyio.Event()
 
     async def consume() -> None:
-        params = SamplingParams(max_tokens=900, temperature=0.0, ignore_eos=True)
-        got.extend([d async for d in engine.generate("Hello", params)])
+        # Shut down once the first token is out, not after a fixed sleep: with the fused kernels the
+        # tiny model writes 900 tokens in under 0.2 s, and the request had finished before the stop.
+        params = SamplingParams(max_tokens=1000, temperature=0.0, ignore_eos=True)
+        async for delta in engine.generate("Hello", params):
+            got.append(delta)
+            streaming.set()
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(consume)
-        await anyio.sleep(0.2)
+        await streaming.wait()
         await engine.shutdown()
     assert got[-1].finish_reason == "abort"
     assert not any(t.name == "mcpmux-engine" and t.is_alive() for t in threading.enumerate())

@@ -17,7 +17,8 @@ threads gave 1.6-1.9x the tokens/s of one (docs/perf.md). What the count here st
 team, for the operators outside those kernels.
 
 A step the pool runs nearly all of (`pool_step`, as the model runner judges it: decode rows the fused
-kernels multiply, or any bfloat16 step on AMX tiles) gets a team of one thread: the few operators left
+kernels multiply, any bfloat16 step on the packed layout, a float32 one whose attention the kernels take)
+gets a team of one thread: the few operators left
 to torch are small, and libgomp's team threads spin for a while after each one (300,000 pauses, about
 20 ms here) on the cores the pool's threads need next. A 32-sequence bfloat16 decode step took 12.1 ms
 so against 13.7-14.2 ms with torch's two threads (docs/perf.md).

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from mcpmux.inference import kernels
 from mcpmux.inference.engine.cpu_memory import keep_freed_memory
 from mcpmux.inference.engine.cpu_threads import ThreadGovernor
 from mcpmux.inference.engine.cuda_graphs import DecodeGraphs
@@ -14,7 +15,7 @@ from mcpmux.inference.engine.sampler import SampleRequest, TokenLogprob, sample
 from mcpmux.inference.engine.scheduler import ScheduledSeq
 from mcpmux.inference.kernels import cpu_fused
 from mcpmux.inference.models.forward_batch import ForwardBatch
-from mcpmux.inference.models.linear import FUSED_ROWS, float32_on_onednn
+from mcpmux.inference.models.linear import FUSED_ROWS, float32_on_onednn, is_packed
 from mcpmux.inference.models.loader import LoadedModel
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,13 @@ class ModelRunner:
         # A model the fused CPU kernels run waits for them before its first step where they keep greedy
         # answers batch-invariant: the torch kernels would answer otherwise until the build is done.
         self._await_kernels = loaded.device.type == "cpu" and cpu_fused.enabled() and cpu_fused.batch_invariant()
+        # float32 products on the kernels' packed layout (AVX-512), at every row count like bfloat16's.
+        model = loaded.model
+        self._packed_float32 = (
+            loaded.dtype == torch.float32
+            and isinstance(model, torch.nn.Module)
+            and any(is_packed(p) for p in model.parameters())
+        )
         self.governor = ThreadGovernor(cpu_threads) if loaded.device.type == "cpu" else None
         if self.governor is not None:
             keep_freed_memory()  # a step's few-MB tensors reused, not page-faulted in afresh
@@ -133,14 +141,19 @@ class ModelRunner:
     def _pool_step(self, scheduled: list[ScheduledSeq]) -> bool:
         """Whether the fused kernels' pool runs nearly all of this step (`cpu_threads` then gives torch's own team
         one thread): every bfloat16 step where the products run on the packed layout and attention in the kernels at
-        any length (batch invariance), else decode rows few enough for the kernels' products (not where float32
-        weights went to oneDNN, whose products run on torch's team)."""
+        any length (batch invariance); float32 on the packed layout, every step whose attention the kernels take
+        (the forward's own test, `kernels.direct_pairs`); else decode rows few enough for the kernels' products
+        (not where float32 weights went to oneDNN, whose products run on torch's team)."""
         if self.loaded.dtype not in (torch.float32, torch.bfloat16) or cpu_fused.ops() is None:
             return False
         if self.loaded.dtype == torch.bfloat16 and cpu_fused.packed_bf16() and cpu_fused.batch_invariant():
             return True
         if self.loaded.dtype == torch.float32 and float32_on_onednn():
             return False  # oneDNN multiplies on torch's team
+        if self._packed_float32:  # and attention too, unless a long prefill's goes to SDPA
+            longest = max(item.num_new_tokens for item in scheduled)
+            context = max(item.seq.num_computed_tokens + item.num_new_tokens for item in scheduled)
+            return longest == 1 or longest * context <= kernels.direct_pairs(torch.float32)
         return len(scheduled) <= FUSED_ROWS and all(item.num_new_tokens == 1 for item in scheduled)
 
     def run(self, scheduled: list[ScheduledSeq], requests: list[SampleRequest]) -> StepResult:

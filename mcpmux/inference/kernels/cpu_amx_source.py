@@ -1,41 +1,43 @@
-"""C++ source of the kernels' bfloat16 matrix product on a packed weight layout: on Intel AMX tiles, or with
-AVX512-BF16 dot products on CPUs without AMX (AMD Zen 4 and later), built with the fused CPU kernels
+"""C++ source of the kernels' matrix product on a packed weight layout: bfloat16 on Intel AMX tiles or with
+AVX512-BF16 dot products (AMD Zen 4 and later), float32 with AVX-512 FMAs; built with the fused CPU kernels
 (`cpu_fused` puts it before `cpu_fused_source.SOURCE`, whose `linear` and `swiglu` call it).
 
 A decode step multiplies a few dozen rows by every weight, so it is bound by reading the weights
 from memory. On 2 cores of a Xeon with AMX, oneDNN's bfloat16 product reads SmolLM2's weights at
 7-19 GB/s at 1-32 rows; this one streams them at 17-34 GB/s (1.5-2.3x oneDNN; about equal from 64
 rows up, `benchmarks/cpu_products.py`) because its weight is laid out in exactly the order its tiles
-read it. On an AMD Zen 5 the dot products run 1.1-1.6x oneDNN's product at 1-64 rows.
+read it. On an AMD Zen 5 the bfloat16 dot products run 1.1-1.6x oneDNN's product at 1-64 rows, the float32
+FMAs 1.3x oneDNN's float32 product at 32 rows (docs/perf.md).
 
-**Layout** (`models.linear.pack_bf16`): a [N, K] weight becomes a [N/32, K/32, 2, 16, 16, 2] tensor.
-For each block of 32 output columns, for each 32-wide step along K, two 1 KiB B tiles (16 columns
-each) in the VNNI form `TDPBF16PS` reads: row p of a tile holds, for each of its 16 columns, the
-weights at k = 2p and 2p + 1. A block's tiles follow one another, so a thread reads its columns'
-weights as one sequential stream, prefetched into L2 `kPrefetchL2` steps ahead and into L1
-`kPrefetchL1` steps ahead; with dot products, the passes over a block also fetch the next block into L2
-(`Share`).
+**Layout** (`models.linear.pack`): for each block of 32 output columns, a run of 2 KiB steps along K, each
+two 1 KiB halves (columns 0-15, 16-31) of 16 rows of 64 bytes. In bfloat16 ([N/32, K/32, 2, 16, 16, 2]) a
+step covers 32 values of K and is two B tiles in the VNNI form `TDPBF16PS` reads: row p holds, for each of
+its 16 columns, the weights at k = 2p and 2p + 1. In float32 ([N/32, K/16, 2, 16, 16]) a step covers 16
+values of K, row p the weights at k = p. A block's steps follow one another, so a thread reads its columns'
+weights as one sequential stream, prefetched into L2 `kPrefetchL2` steps ahead and into L1 `kPrefetchL1`
+steps ahead; with dot products, the passes over a block also fetch the next block into L2 (`Share`).
 
-**Product**: each thread takes whole 32-column blocks; for each block it walks 32 rows of x at a time,
-then rounds the float32 sums to bfloat16 (to nearest even, as oneDNN and ATen round). On AMX tiles
-(`tile_block_product`): two A tiles of 16 rows, four 16 x 16 float32 accumulators in tiles over all
-of K; rows of x past the last whole 16 are read from a zero-padded copy. With dot products
-(`dot_block_product`): passes of up to 12 rows, each row's 32 outputs in two 16-lane accumulators,
-and for each pair of K the row's two values broadcast against the tile row holding that pair
-(`VDPBF16PS`): the layout's tile rows are exactly that operand. Either way an output's sum runs in
-an order fixed by K alone, whatever rows share the product (batch invariance, `cpu_fused`), and in
-another order than ATen's, so results match `F.linear` to bfloat16 rounding, not bit for bit.
+**Product**: each thread takes whole 32-column blocks; for each block it walks 32 rows of x at a time.
+On AMX tiles (`tile_block_product`): two A tiles of 16 rows, four 16 x 16 float32 accumulators in tiles
+over all of K; rows of x past the last whole 16 are read from a zero-padded copy. With dot products
+(`dot_block_product`): passes of up to 12 rows, each row's 32 outputs in two 16-lane accumulators, and
+for each 4-byte word of the row (a pair of bfloat16 values, or one float) the word broadcast against the
+tile row it multiplies (`VDPBF16PS`, or `VFMADD231PS`): the layout's rows are exactly that operand. The
+float32 sums are then rounded to bfloat16 (to nearest even, as oneDNN and ATen round) or kept. Either
+way an output's sum runs in an order fixed by K alone, whatever rows share the product (batch
+invariance, `cpu_fused`), and in another order than ATen's, so results match `F.linear` to rounding,
+not bit for bit.
 
 **Gated product** (`amx::gated_linear`, the SwiGLU MLP's gate-up product for the one-call decoder):
-a [gate | up] weight's gate block and its up block are multiplied one after the other, rounded to
-bfloat16 as `linear` rounds them, and handed 32 columns at a time to the activation (SiLU x up, from
+a [gate | up] weight's gate block and its up block are multiplied one after the other, each value as
+`linear` gives it, and handed 32 columns at a time to the activation (SiLU x up, from
 `cpu_fused_source`), so the result is the activation of `linear`'s output bit for bit without the
 [M, 2I] product ever being written out and read back.
 
-Compiled only where the compiler targets AVX512-BF16 (`-march=native` on such a CPU), the tiles only
-where it targets AMX-BF16 too; a process the OS refuses the tile state multiplies with dot products.
-Elsewhere `amx::linear` multiplies the unpacked weight with ATen (the Python side packs weights only on
-CPUs with AMX or AVX512-BF16, so that path is a safety net, not a code path).
+Compiled where the compiler targets AVX-512 (`-march=native` on such a CPU), bfloat16 where it targets
+AVX512-BF16, the tiles where it targets AMX-BF16 too; a process the OS refuses the tile state multiplies
+with dot products. Elsewhere `amx::linear` multiplies the unpacked weight with ATen (the Python side packs
+weights only on CPUs that have the product, so that path is a safety net, not a code path).
 """
 
 SOURCE = r"""
@@ -43,9 +45,13 @@ SOURCE = r"""
 #include <ATen/Parallel.h>
 #include <ATen/record_function.h>
 #include <algorithm>
-#if defined(__AVX512BF16__)
+#include <type_traits>
+#if defined(__AVX512F__)
 #include <immintrin.h>
-#define MCPMUX_PACKED 1  // the packed layout has a product here: AVX512-BF16 dot products, AMX tiles too below
+#define MCPMUX_PACKED_F32 1  // the packed layout has a float32 product here: AVX-512 FMAs
+#endif
+#if defined(__AVX512BF16__)
+#define MCPMUX_PACKED 1  // and a bfloat16 one: AVX512-BF16 dot products, AMX tiles too below
 #endif
 #if defined(MCPMUX_PACKED) && defined(__AMX_TILE__) && defined(__AMX_BF16__)
 #include <sys/syscall.h>
@@ -55,41 +61,69 @@ SOURCE = r"""
 
 namespace amx {
 
+// Whether w is a packed weight: bfloat16 [N/32, K/32, 2, 16, 16, 2] or float32 [N/32, K/16, 2, 16, 16].
+bool is_packed(const torch::Tensor& w) {
+  return !w.is_mkldnn() && ((w.dim() == 6 && w.scalar_type() == torch::kBFloat16) ||
+                            (w.dim() == 5 && w.scalar_type() == torch::kFloat32));
+}
+
 // The packed weight back as [N, K] (the fallback's operand; the Python side has the same in torch).
 torch::Tensor unpacked(const torch::Tensor& w) {
+  if (w.dim() == 5) return w.permute({0, 2, 4, 1, 3}).reshape({w.size(0) * 32, w.size(1) * 16});
   return w.permute({0, 2, 4, 1, 3, 5}).reshape({w.size(0) * 32, w.size(1) * 32});
 }
 
-#ifdef MCPMUX_PACKED
+#ifdef MCPMUX_PACKED_F32
 namespace {
 
 // How far ahead the weights are prefetched, in K steps of 2 KiB: into L1 just before the product reads them,
 // and into L2 well before (without the second, a decode step's products took 3-7% longer on AMX, docs/perf.md).
 constexpr int64_t kPrefetchL1 = 2, kPrefetchL2 = 8;
 
+// The two element types the layout holds. A K step is 2 KiB of a block's weights either way (32 values of K in
+// bfloat16, 16 in float32), in two halves of 1 KiB (columns 0-15, 16-31) of 16 tile rows of 64 bytes; each row of
+// x gives a step 16 words of 4 bytes (a pair of bfloat16 values, or one float), word p broadcast against tile row
+// p of each half.
+struct F32Dot {
+  static constexpr int64_t kPerStep = 16;
+  static __m512 madd(__m512 acc, int32_t word, __m512i w) {
+    return _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_set1_epi32(word)), _mm512_castsi512_ps(w), acc);
+  }
+};
+
+#ifdef MCPMUX_PACKED
+struct Bf16Dot {
+  static constexpr int64_t kPerStep = 32;
+  static __m512 madd(__m512 acc, int32_t word, __m512i w) {
+    return _mm512_dpbf16_ps(acc, (__m512bh)_mm512_set1_epi32(word), (__m512bh)w);
+  }
+};
+#endif
+
 // The rows of x a product reads: rows below `whole` in place, the rest (the tiles' last partial 16) from a
 // zero-padded copy.
 struct Rows {
-  const uint16_t* xs;
-  const uint16_t* tail;  // the rows after the last whole 16, zero-padded to 16
-  int64_t M, K, whole, ldx;
+  const char* xs;
+  const char* tail;  // the rows after the last whole 16, zero-padded to 16
+  int64_t M, whole, row_bytes, tail_row_bytes;
 
-  const uint16_t* at(int64_t r, int64_t& stride_bytes) const {
+  const char* at(int64_t r, int64_t& stride_bytes) const {
     if (r < whole) {
-      stride_bytes = ldx * 2;
-      return xs + r * ldx;
+      stride_bytes = row_bytes;
+      return xs + r * row_bytes;
     }
-    stride_bytes = K * 2;
+    stride_bytes = tail_row_bytes;
     return tail;
   }
+  const int32_t* words(int64_t r) const { return reinterpret_cast<const int32_t*>(xs + r * row_bytes); }
 };
 
 // The 2 KiB of weights `at` steps into the block at wb (`steps` long), running on into `next` (a block as
 // long, or nullptr): a step past both is nullptr.
-inline const char* weights_at(const uint16_t* wb, int64_t steps, const uint16_t* next, int64_t at) {
-  if (at < steps) return reinterpret_cast<const char*>(wb + at * 1024);
+inline const char* weights_at(const char* wb, int64_t steps, const char* next, int64_t at) {
+  if (at < steps) return wb + at * 2048;
   if (next == nullptr || at >= 2 * steps) return nullptr;
-  return reinterpret_cast<const char*>(next + (at - steps) * 1024);
+  return next + (at - steps) * 2048;
 }
 
 // Always inlined: a function that only prefetches has no side effects to GCC, which may then drop calls to it.
@@ -117,37 +151,37 @@ struct Share {
   }
 };
 
-// Rows r0 .. r0 + R - 1 of x times the 32-column weight block at wb into c (R rows of 32 floats, 32 apart), with
-// AVX512-BF16 dot products: for each pair of K in order, the row's two values broadcast against the tile row
-// holding that pair for 16 columns (the packed layout's rows are exactly that operand), so every output is
-// one float32 sum over K in the same order whatever the rows beside it. R rows keep 2R accumulators in
-// registers; with `fetch` the weights ahead are prefetched as for the tiles.
-template <int R>
-void dot_rows(const Rows& x, int64_t r0, const uint16_t* wb, int64_t steps, bool fetch, const uint16_t* next,
-              Share share, float* c) {
+// Rows r0 .. r0 + R - 1 of x times the 32-column weight block at wb into c (R rows of 32 floats, 32 apart): for
+// each word of x in order, broadcast against the tile rows it multiplies for 16 columns each (with AVX512-BF16
+// dot products a pair of K at a time, with FMAs one K), so every output is one float32 sum over K in the same
+// order whatever the rows beside it. R rows keep 2R accumulators in registers; with `fetch` the weights ahead
+// are prefetched as for the tiles.
+template <int R, typename Dot>
+void dot_rows(const Rows& x, int64_t r0, const char* wb, int64_t steps, bool fetch, const char* next, Share share,
+              float* c) {
   __m512 lo[R], hi[R];
-  const int32_t* pairs[R];
+  const int32_t* words[R];
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {
     lo[r] = _mm512_setzero_ps();
     hi[r] = _mm512_setzero_ps();
-    pairs[r] = reinterpret_cast<const int32_t*>(x.xs + (r0 + r) * x.ldx);
+    words[r] = x.words(r0 + r);
   }
   for (int64_t k = 0; k < steps; ++k) {
-    const uint16_t* b = wb + k * 1024;
+    const char* b = wb + k * 2048;
     if (fetch) {
       prefetch_step<_MM_HINT_T0>(weights_at(wb, steps, next, k + kPrefetchL1));
       prefetch_step<_MM_HINT_T1>(weights_at(wb, steps, next, k + kPrefetchL2));
     }
     share.fetch(k, steps);
     for (int p = 0; p < 16; ++p) {
-      const __m512bh w0 = (__m512bh)_mm512_loadu_si512(b + p * 32);
-      const __m512bh w1 = (__m512bh)_mm512_loadu_si512(b + 512 + p * 32);
+      const __m512i w0 = _mm512_loadu_si512(b + p * 64);
+      const __m512i w1 = _mm512_loadu_si512(b + 1024 + p * 64);
 #pragma GCC unroll 16
       for (int r = 0; r < R; ++r) {
-        const __m512bh pair = (__m512bh)_mm512_set1_epi32(pairs[r][k * 16 + p]);
-        lo[r] = _mm512_dpbf16_ps(lo[r], pair, w0);
-        hi[r] = _mm512_dpbf16_ps(hi[r], pair, w1);
+        const int32_t word = words[r][k * 16 + p];
+        lo[r] = Dot::madd(lo[r], word, w0);
+        hi[r] = Dot::madd(hi[r], word, w1);
       }
     }
   }
@@ -160,46 +194,59 @@ void dot_rows(const Rows& x, int64_t r0, const uint16_t* wb, int64_t steps, bool
 
 // Rows a dot_rows pass keeps in registers: 24 accumulators, two weight vectors and a broadcast of the 32.
 constexpr int kDotRows = 12;
-using DotRows = void (*)(const Rows&, int64_t, const uint16_t*, int64_t, bool, const uint16_t*, Share, float*);
-const DotRows kDotPasses[kDotRows] = {&dot_rows<1>, &dot_rows<2>, &dot_rows<3>,  &dot_rows<4>,
-                                      &dot_rows<5>, &dot_rows<6>, &dot_rows<7>,  &dot_rows<8>,
-                                      &dot_rows<9>, &dot_rows<10>, &dot_rows<11>, &dot_rows<12>};
+using DotRows = void (*)(const Rows&, int64_t, const char*, int64_t, bool, const char*, Share, float*);
+template <typename Dot>
+constexpr DotRows kDotPasses[kDotRows] = {&dot_rows<1, Dot>, &dot_rows<2, Dot>,  &dot_rows<3, Dot>,
+                                          &dot_rows<4, Dot>, &dot_rows<5, Dot>,  &dot_rows<6, Dot>,
+                                          &dot_rows<7, Dot>, &dot_rows<8, Dot>,  &dot_rows<9, Dot>,
+                                          &dot_rows<10, Dot>, &dot_rows<11, Dot>, &dot_rows<12, Dot>};
 
 // block_product's contract (below) with dot products: rows m0 .. m0 + 31 in passes of up to kDotRows, the
 // first streaming the block's weights from memory (and prefetching ahead), the others reading them from cache
 // (taking K a few steps at a time through all the passes measured no faster).
-void dot_block_product(const Rows& x, int64_t m0, const uint16_t* wb, int64_t steps, bool fetch,
-                       const uint16_t* next, float (*c)[32]) {
+template <typename Dot>
+void dot_block_product(const Rows& x, int64_t m0, const char* wb, int64_t steps, bool fetch, const char* next,
+                       float (*c)[32]) {
   const int64_t rows = std::min<int64_t>(32, x.M - m0);
   const int64_t passes = (rows + kDotRows - 1) / kDotRows;
   for (int64_t r = 0; r < rows; r += kDotRows) {
-    const Share share{fetch ? reinterpret_cast<const char*>(next) : nullptr, r / kDotRows, passes};
-    kDotPasses[std::min<int64_t>(kDotRows, rows - r) - 1](x, m0 + r, wb, steps, fetch && r == 0, next, share,
-                                                          &c[r][0]);
+    const Share share{fetch ? next : nullptr, r / kDotRows, passes};
+    kDotPasses<Dot>[std::min<int64_t>(kDotRows, rows - r) - 1](x, m0 + r, wb, steps, fetch && r == 0, next, share,
+                                                               &c[r][0]);
   }
 }
 
-// Row r of c (plus the bias's 32 values at bs, if any) rounded to bfloat16 into out (to nearest even, as
-// oneDNN and ATen round).
-inline void round_row(const float (*c)[32], int64_t r, const float* bs, uint16_t* out) {
-  __m512 lo = _mm512_load_ps(&c[r][0]), hi = _mm512_load_ps(&c[r][16]);
+// Row r of c plus the bias's 32 values at bs (if any): the float32 sums, as two vectors.
+inline void biased_row(const float (*c)[32], int64_t r, const float* bs, __m512& lo, __m512& hi) {
+  lo = _mm512_load_ps(&c[r][0]);
+  hi = _mm512_load_ps(&c[r][16]);
   if (bs != nullptr) {
     lo = _mm512_add_ps(lo, _mm512_loadu_ps(bs));
     hi = _mm512_add_ps(hi, _mm512_loadu_ps(bs + 16));
   }
+}
+
+#ifdef MCPMUX_PACKED
+// Row r of c (plus the bias's 32 values at bs, if any) rounded to bfloat16 into out (to nearest even, as
+// oneDNN and ATen round).
+inline void round_row(const float (*c)[32], int64_t r, const float* bs, uint16_t* out) {
+  __m512 lo, hi;
+  biased_row(c, r, bs, lo, hi);
   _mm512_storeu_si512(out, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
 }
+#endif
 
 // x's rows as the products read them, with (for the tiles, `padded`) the zero-padded copy of its last rows kept
 // alive in `tail`.
-Rows rows_of(const torch::Tensor& x, int64_t K, torch::Tensor& tail, bool padded) {
-  const int64_t M = x.size(0), whole = padded ? M / 16 * 16 : M;
+Rows rows_of(const torch::Tensor& x, torch::Tensor& tail, bool padded) {
+  const int64_t M = x.size(0), K = x.size(1), whole = padded ? M / 16 * 16 : M, bytes = x.element_size();
   if (whole < M) {
     tail = torch::zeros({16, K}, x.options());
     tail.narrow(0, 0, M - whole).copy_(x.narrow(0, whole, M - whole));
   }
-  return Rows{reinterpret_cast<const uint16_t*>(x.data_ptr()),
-              whole < M ? reinterpret_cast<const uint16_t*>(tail.data_ptr()) : nullptr, M, K, whole, x.stride(0)};
+  return Rows{reinterpret_cast<const char*>(x.data_ptr()),
+              whole < M ? reinterpret_cast<const char*>(tail.data_ptr()) : nullptr, M, whole, x.stride(0) * bytes,
+              K * bytes};
 }
 
 torch::Tensor float_bias(const c10::optional<torch::Tensor>& bias) {
@@ -236,33 +283,33 @@ bool tiles_allowed() {
   return allowed;
 }
 
-// Rows m0 .. m0 + 31 (those below M) of x times the 32-column weight block at wb, into c (float). With
+// Rows m0 .. m0 + 31 (those below M) of bfloat16 x times the 32-column weight block at wb, into c (float). With
 // `fetch`, the weights ahead are prefetched as it multiplies (kPrefetchL1 and kPrefetchL2 steps), running on
 // into `next` (the block this thread multiplies next, or nullptr), so that memory streams from one block into
 // the next.
-void tile_block_product(const Rows& x, int64_t m0, const uint16_t* wb, int64_t steps, bool fetch, const uint16_t* next,
-                   float (*c)[32]) {
+void tile_block_product(const Rows& x, int64_t m0, const char* wb, int64_t steps, bool fetch, const char* next,
+                        float (*c)[32]) {
   const bool two = m0 + 16 < x.M;
   int64_t s0 = 0, s1 = 0;
-  const uint16_t* a0 = x.at(m0, s0);
-  const uint16_t* a1 = two ? x.at(m0 + 16, s1) : nullptr;
+  const char* a0 = x.at(m0, s0);
+  const char* a1 = two ? x.at(m0 + 16, s1) : nullptr;
   _tile_zero(0);
   _tile_zero(1);
   _tile_zero(2);
   _tile_zero(3);
   for (int64_t k = 0; k < steps; ++k) {
-    const uint16_t* b = wb + k * 1024;
+    const char* b = wb + k * 2048;
     if (fetch) {
       prefetch_step<_MM_HINT_T0>(weights_at(wb, steps, next, k + kPrefetchL1));
       prefetch_step<_MM_HINT_T1>(weights_at(wb, steps, next, k + kPrefetchL2));
     }
     _tile_loadd(6, b, 64);
-    _tile_loadd(7, b + 512, 64);
-    _tile_loadd(4, a0 + k * 32, s0);
+    _tile_loadd(7, b + 1024, 64);
+    _tile_loadd(4, a0 + k * 64, s0);
     _tile_dpbf16ps(0, 4, 6);
     _tile_dpbf16ps(1, 4, 7);
     if (two) {
-      _tile_loadd(5, a1 + k * 32, s1);
+      _tile_loadd(5, a1 + k * 64, s1);
       _tile_dpbf16ps(2, 5, 6);
       _tile_dpbf16ps(3, 5, 7);
     }
@@ -287,7 +334,8 @@ bool built() {
 #endif
 }
 
-// Whether this build multiplies the packed layout at all (AVX512-BF16 dot products, and tiles where built).
+// Whether this build multiplies bfloat16 on the packed layout at all (AVX512-BF16 dot products, and tiles where
+// built).
 bool packed_built() {
 #ifdef MCPMUX_PACKED
   return true;
@@ -296,25 +344,36 @@ bool packed_built() {
 #endif
 }
 
-#ifdef MCPMUX_PACKED
-namespace {
-
-// Whether the tiles multiply in this process (else the dot products do, on every product alike).
-bool on_tiles() {
-#ifdef MCPMUX_AMX
-  return tiles_allowed();
+// Whether this build multiplies float32 on the packed layout (AVX-512 FMAs).
+bool packed_f32_built() {
+#ifdef MCPMUX_PACKED_F32
+  return true;
 #else
   return false;
 #endif
+}
+
+#ifdef MCPMUX_PACKED_F32
+namespace {
+
+// Whether the tiles multiply a Dot product in this process: bfloat16 where the OS allows them (else the dot
+// products do, on every product alike).
+template <typename Dot>
+bool on_tiles() {
+#ifdef MCPMUX_AMX
+  if constexpr (std::is_same_v<Dot, Bf16Dot>) return tiles_allowed();
+#endif
+  return false;
 }
 
 // One thread's share of a product: rows m0 .. m0 + 31 (those below M) of x times the 32-column weight block at
 // wb, into c (float), on the tiles (configured for the share's whole life) or with dot products. With `fetch`,
 // the weights ahead are prefetched as it multiplies, running on into `next` (the block this thread multiplies
 // next, or nullptr), so that memory streams from one block into the next.
+template <typename Dot>
 class BlockProduct {
  public:
-  BlockProduct() : tiles_(on_tiles()) {
+  BlockProduct() : tiles_(on_tiles<Dot>()) {
 #ifdef MCPMUX_AMX
     if (tiles_) configure_tiles();
 #endif
@@ -327,129 +386,197 @@ class BlockProduct {
   BlockProduct(const BlockProduct&) = delete;
   BlockProduct& operator=(const BlockProduct&) = delete;
 
-  void operator()(const Rows& x, int64_t m0, const uint16_t* wb, int64_t steps, bool fetch, const uint16_t* next,
+  void operator()(const Rows& x, int64_t m0, const char* wb, int64_t steps, bool fetch, const char* next,
                   float (*c)[32]) const {
 #ifdef MCPMUX_AMX
     if (tiles_) return tile_block_product(x, m0, wb, steps, fetch, next, c);
 #endif
-    dot_block_product(x, m0, wb, steps, fetch, next, c);
+    dot_block_product<Dot>(x, m0, wb, steps, fetch, next, c);
   }
 
  private:
   const bool tiles_;
 };
 
+// Whether this build multiplies x's dtype on w's layout (the caller checked w is packed).
+bool packed_for(const torch::Tensor& x, const torch::Tensor& w) {
+  if (x.scalar_type() != w.scalar_type()) return false;
+#ifdef MCPMUX_PACKED
+  if (w.dim() == 6) return true;
+#endif
+  return w.dim() == 5;
+}
+
+// x [M, K] (contiguous rows) times the packed weight w, each thread taking whole 32-column blocks; for each
+// block 32 rows at a time are summed into float32 and handed to emit(c, rows, m0, block).
+template <typename Dot, typename Emit>
+void each_block(const torch::Tensor& x, const torch::Tensor& w, const Emit& emit) {
+  const int64_t M = x.size(0), steps = w.size(1);
+  torch::Tensor tail;
+  const Rows rows = rows_of(x, tail, on_tiles<Dot>());
+  const char* ws = reinterpret_cast<const char*>(w.data_ptr());
+  pool::parallel_for(0, w.size(0), 1, [&](int64_t begin, int64_t end) {
+    const BlockProduct<Dot> block_product;
+    alignas(64) float c[32][32];
+    for (int64_t block = begin; block < end; ++block) {
+      const char* wb = ws + block * steps * 2048;
+      const char* next = block + 1 < end ? wb + steps * 2048 : nullptr;
+      for (int64_t m0 = 0; m0 < M; m0 += 32) {
+        block_product(rows, m0, wb, steps, m0 == 0, next, c);
+        emit(c, std::min<int64_t>(32, M - m0), m0, block);
+      }
+    }
+  });
+}
+
+// linear's packed product for Dot's dtype: float32 sums written as they are (float32), else rounded to bfloat16
+// (widened back to float32 with `widen`).
+template <typename Dot>
+torch::Tensor packed_linear(const torch::Tensor& x, const torch::Tensor& w, const c10::optional<torch::Tensor>& bias,
+                            bool widen) {
+  constexpr bool f32 = std::is_same_v<Dot, F32Dot>;
+  const int64_t M = x.size(0), N = w.size(0) * 32;
+  auto out = torch::empty({M, N}, x.options().dtype(widen || f32 ? torch::kFloat32 : torch::kBFloat16));
+  auto* os = reinterpret_cast<uint16_t*>(out.data_ptr());
+  auto* wide = reinterpret_cast<float*>(out.data_ptr());
+  const torch::Tensor bias_f = float_bias(bias);
+  const float* bs = bias.has_value() ? bias_f.data_ptr<float>() : nullptr;
+  each_block<Dot>(x, w, [&](const float (*c)[32], int64_t rows, int64_t m0, int64_t block) {
+    const float* row_bias = bs == nullptr ? nullptr : bs + block * 32;
+    for (int64_t r = 0; r < rows; ++r) {
+      float* dst = wide + (m0 + r) * N + block * 32;
+      if constexpr (f32) {
+        __m512 lo, hi;
+        biased_row(c, r, row_bias, lo, hi);
+        _mm512_storeu_ps(dst, lo);
+        _mm512_storeu_ps(dst + 16, hi);
+      } else {
+#ifdef MCPMUX_PACKED
+        if (!widen) {
+          round_row(c, r, row_bias, os + (m0 + r) * N + block * 32);
+          continue;
+        }
+        alignas(64) uint16_t rounded[32];
+        round_row(c, r, row_bias, rounded);
+        for (int half = 0; half < 2; ++half) {
+          const __m256i bits = _mm256_load_si256(reinterpret_cast<const __m256i*>(rounded + half * 16));
+          _mm512_storeu_si512(dst + half * 16, _mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+        }
+#endif
+      }
+    }
+  });
+  return out;
+}
+
+// gated_linear's product for Dot's dtype (see there).
+template <typename Dot, typename Act>
+torch::Tensor packed_gated_linear(const torch::Tensor& x, const torch::Tensor& w,
+                                  const c10::optional<torch::Tensor>& bias, const Act& act) {
+  const int64_t M = x.size(0), half = w.size(0) / 2, I = half * 32, steps = w.size(1);
+  auto out = torch::empty({M, I}, x.options());
+  torch::Tensor tail;
+  const Rows rows = rows_of(x, tail, on_tiles<Dot>());
+  const char* ws = reinterpret_cast<const char*>(w.data_ptr());
+  const torch::Tensor bias_f = float_bias(bias);
+  const float* bs = bias.has_value() ? bias_f.data_ptr<float>() : nullptr;
+  pool::parallel_for(0, half, 1, [&](int64_t begin, int64_t end) {
+    const BlockProduct<Dot> block_product;
+    alignas(64) float gate[32][32], up[32][32];
+    for (int64_t block = begin; block < end; ++block) {
+      const char* gate_w = ws + block * steps * 2048;
+      const char* up_w = ws + (half + block) * steps * 2048;
+      const char* next = block + 1 < end ? gate_w + steps * 2048 : nullptr;
+      const float* gate_bias = bs == nullptr ? nullptr : bs + block * 32;
+      const float* up_bias = bs == nullptr ? nullptr : bs + (half + block) * 32;
+      for (int64_t m0 = 0; m0 < M; m0 += 32) {
+        block_product(rows, m0, gate_w, steps, m0 == 0, up_w, gate);
+        block_product(rows, m0, up_w, steps, m0 == 0, next, up);
+        for (int64_t r = 0; r < std::min<int64_t>(32, M - m0); ++r) {
+          if constexpr (std::is_same_v<Dot, F32Dot>) {
+            alignas(64) float gate_row[32], up_row[32];
+            __m512 lo, hi;
+            biased_row(gate, r, gate_bias, lo, hi);
+            _mm512_store_ps(gate_row, lo);
+            _mm512_store_ps(gate_row + 16, hi);
+            biased_row(up, r, up_bias, lo, hi);
+            _mm512_store_ps(up_row, lo);
+            _mm512_store_ps(up_row + 16, hi);
+            act(gate_row, up_row, out.data_ptr<float>() + (m0 + r) * I + block * 32);
+          } else {
+#ifdef MCPMUX_PACKED
+            alignas(64) uint16_t gate_row[32], up_row[32];
+            round_row(gate, r, gate_bias, gate_row);
+            round_row(up, r, up_bias, up_row);
+            act(reinterpret_cast<const c10::BFloat16*>(gate_row), reinterpret_cast<const c10::BFloat16*>(up_row),
+                reinterpret_cast<c10::BFloat16*>(out.data_ptr()) + (m0 + r) * I + block * 32);
+#endif
+          }
+        }
+      }
+    }
+  });
+  return out;
+}
+
 }  // namespace
 #endif
 
 void check_weight(const torch::Tensor& x, const torch::Tensor& w) {
-  TORCH_CHECK(w.dim() == 6 && w.scalar_type() == torch::kBFloat16 && w.is_contiguous(),
-              "a packed weight is a contiguous bfloat16 [N/32, K/32, 2, 16, 16, 2] tensor");
-  TORCH_CHECK(x.dim() == 2 && x.size(1) == w.size(1) * 32, "x must be [M, ", w.size(1) * 32, "] for this weight");
+  TORCH_CHECK(is_packed(w) && w.is_contiguous(),
+              "a packed weight is a contiguous bfloat16 [N/32, K/32, 2, 16, 16, 2] or float32 [N/32, K/16, 2, 16, 16] "
+              "tensor");
+  const int64_t K = w.size(1) * (w.dim() == 6 ? 32 : 16);
+  TORCH_CHECK(x.dim() == 2 && x.size(1) == K, "x must be [M, ", K, "] for this weight");
 }
 
-// Whether `x` times a packed weight runs on the packed layout here, on the tiles or with dot products (else on
-// the unpacked weight, with ATen).
-bool runs_packed(const torch::Tensor& x) {
-#ifdef MCPMUX_PACKED
-  return x.scalar_type() == torch::kBFloat16;
+// Whether `x` times the packed weight `w` runs on the packed layout here (the tiles, dot products or FMAs), else on
+// the unpacked weight, with ATen.
+bool runs_packed(const torch::Tensor& x, const torch::Tensor& w) {
+#ifdef MCPMUX_PACKED_F32
+  return packed_for(x, w);
 #else
   return false;
 #endif
 }
 
-// x [M, K] bfloat16 times the packed weight w: [M, N] bfloat16, plus bias; with `widen`, those bfloat16 values
-// as float32 (the output head's logits: the same values as widening the bfloat16 result, in one pass).
+// x [M, K] times the packed weight w: [M, N] in x's dtype, plus bias; with `widen`, bfloat16 results as float32
+// (the output head's logits: the same values as widening the bfloat16 result, in one pass).
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& w, const c10::optional<torch::Tensor>& bias,
                      bool widen = false) {
   RECORD_FUNCTION("mcpmux::amx_linear", {});
   check_weight(x, w);
-#ifdef MCPMUX_PACKED
-  if (runs_packed(x)) {
+#ifdef MCPMUX_PACKED_F32
+  if (runs_packed(x, w)) {
     if (x.stride(1) != 1) return amx::linear(x.contiguous(), w, bias, widen);
-    const int64_t M = x.size(0), N = w.size(0) * 32, K = w.size(1) * 32, steps = w.size(1);
-    auto out = torch::empty({M, N}, x.options().dtype(widen ? torch::kFloat32 : torch::kBFloat16));
-    torch::Tensor tail;
-    const Rows rows = rows_of(x, K, tail, on_tiles());
-    const auto* ws = reinterpret_cast<const uint16_t*>(w.data_ptr());
-    auto* os = reinterpret_cast<uint16_t*>(out.data_ptr());
-    auto* wide = reinterpret_cast<float*>(out.data_ptr());
-    const torch::Tensor bias_f = float_bias(bias);
-    const float* bs = bias.has_value() ? bias_f.data_ptr<float>() : nullptr;
-    pool::parallel_for(0, N / 32, 1, [&](int64_t begin, int64_t end) {
-      const BlockProduct block_product;
-      alignas(64) float c[32][32];
-      alignas(64) uint16_t rounded[32];
-      for (int64_t block = begin; block < end; ++block) {
-        const uint16_t* wb = ws + block * steps * 1024;
-        const uint16_t* next = block + 1 < end ? wb + steps * 1024 : nullptr;
-        for (int64_t m0 = 0; m0 < M; m0 += 32) {
-          block_product(rows, m0, wb, steps, m0 == 0, next, c);
-          for (int64_t r = 0; r < std::min<int64_t>(32, M - m0); ++r) {
-            const float* row_bias = bs == nullptr ? nullptr : bs + block * 32;
-            if (!widen) {
-              round_row(c, r, row_bias, os + (m0 + r) * N + block * 32);
-              continue;
-            }
-            round_row(c, r, row_bias, rounded);
-            for (int half = 0; half < 2; ++half) {
-              const __m256i bits = _mm256_load_si256(reinterpret_cast<const __m256i*>(rounded + half * 16));
-              _mm512_storeu_si512(wide + (m0 + r) * N + block * 32 + half * 16,
-                                  _mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
-            }
-          }
-        }
-      }
-    });
-    return out;
+#ifdef MCPMUX_PACKED
+    if (w.dim() == 6) return packed_linear<Bf16Dot>(x, w, bias, widen);
+#endif
+    return packed_linear<F32Dot>(x, w, bias, widen);
   }
 #endif
   const auto product = at::linear(x, unpacked(w).to(x.scalar_type()), bias);
   return widen ? product.to(torch::kFloat32) : product;
 }
 
-// act(gate, up) for a packed [gate | up] weight w (2I output columns, I a multiple of 32): [M, I] bfloat16,
-// each gate and up value rounded to bfloat16 as `linear` rounds them, then `act(gate, up, out)` on 32 of
-// each at a time, so the result is act's on linear's output bit for bit, without writing that output
-// out and reading it back. The gate block and its up block are multiplied one after the other, the
-// weights streaming from one into the next. Only where runs_packed(x); the caller checks.
+// act(gate, up) for a packed [gate | up] weight w (2I output columns, I a multiple of 32): [M, I] in x's dtype,
+// each gate and up value as `linear` gives it (bfloat16: rounded), then `act(gate, up, out)` on 32 of each at a
+// time (float or c10::BFloat16 pointers), so the result is act's on linear's output bit for bit, without writing
+// that output out and reading it back. The gate block and its up block are multiplied one after the other, the
+// weights streaming from one into the next. Only where runs_packed(x, w); the caller checks.
 template <typename Act>
 torch::Tensor gated_linear(const torch::Tensor& x, const torch::Tensor& w, const c10::optional<torch::Tensor>& bias,
-                           Act act) {
+                           const Act& act) {
   RECORD_FUNCTION("mcpmux::amx_gated_linear", {});
   check_weight(x, w);
   TORCH_CHECK(w.size(0) % 2 == 0, "a gated weight holds [gate | up] in whole 32-column blocks each");
-  TORCH_CHECK(runs_packed(x), "gated_linear needs AVX512-BF16 (or AMX) and bfloat16 rows");
-#ifdef MCPMUX_PACKED
+  TORCH_CHECK(runs_packed(x, w), "gated_linear needs AVX-512 (AVX512-BF16 or AMX for bfloat16) and rows of w's dtype");
+#ifdef MCPMUX_PACKED_F32
   if (x.stride(1) != 1) return gated_linear(x.contiguous(), w, bias, act);
-  const int64_t M = x.size(0), half = w.size(0) / 2, I = half * 32, K = w.size(1) * 32, steps = w.size(1);
-  auto out = torch::empty({M, I}, x.options());
-  torch::Tensor tail;
-  const Rows rows = rows_of(x, K, tail, on_tiles());
-  const auto* ws = reinterpret_cast<const uint16_t*>(w.data_ptr());
-  auto* os = reinterpret_cast<uint16_t*>(out.data_ptr());
-  const torch::Tensor bias_f = float_bias(bias);
-  const float* bs = bias.has_value() ? bias_f.data_ptr<float>() : nullptr;
-  pool::parallel_for(0, half, 1, [&](int64_t begin, int64_t end) {
-    const BlockProduct block_product;
-    alignas(64) float gate[32][32], up[32][32];
-    alignas(64) uint16_t gate_row[32], up_row[32];
-    for (int64_t block = begin; block < end; ++block) {
-      const uint16_t* gate_w = ws + block * steps * 1024;
-      const uint16_t* up_w = ws + (half + block) * steps * 1024;
-      const uint16_t* next = block + 1 < end ? gate_w + steps * 1024 : nullptr;
-      for (int64_t m0 = 0; m0 < M; m0 += 32) {
-        block_product(rows, m0, gate_w, steps, m0 == 0, up_w, gate);
-        block_product(rows, m0, up_w, steps, m0 == 0, next, up);
-        for (int64_t r = 0; r < std::min<int64_t>(32, M - m0); ++r) {
-          round_row(gate, r, bs == nullptr ? nullptr : bs + block * 32, gate_row);
-          round_row(up, r, bs == nullptr ? nullptr : bs + (half + block) * 32, up_row);
-          act(gate_row, up_row, os + (m0 + r) * I + block * 32);
-        }
-      }
-    }
-  });
-  return out;
+#ifdef MCPMUX_PACKED
+  if (w.dim() == 6) return packed_gated_linear<Bf16Dot>(x, w, bias, act);
+#endif
+  return packed_gated_linear<F32Dot>(x, w, bias, act);
 #else
   return torch::Tensor();
 #endif

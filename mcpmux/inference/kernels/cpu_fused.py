@@ -1,8 +1,8 @@
 """Fused CPU kernels for the small operators of a step: RMSNorm with its residual add, rotary, the KV
 write, SiLU * up, decode attention read through the block tables (no gathered copy of the context),
 and the greedy argmax, in float32 or bfloat16; the sampler's top-k and draw over float32 logits; and the
-bfloat16 product on a packed weight layout (`cpu_amx_source`: AMX tiles, or AVX512-BF16 dot products on
-CPUs without AMX), with the gate-up product and SiLU * up in one pass for the one-call decoder.
+product on a packed weight layout (`cpu_amx_source`: bfloat16 on AMX tiles or AVX512-BF16 dot products,
+float32 on AVX-512 FMAs), with the gate-up product and SiLU * up in one pass for the one-call decoder.
 
 On CPU a decode step of a small model is a few large products and, around them, dozens of small
 operators per layer, each paying torch's dispatch and a pass over memory; at one sequence those are
@@ -25,10 +25,11 @@ else shares the step, how many threads split it, and whether the row is decoded,
 chunks, or extended after a prefix-cache hit. In bfloat16 where they multiply it on the packed layout
 (:func:`packed_bf16`: AMX or AVX512-BF16; the builtin models' default there) they run every part of a
 step once long prefills' attention stays in them too (`kernels.direct_pairs`), so greedy decoding gives
-the same tokens for a prompt whatever the batch. float32 keeps MKL (or oneDNN where it is much the
-faster, `_onednn_beats_mkl`) for products above `FUSED_ROWS` rows and SDPA for long prefills: the dot
-product on every row cost 1.4-2x there (docs/perf.md), and float32's contract is equality with Hugging
-Face's output. The torch kernels round differently, so a model that runs these kernels waits for their
+the same tokens for a prompt whatever the batch. float32 keeps SDPA for long prefills (its contract is
+equality with Hugging Face's output, to float32's rounding); its products are the packed layout's at every
+row count where the CPU has AVX-512 (:func:`packed_f32`), else MKL's (or oneDNN's where it is much the
+faster, `_onednn_beats_mkl`) above `FUSED_ROWS` rows, where the dot product on every row cost 1.4-2x
+(docs/perf.md). The torch kernels round differently, so a model that runs these kernels waits for their
 first build before its first step (`ModelRunner`) instead of answering with the torch kernels
 meanwhile: its answers never change when the build completes. With ``0``, steps run the torch kernels
 until the build is done, and long bfloat16 prefills take SDPA.
@@ -174,6 +175,13 @@ def packed_bf16() -> bool:
     return amx_tiles() or bool(torch.cpu._is_avx512_bf16_supported())
 
 
+@cache
+def packed_f32() -> bool:
+    """Whether the kernels multiply float32 on their packed layout here (`cpu_amx_source`: AVX-512 FMAs); asked once
+    per process."""
+    return bool(torch.cpu._is_avx512_supported())
+
+
 def _bf16_suffix() -> str:
     """The build's name for the bfloat16 product this CPU has: its code differs with each."""
     return "_amx" if amx_tiles() else "_bf16" if packed_bf16() else ""
@@ -213,6 +221,12 @@ def _build() -> None:
             "the compiler did not target this CPU's %s (gcc 11 or later does): bfloat16 products run on "
             "unpacked weights, slowly; set %s=onednn to multiply on oneDNN instead",
             "AMX tiles" if amx_tiles() else "AVX512-BF16 instructions",
+            "MCPMUX_CPU_MATMUL",
+        )
+    if packed_f32() and not module.packed_f32_built():
+        logger.warning(
+            "the compiler did not target this CPU's AVX-512: float32 products run on unpacked weights, slowly; "
+            "set %s=onednn to multiply on oneDNN instead",
             "MCPMUX_CPU_MATMUL",
         )
     module.set_onednn_rows(_onednn_beats_mkl())

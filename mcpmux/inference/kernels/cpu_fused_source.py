@@ -869,7 +869,7 @@ void set_onednn_rows(bool on) { onednn_rows.store(on, std::memory_order_relaxed)
 // for a packed weight (cpu_amx_source), oneDNN for a oneDNN weight, the dot kernel for up to max_rows float32
 // rows, else oneDNN where set_onednn_rows chose it, else MKL (on the pool's blocks or through ATen's linear).
 torch::Tensor linear(torch::Tensor x, torch::Tensor weight, c10::optional<torch::Tensor> bias, int64_t max_rows) {
-  if (!weight.is_mkldnn() && weight.dim() == 6) return amx::linear(x, weight, bias);
+  if (amx::is_packed(weight)) return amx::linear(x, weight, bias);
   if (weight.is_mkldnn()) return onednn_linear(x, weight, bias);
   if (dot_linear_fits(x, weight, max_rows)) return dot_linear(x.stride(1) == 1 ? x : x.contiguous(), weight, bias);
   if (onednn_rows.load(std::memory_order_relaxed) && x.scalar_type() == torch::kFloat32 &&
@@ -883,20 +883,17 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor weight, c10::optional<torch:
 // linear(x, weight) as float32 logits (the output head): for a packed weight widened as the product rounds them,
 // in one pass, else widened after.
 torch::Tensor logits(torch::Tensor x, torch::Tensor weight, int64_t max_rows) {
-  if (!weight.is_mkldnn() && weight.dim() == 6 && amx::runs_packed(x)) return amx::linear(x, weight, {}, true);
+  if (amx::is_packed(weight) && amx::runs_packed(x, weight)) return amx::linear(x, weight, {}, true);
   return linear(x, weight, {}, max_rows).to(torch::kFloat32);
 }
 
 // silu_and_mul(linear(x, gate_up, bias)), bit for bit: for a packed weight in one pass (amx::gated_linear: the
 // [M, 2I] product is never written out), else in two calls.
 torch::Tensor swiglu(torch::Tensor x, torch::Tensor gate_up, c10::optional<torch::Tensor> bias, int64_t max_rows) {
-  if (!gate_up.is_mkldnn() && gate_up.dim() == 6 && gate_up.size(0) % 2 == 0 && amx::runs_packed(x)) {
-    return amx::gated_linear(x, gate_up, bias, [](const uint16_t* gate, const uint16_t* up, uint16_t* out) {
-      const auto* g = reinterpret_cast<const BFloat16*>(gate);
-      const auto* u = reinterpret_cast<const BFloat16*>(up);
-      auto* o = reinterpret_cast<BFloat16*>(out);
-      silu_mul_lanes(g, u, o);
-      silu_mul_lanes(g + kLanes, u + kLanes, o + kLanes);
+  if (amx::is_packed(gate_up) && gate_up.size(0) % 2 == 0 && amx::runs_packed(x, gate_up)) {
+    return amx::gated_linear(x, gate_up, bias, [](const auto* gate, const auto* up, auto* out) {
+      silu_mul_lanes(gate, up, out);
+      silu_mul_lanes(gate + kLanes, up + kLanes, out + kLanes);
     });
   }
   return silu_and_mul(linear(x, gate_up, bias, max_rows));
@@ -1160,6 +1157,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("logits", &logits, Release());
   m.def("amx_built", &amx::built);
   m.def("packed_built", &amx::packed_built);
+  m.def("packed_f32_built", &amx::packed_f32_built);
   m.def("set_pool", &pool::set_pool);
   m.def("set_pool_quiet", &pool::set_quiet);
   m.def("set_onednn_rows", &set_onednn_rows);

@@ -2,32 +2,30 @@
 
 Four implementations can multiply on CPU, and which is faster depends on the CPU and the rows:
 
-- **The fused kernels' dot product** (`kernels.cpu_fused`, float32, wherever those kernels are
-  enabled): each output a 16-lane dot product of a row of `x` with a row of the plain weight, four
-  weight rows read once for six rows of `x`, the next four prefetched while these multiply. A decode
-  step reads every weight from memory once; this keeps memory streaming while the products run. On
-  2 cores of an AMX Xeon it runs SmolLM2's layer products 1.2-1.5x faster than oneDNN's packed
-  product at 4-48 rows on 2 threads, equal at 64-128; on an AMD Zen 5 it takes 1.3-1.4x oneDNN's time at 32 rows
-  (part of why is not yet understood). So where the kernels are enabled, `prepare` leaves float32 weights
-  plain unless oneDNN's 32-row product is 1.3x the dot product's (timed once a process, once the
-  kernels are built: `float32_on_onednn`), the dot product takes up to `FUSED_ROWS` rows, and larger
-  (prefill) products go to oneDNN on the plain weight where it is 1.5x faster than MKL (MKL takes its
-  AVX2 path on AMD CPUs with AVX-512: 2-2.3x at 512 rows on a Zen 5; timed once a process,
-  `cpu_fused`), else to MKL: on its own team, or where that team would wait at a barrier for a core
-  other processes take (a full 512-row prefill step, or the thread governor having shrunk torch's
-  team) as single-threaded MKL products on blocks of output columns split over the kernels' pool
-  (`pool_gemm`, the same sums; docs/perf.md, "Prefill where prompts queue"); until the kernels are
-  built, the BLAS path below serves.
-
-- **The packed bfloat16 product** (`kernels.cpu_amx_source`, on CPUs with AMX or AVX512-BF16 where the
-  fused kernels are enabled): `prepare` packs a bfloat16 weight whose sides are multiples of 32 into the
-  AMX tile layout (`pack_bf16`, a 6-D tensor only `linear` reads), and every product on it, decode or
-  prefill, runs on the tiles (1.5-2.3x oneDNN's bfloat16 product at 1-32 rows, about equal from 64
-  up, the output head 0.8x at 64-128 rows) or, without AMX (AMD Zen 4 and later), with AVX512-BF16 dot
-  products on the same layout (benchmarks/cpu_products.py). Either way each output is summed in one
-  fixed order whatever the rows beside it: bfloat16 greedy answers do not depend on the batch. Until
-  the kernels are built, `linear` multiplies the unpacked weight with ATen (slower, same result).
+- **The packed product** (`kernels.cpu_amx_source`, where the fused kernels are enabled): `prepare` packs a
+  weight whose sides are multiples of 32 into the kernels' own layout (`pack`, a 5-D or 6-D tensor only
+  `linear` reads), and every product on it, decode or prefill, runs there. bfloat16 where the CPU has AMX
+  (on its tiles: 1.5-2.3x oneDNN's bfloat16 product at 1-32 rows, about equal from 64 up, the output head
+  0.8x at 64-128 rows) or AVX512-BF16 (AMD Zen 4 and later: dot products on the same layout); float32
+  where it has AVX-512 (FMAs on the same layout: SmolLM2's layer products 1.3x oneDNN's at 32 rows on an
+  AMD Zen 5, docs/perf.md). Either way each output is summed in one fixed order whatever the rows beside
+  it: greedy answers do not depend on the batch's products. Until the kernels are built, `linear`
+  multiplies the unpacked weight with ATen (slower, same result up to rounding).
   `MCPMUX_CPU_MATMUL=onednn` keeps oneDNN's layout instead.
+
+- **The fused kernels' dot product** (`kernels.cpu_fused`, float32 on CPUs without AVX-512, wherever those
+  kernels are enabled): each output a 16-lane dot product of a row of `x` with a row of the plain weight,
+  four weight rows read once for six rows of `x`, the next four prefetched while these multiply (on an
+  AMX Xeon 1.2-1.5x oneDNN's product at 4-48 rows, on an AMD Zen 5 0.7x; with AVX-512 the packed product
+  above now takes float32 instead, measured on the Zen 5 only). So where
+  the kernels are enabled, `prepare` leaves float32 weights plain unless oneDNN's 32-row product is 1.3x
+  the dot product's (timed once a process, once the kernels are built: `float32_on_onednn`), the dot
+  product takes up to `FUSED_ROWS` rows, and larger (prefill) products go to oneDNN on the plain weight
+  where it is 1.5x faster than MKL (timed once a process, `cpu_fused`), else to MKL: on its own team, or
+  where that team would wait at a barrier for a core other processes take (a full 512-row prefill step,
+  or the thread governor having shrunk torch's team) as single-threaded MKL products on blocks of output
+  columns split over the kernels' pool (`pool_gemm`, the same sums; docs/perf.md, "Prefill where prompts
+  queue"); until the kernels are built, the BLAS path below serves.
 
 - **oneDNN** (`prepare` turns a weight into its tensor once, at load, packed into the blocked layout
   oneDNN's kernels read for `PACK_ROWS`-row products): on CPUs where MKL takes its AVX2 code path
@@ -97,12 +95,12 @@ def prepare(weight: Tensor) -> Tensor:
     """
     if weight.is_mkldnn or is_packed(weight) or weight.device.type != "cpu":
         return weight
+    if _packs(weight):
+        return pack(weight.detach())
     if _matmul_setting() == "auto" and weight.dtype == torch.float32 and cpu_fused.enabled():
         if not _float32_to_onednn():
             return weight  # the fused kernels' dot product reads the plain weight
         return _onednn_packed(weight.detach())
-    if _packs(weight):
-        return pack_bf16(weight.detach())
     if not _onednn_wins(weight.dtype):
         return weight
     return _onednn_packed(weight.detach())
@@ -158,37 +156,48 @@ def _onednn_packed(weight: Tensor) -> Tensor:
 
 
 def _packs(weight: Tensor) -> bool:
-    """Whether `prepare` packs this weight for the packed bfloat16 product (AMX tiles or AVX512-BF16)."""
+    """Whether `prepare` packs this weight for the packed product: bfloat16 on AMX tiles or AVX512-BF16 dot
+    products, float32 on AVX-512 FMAs."""
+    capable = {torch.bfloat16: cpu_fused.packed_bf16, torch.float32: cpu_fused.packed_f32}.get(weight.dtype)
     return (
-        weight.dtype == torch.bfloat16
+        capable is not None
         and weight.dim() == 2
         and weight.shape[0] % PACK_BLOCK == 0
         and weight.shape[1] % PACK_BLOCK == 0
         and _matmul_setting() == "auto"
         and cpu_fused.enabled()
-        and cpu_fused.packed_bf16()
+        and capable()
     )
 
 
-def pack_bf16(weight: Tensor) -> Tensor:
-    """[N, K] as the packed product reads it: [N/32, K/32, 2, 16, 16, 2] (`kernels.cpu_amx_source`)."""
+def pack(weight: Tensor) -> Tensor:
+    """[N, K] as the packed product reads it (`kernels.cpu_amx_source`): each block of 32 output columns a run of
+    2 KiB steps along K, each step two halves of 16 columns with 16 rows of 64 bytes: bfloat16 [N/32, K/32, 2, 16,
+    16, 2] (a row holds a pair of K for 16 columns), float32 [N/32, K/16, 2, 16, 16] (one K for 16 columns)."""
     n, k = weight.shape
+    if weight.dtype == torch.float32:
+        tiles = weight.reshape(n // PACK_BLOCK, 2, 16, k // 16, 16)  # (block, half, column, step, k)
+        return tiles.permute(0, 3, 1, 4, 2).contiguous()
     tiles = weight.reshape(n // PACK_BLOCK, 2, 16, k // PACK_BLOCK, 16, 2)  # (block, half, column, step, pair, e)
     return tiles.permute(0, 3, 1, 4, 2, 5).contiguous()
 
 
-def unpack_bf16(weight: Tensor) -> Tensor:
-    """The [N, K] weight `pack_bf16` packed."""
+def unpack(weight: Tensor) -> Tensor:
+    """The [N, K] weight `pack` packed."""
+    if weight.dim() == 5:
+        return weight.permute(0, 2, 4, 1, 3).reshape(weight.shape[0] * PACK_BLOCK, weight.shape[1] * 16)
     return weight.permute(0, 2, 4, 1, 3, 5).reshape(weight.shape[0] * PACK_BLOCK, weight.shape[1] * PACK_BLOCK)
 
 
 def is_packed(weight: Tensor) -> bool:
-    return not weight.is_mkldnn and weight.dim() == 6
+    return not weight.is_mkldnn and weight.dim() in (5, 6)
 
 
 def in_features(weight: Tensor) -> int:
     """The width of the rows `weight` (from `prepare`) multiplies."""
-    return weight.shape[1] * PACK_BLOCK if is_packed(weight) else weight.shape[1]
+    if not is_packed(weight):
+        return weight.shape[1]
+    return weight.shape[1] * (16 if weight.dim() == 5 else PACK_BLOCK)
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -197,7 +206,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     if fused is not None:
         return fused.linear(x, weight, bias, FUSED_ROWS)
     if is_packed(weight):  # the kernels are still being built
-        return F.linear(x, unpack_bf16(weight), bias)
+        return F.linear(x, unpack(weight), bias)
     if weight.is_mkldnn:
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight, bias, "none", [], "")
     if x.device.type != "cpu" or x.shape[0] > SKINNY_ROWS:

@@ -25,7 +25,7 @@ from mcpmux.inference.models.linear import (
     is_packed,
     linear,
     prepare,
-    unpack_bf16,
+    unpack,
     vocab_logits,
 )
 from mcpmux.inference.models.llama import LlamaCausalLM
@@ -363,31 +363,41 @@ def test_one_call_layers_give_the_layers_logits_bit_for_bit(
     assert outputs[0] == outputs[1]
 
 
-def test_bfloat16_products_on_the_packed_layout_match_f_linear_whatever_the_rows_beside(fused: ModuleType) -> None:
-    if not cpu_fused.packed_bf16():
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_products_on_the_packed_layout_match_f_linear_whatever_the_rows_beside(
+    fused: ModuleType, dtype: torch.dtype
+) -> None:
+    if dtype == torch.bfloat16 and not cpu_fused.packed_bf16():
         pytest.skip("this CPU has neither AMX nor AVX512-BF16: oneDNN multiplies bfloat16")
-    # -march=native targets the tiles, or the AVX512-BF16 dot products, on such a CPU
-    assert fused.amx_built() if cpu_fused.amx_tiles() else fused.packed_built()
+    if dtype == torch.float32 and not cpu_fused.packed_f32():
+        pytest.skip("this CPU has no AVX-512: float32 weights stay plain")
+    # -march=native targets the tiles, the AVX512-BF16 dot products or the AVX-512 FMAs on such a CPU
+    if dtype == torch.float32:
+        assert fused.packed_f32_built()
+    else:
+        assert fused.amx_built() if cpu_fused.amx_tiles() else fused.packed_built()
     gen = torch.Generator().manual_seed(3)
-    weight = torch.randn(160, 96, generator=gen).to(torch.bfloat16)
-    bias = torch.randn(160, generator=gen).to(torch.bfloat16)
+    weight = torch.randn(160, 96, generator=gen).to(dtype)
+    bias = torch.randn(160, generator=gen).to(dtype)
     prepared = prepare(weight)
     assert is_packed(prepared)
-    assert torch.equal(unpack_bf16(prepared), weight)
-    assert not is_packed(prepare(weight[:100]))  # sides must be multiples of 32: oneDNN's layout then
+    assert torch.equal(unpack(prepared), weight)
+    assert not is_packed(prepare(weight[:100]))  # sides must be multiples of 32: not packed then
     for rows in (0, 1, 15, 16, 17, 33, 130):
-        wide = torch.randn(rows, 128, generator=gen).to(torch.bfloat16)
+        wide = torch.randn(rows, 128, generator=gen).to(dtype)
         for x in (wide[:, 16:112], wide[:, 16:112].contiguous().t().contiguous().t()):  # strided rows, transposed
             for b in (None, bias):
-                want = F.linear(x.float(), weight.float(), None if b is None else b.float()).to(torch.bfloat16)
+                want = F.linear(x.double(), weight.double(), None if b is None else b.double()).to(dtype)
                 got = linear(x, prepared, b)
                 assert got.is_contiguous()
-                torch.testing.assert_close(got, want, **_tolerance(torch.bfloat16))  # shape and dtype too
+                # float32: one sum of 96 products in K's order (F.linear's MKL or oneDNN sums in blocks)
+                close = {"rtol": 1e-5, "atol": 5e-5} if dtype == torch.float32 else _tolerance(dtype)
+                torch.testing.assert_close(got, want, **close)  # shape and dtype too
                 # Batch invariance: each row multiplied alone comes out the same, bit for bit.
                 alone = [linear(x[i : i + 1], prepared, b) for i in range(rows)]
                 assert torch.equal(torch.cat(alone) if alone else got, got)
     # Before the kernels are built, the unpacked weight multiplies: F.linear's result exactly.
-    x = torch.randn(5, 96, generator=gen).to(torch.bfloat16)
+    x = torch.randn(5, 96, generator=gen).to(dtype)
     cpu_fused.disable()
     try:
         assert torch.equal(linear(x, prepared, bias), F.linear(x, weight, bias))
@@ -404,7 +414,7 @@ def test_swiglu_is_silu_and_mul_of_the_gate_up_product_bit_for_bit(fused: Module
     gate_up = torch.randn(192, 96, generator=gen).to(dtype)  # [gate | up], 96 columns each
     bias = torch.randn(192, generator=gen).to(dtype)
     prepared = prepare(gate_up)
-    assert is_packed(prepared) == (dtype == torch.bfloat16 and cpu_fused.packed_bf16())
+    assert is_packed(prepared) == (cpu_fused.packed_bf16() if dtype == torch.bfloat16 else cpu_fused.packed_f32())
     for rows in (0, 1, 15, 16, 17, 33, 70):
         wide = torch.randn(rows, 128, generator=gen).to(dtype)
         for x in (wide[:, 16:112], wide[:, 16:112].contiguous()):

@@ -6,8 +6,8 @@ A decode step multiplies a few dozen rows by every weight, so it is bound by rea
 from memory. On 2 cores of a Xeon with AMX, oneDNN's bfloat16 product reads SmolLM2's weights at
 7-19 GB/s at 1-32 rows; this one streams them at 17-34 GB/s (1.5-2.3x oneDNN; about equal from 64
 rows up, `benchmarks/cpu_products.py`) because its weight is laid out in exactly the order its tiles
-read it. On an AMD Zen 5 the bfloat16 dot products run 1.1-1.6x oneDNN's product at 1-64 rows, the float32
-FMAs 1.3x oneDNN's float32 product at 32 rows (docs/perf.md).
+read it. On an AMD Zen 5, weights from memory, the bfloat16 dot products run 0.95-2.0x oneDNN's product at
+1-64 rows (1.3-2.0x at 32), the float32 FMAs 1.05-1.6x oneDNN's float32 product (docs/perf.md).
 
 **Layout** (`models.linear.pack`): for each block of 32 output columns, a run of 2 KiB steps along K, each
 two 1 KiB halves (columns 0-15, 16-31) of 16 rows of 64 bytes. In bfloat16 ([N/32, K/32, 2, 16, 16, 2]) a
@@ -437,7 +437,6 @@ torch::Tensor packed_linear(const torch::Tensor& x, const torch::Tensor& w, cons
   constexpr bool f32 = std::is_same_v<Dot, F32Dot>;
   const int64_t M = x.size(0), N = w.size(0) * 32;
   auto out = torch::empty({M, N}, x.options().dtype(widen || f32 ? torch::kFloat32 : torch::kBFloat16));
-  auto* os = reinterpret_cast<uint16_t*>(out.data_ptr());
   auto* wide = reinterpret_cast<float*>(out.data_ptr());
   const torch::Tensor bias_f = float_bias(bias);
   const float* bs = bias.has_value() ? bias_f.data_ptr<float>() : nullptr;
@@ -453,7 +452,7 @@ torch::Tensor packed_linear(const torch::Tensor& x, const torch::Tensor& w, cons
       } else {
 #ifdef MCPMUX_PACKED
         if (!widen) {
-          round_row(c, r, row_bias, os + (m0 + r) * N + block * 32);
+          round_row(c, r, row_bias, reinterpret_cast<uint16_t*>(wide) + (m0 + r) * N + block * 32);
           continue;
         }
         alignas(64) uint16_t rounded[32];
@@ -475,6 +474,7 @@ torch::Tensor packed_gated_linear(const torch::Tensor& x, const torch::Tensor& w
                                   const c10::optional<torch::Tensor>& bias, const Act& act) {
   const int64_t M = x.size(0), half = w.size(0) / 2, I = half * 32, steps = w.size(1);
   auto out = torch::empty({M, I}, x.options());
+  char* os = reinterpret_cast<char*>(out.data_ptr());
   torch::Tensor tail;
   const Rows rows = rows_of(x, tail, on_tiles<Dot>());
   const char* ws = reinterpret_cast<const char*>(w.data_ptr());
@@ -502,14 +502,14 @@ torch::Tensor packed_gated_linear(const torch::Tensor& x, const torch::Tensor& w
             biased_row(up, r, up_bias, lo, hi);
             _mm512_store_ps(up_row, lo);
             _mm512_store_ps(up_row + 16, hi);
-            act(gate_row, up_row, out.data_ptr<float>() + (m0 + r) * I + block * 32);
+            act(gate_row, up_row, reinterpret_cast<float*>(os) + (m0 + r) * I + block * 32);
           } else {
 #ifdef MCPMUX_PACKED
             alignas(64) uint16_t gate_row[32], up_row[32];
             round_row(gate, r, gate_bias, gate_row);
             round_row(up, r, up_bias, up_row);
             act(reinterpret_cast<const c10::BFloat16*>(gate_row), reinterpret_cast<const c10::BFloat16*>(up_row),
-                reinterpret_cast<c10::BFloat16*>(out.data_ptr()) + (m0 + r) * I + block * 32);
+                reinterpret_cast<c10::BFloat16*>(os) + (m0 + r) * I + block * 32);
 #endif
           }
         }

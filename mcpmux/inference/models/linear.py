@@ -7,10 +7,11 @@ Four implementations can multiply on CPU, and which is faster depends on the CPU
   `linear` reads), and every product on it, decode or prefill, runs there. bfloat16 where the CPU has AMX
   (on its tiles: 1.5-2.3x oneDNN's bfloat16 product at 1-32 rows, about equal from 64 up, the output head
   0.8x at 64-128 rows) or AVX512-BF16 (AMD Zen 4 and later: dot products on the same layout); float32
-  where it has AVX-512 (FMAs on the same layout: SmolLM2's layer products 1.3x oneDNN's at 32 rows on an
-  AMD Zen 5, docs/perf.md). Either way each output is summed in one fixed order whatever the rows beside
-  it: greedy answers do not depend on the batch's products. Until the kernels are built, `linear`
-  multiplies the unpacked weight with ATen (slower, same result up to rounding).
+  where it has AVX-512 (FMAs on the same layout: SmolLM2's layer products 1.05-1.6x oneDNN's at 1-64 rows
+  on an AMD Zen 5, 0.94-1.02x at 512, docs/perf.md). Either way each output is summed in one fixed
+  order whatever the rows beside it: greedy answers do not depend on the batch's products. Until the
+  kernels are built, `linear` multiplies the unpacked weight with ATen (slower, same result up to
+  rounding).
   `MCPMUX_CPU_MATMUL=onednn` keeps oneDNN's layout instead.
 
 - **The fused kernels' dot product** (`kernels.cpu_fused`, float32 on CPUs without AVX-512, wherever those

@@ -94,7 +94,10 @@ async def test_the_dashboard_renders_and_follows_an_upstream_going_down(tmp_path
         )
         assert calls
         page.wait_for("document.querySelector('[data-upstream=\"beta\"]')?.dataset.state === 'down'", 60)
-        reason = page.wait_for("document.querySelector('[data-error-of=\"beta\"]')?.textContent", 30)
+        # Down first with the crash's reason ("exited with status 3"), then, the restart refused at once, with
+        # the restart's: the page follows it (reading the reason as soon as it showed "down" raced the restart).
+        error_of_beta = "document.querySelector('[data-error-of=\"beta\"]')?.textContent"
+        reason = page.wait_for(f"({error_of_beta} || '').includes('exited with status 4') && {error_of_beta}", 30)
         assert "exited with status 4" in reason
         assert "the flag file is gone; refusing to start" in reason
         page.wait_for("!!document.querySelector('[data-model=\"tiny\"]')", 30)

@@ -5,9 +5,10 @@ AVX512-BF16 dot products (AMD Zen 4 and later), float32 with AVX-512 FMAs; built
 A decode step multiplies a few dozen rows by every weight, so it is bound by reading the weights
 from memory. On 2 cores of a Xeon with AMX, oneDNN's bfloat16 product reads SmolLM2's weights at
 7-19 GB/s at 1-32 rows; this one streams them at 17-34 GB/s (1.5-2.3x oneDNN; about equal from 64
-rows up, `benchmarks/cpu_products.py`) because its weight is laid out in exactly the order its tiles
-read it. On an AMD Zen 5, weights from memory, the bfloat16 dot products run 0.95-2.0x oneDNN's product at
-1-64 rows (1.3-2.0x at 32), the float32 FMAs 1.05-1.6x oneDNN's float32 product (docs/perf.md).
+rows up; `benchmarks/cpu_products.py` then read 8 weights a shape, which that host's 300 MiB L3 held)
+because its weight is laid out in exactly the order its tiles read it. On an AMD Zen 5, weights from
+memory, SmolLM2's layer products run 0.95-2.0x oneDNN's at 1-64 rows with the bfloat16 dot products
+(1.3-2.0x at 32), 1.05-1.6x with the float32 FMAs (docs/perf.md).
 
 **Layout** (`models.linear.pack`): for each block of 32 output columns, a run of 2 KiB steps along K, each
 two 1 KiB halves (columns 0-15, 16-31) of 16 rows of 64 bytes. In bfloat16 ([N/32, K/32, 2, 16, 16, 2]) a

@@ -84,9 +84,9 @@ constexpr int64_t kPrefetchL1 = 2, kPrefetchL2 = 8;
 // The two element types the layout holds. A K step is 2 KiB of a block's weights either way (32 values of K in
 // bfloat16, 16 in float32), in two halves of 1 KiB (columns 0-15, 16-31) of 16 tile rows of 64 bytes; each row of
 // x gives a step 16 words of 4 bytes (a pair of bfloat16 values, or one float), word p broadcast against tile row
-// p of each half.
+// p of each half. `Elem`: the dtype of the product's rows, in and out.
 struct F32Dot {
-  static constexpr int64_t kPerStep = 16;
+  using Elem = float;
   static __m512 madd(__m512 acc, int32_t word, __m512i w) {
     return _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_set1_epi32(word)), _mm512_castsi512_ps(w), acc);
   }
@@ -94,7 +94,7 @@ struct F32Dot {
 
 #ifdef MCPMUX_PACKED
 struct Bf16Dot {
-  static constexpr int64_t kPerStep = 32;
+  using Elem = c10::BFloat16;
   static __m512 madd(__m512 acc, int32_t word, __m512i w) {
     return _mm512_dpbf16_ps(acc, (__m512bh)_mm512_set1_epi32(word), (__m512bh)w);
   }
@@ -227,15 +227,21 @@ inline void biased_row(const float (*c)[32], int64_t r, const float* bs, __m512&
   }
 }
 
-#ifdef MCPMUX_PACKED
-// Row r of c (plus the bias's 32 values at bs, if any) rounded to bfloat16 into out (to nearest even, as
-// oneDNN and ATen round).
-inline void round_row(const float (*c)[32], int64_t r, const float* bs, uint16_t* out) {
+// Row r of c (plus the bias's 32 values at bs, if any) into out as Dot's dtype: float32 as summed, bfloat16
+// rounded to nearest even (as oneDNN and ATen round).
+template <typename Dot>
+inline void store_row(const float (*c)[32], int64_t r, const float* bs, typename Dot::Elem* out) {
   __m512 lo, hi;
   biased_row(c, r, bs, lo, hi);
-  _mm512_storeu_si512(out, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
-}
+  if constexpr (std::is_same_v<Dot, F32Dot>) {
+    _mm512_storeu_ps(out, lo);
+    _mm512_storeu_ps(out + 16, hi);
+  } else {
+#ifdef MCPMUX_PACKED
+    _mm512_storeu_si512(out, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
 #endif
+  }
+}
 
 // x's rows as the products read them, with (for the tiles, `padded`) the zero-padded copy of its last rows kept
 // alive in `tail`.
@@ -399,15 +405,6 @@ class BlockProduct {
   const bool tiles_;
 };
 
-// Whether this build multiplies x's dtype on w's layout (the caller checked w is packed).
-bool packed_for(const torch::Tensor& x, const torch::Tensor& w) {
-  if (x.scalar_type() != w.scalar_type()) return false;
-#ifdef MCPMUX_PACKED
-  if (w.dim() == 6) return true;
-#endif
-  return w.dim() == 5;
-}
-
 // x [M, K] (contiguous rows) times the packed weight w, each thread taking whole 32-column blocks; for each
 // block 32 rows at a time are summed into float32 and handed to emit(c, rows, m0, block).
 template <typename Dot, typename Emit>
@@ -430,39 +427,33 @@ void each_block(const torch::Tensor& x, const torch::Tensor& w, const Emit& emit
   });
 }
 
-// linear's packed product for Dot's dtype: float32 sums written as they are (float32), else rounded to bfloat16
-// (widened back to float32 with `widen`).
+// linear's packed product for Dot's dtype, written as that dtype (store_row); with `widen` (bfloat16 only), those
+// values as float32.
 template <typename Dot>
 torch::Tensor packed_linear(const torch::Tensor& x, const torch::Tensor& w, const c10::optional<torch::Tensor>& bias,
                             bool widen) {
-  constexpr bool f32 = std::is_same_v<Dot, F32Dot>;
+  using Elem = typename Dot::Elem;
+  widen = widen && !std::is_same_v<Elem, float>;
   const int64_t M = x.size(0), N = w.size(0) * 32;
-  auto out = torch::empty({M, N}, x.options().dtype(widen || f32 ? torch::kFloat32 : torch::kBFloat16));
-  auto* wide = reinterpret_cast<float*>(out.data_ptr());
+  auto out = torch::empty({M, N}, x.options().dtype(widen ? torch::kFloat32 : x.scalar_type()));
   const torch::Tensor bias_f = float_bias(bias);
   const float* bs = bias.has_value() ? bias_f.data_ptr<float>() : nullptr;
   each_block<Dot>(x, w, [&](const float (*c)[32], int64_t rows, int64_t m0, int64_t block) {
     const float* row_bias = bs == nullptr ? nullptr : bs + block * 32;
     for (int64_t r = 0; r < rows; ++r) {
-      float* dst = wide + (m0 + r) * N + block * 32;
-      if constexpr (f32) {
-        __m512 lo, hi;
-        biased_row(c, r, row_bias, lo, hi);
-        _mm512_storeu_ps(dst, lo);
-        _mm512_storeu_ps(dst + 16, hi);
-      } else {
-#ifdef MCPMUX_PACKED
-        if (!widen) {
-          round_row(c, r, row_bias, reinterpret_cast<uint16_t*>(wide) + (m0 + r) * N + block * 32);
-          continue;
-        }
-        alignas(64) uint16_t rounded[32];
-        round_row(c, r, row_bias, rounded);
+      const int64_t at = (m0 + r) * N + block * 32;
+      if (!widen) {
+        store_row<Dot>(c, r, row_bias, reinterpret_cast<Elem*>(out.data_ptr()) + at);
+        continue;
+      }
+      if constexpr (!std::is_same_v<Elem, float>) {
+        alignas(64) Elem rounded[32];
+        store_row<Dot>(c, r, row_bias, rounded);
         for (int half = 0; half < 2; ++half) {
           const __m256i bits = _mm256_load_si256(reinterpret_cast<const __m256i*>(rounded + half * 16));
-          _mm512_storeu_si512(dst + half * 16, _mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+          _mm512_storeu_si512(reinterpret_cast<float*>(out.data_ptr()) + at + half * 16,
+                              _mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
         }
-#endif
       }
     }
   });
@@ -474,8 +465,9 @@ template <typename Dot, typename Act>
 torch::Tensor packed_gated_linear(const torch::Tensor& x, const torch::Tensor& w,
                                   const c10::optional<torch::Tensor>& bias, const Act& act) {
   const int64_t M = x.size(0), half = w.size(0) / 2, I = half * 32, steps = w.size(1);
+  using Elem = typename Dot::Elem;
   auto out = torch::empty({M, I}, x.options());
-  char* os = reinterpret_cast<char*>(out.data_ptr());
+  auto* os = reinterpret_cast<Elem*>(out.data_ptr());
   torch::Tensor tail;
   const Rows rows = rows_of(x, tail, on_tiles<Dot>());
   const char* ws = reinterpret_cast<const char*>(w.data_ptr());
@@ -494,25 +486,10 @@ torch::Tensor packed_gated_linear(const torch::Tensor& x, const torch::Tensor& w
         block_product(rows, m0, gate_w, steps, m0 == 0, up_w, gate);
         block_product(rows, m0, up_w, steps, m0 == 0, next, up);
         for (int64_t r = 0; r < std::min<int64_t>(32, M - m0); ++r) {
-          if constexpr (std::is_same_v<Dot, F32Dot>) {
-            alignas(64) float gate_row[32], up_row[32];
-            __m512 lo, hi;
-            biased_row(gate, r, gate_bias, lo, hi);
-            _mm512_store_ps(gate_row, lo);
-            _mm512_store_ps(gate_row + 16, hi);
-            biased_row(up, r, up_bias, lo, hi);
-            _mm512_store_ps(up_row, lo);
-            _mm512_store_ps(up_row + 16, hi);
-            act(gate_row, up_row, reinterpret_cast<float*>(os) + (m0 + r) * I + block * 32);
-          } else {
-#ifdef MCPMUX_PACKED
-            alignas(64) uint16_t gate_row[32], up_row[32];
-            round_row(gate, r, gate_bias, gate_row);
-            round_row(up, r, up_bias, up_row);
-            act(reinterpret_cast<const c10::BFloat16*>(gate_row), reinterpret_cast<const c10::BFloat16*>(up_row),
-                reinterpret_cast<c10::BFloat16*>(os) + (m0 + r) * I + block * 32);
-#endif
-          }
+          alignas(64) Elem gate_row[32], up_row[32];
+          store_row<Dot>(gate, r, gate_bias, gate_row);
+          store_row<Dot>(up, r, up_bias, up_row);
+          act(gate_row, up_row, os + (m0 + r) * I + block * 32);
         }
       }
     }
@@ -535,7 +512,11 @@ void check_weight(const torch::Tensor& x, const torch::Tensor& w) {
 // the unpacked weight, with ATen.
 bool runs_packed(const torch::Tensor& x, const torch::Tensor& w) {
 #ifdef MCPMUX_PACKED_F32
-  return packed_for(x, w);
+  if (x.scalar_type() != w.scalar_type()) return false;
+#ifdef MCPMUX_PACKED
+  if (w.dim() == 6) return true;
+#endif
+  return w.dim() == 5;
 #else
   return false;
 #endif

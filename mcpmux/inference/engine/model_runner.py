@@ -7,7 +7,6 @@ from dataclasses import dataclass
 
 import torch
 
-from mcpmux.inference import kernels
 from mcpmux.inference.engine.cpu_memory import keep_freed_memory
 from mcpmux.inference.engine.cpu_threads import ThreadGovernor
 from mcpmux.inference.engine.cuda_graphs import DecodeGraphs
@@ -141,19 +140,17 @@ class ModelRunner:
     def _pool_step(self, scheduled: list[ScheduledSeq]) -> bool:
         """Whether the fused kernels' pool runs nearly all of this step (`cpu_threads` then gives torch's own team
         one thread): every bfloat16 step where the products run on the packed layout and attention in the kernels at
-        any length (batch invariance); float32 on the packed layout, every step whose attention the kernels take
-        (the forward's own test, `kernels.direct_pairs`); else decode rows few enough for the kernels' products
-        (not where float32 weights went to oneDNN, whose products run on torch's team)."""
+        any length (batch invariance), and every float32 step on the packed layout (its attention is the kernels' at
+        any length too, `kernels.direct_pairs`); else decode rows few enough for the kernels' products (not where
+        float32 weights went to oneDNN, whose products run on torch's team)."""
         if self.loaded.dtype not in (torch.float32, torch.bfloat16) or cpu_fused.ops() is None:
             return False
         if self.loaded.dtype == torch.bfloat16 and cpu_fused.packed_bf16() and cpu_fused.batch_invariant():
             return True
         if self.loaded.dtype == torch.float32 and float32_on_onednn():
             return False  # oneDNN multiplies on torch's team
-        if self._packed_float32:  # and attention too, unless a long prefill's goes to SDPA
-            longest = max(item.num_new_tokens for item in scheduled)
-            context = max(item.seq.num_computed_tokens + item.num_new_tokens for item in scheduled)
-            return longest == 1 or longest * context <= kernels.direct_pairs(torch.float32)
+        if self._packed_float32:
+            return True
         return len(scheduled) <= FUSED_ROWS and all(item.num_new_tokens == 1 for item in scheduled)
 
     def run(self, scheduled: list[ScheduledSeq], requests: list[SampleRequest]) -> StepResult:

@@ -77,16 +77,20 @@ def _drain(engine: LLMEngine, rids: list[str]) -> dict[str, Served]:
     return {rid: (tokens[rid], logprobs[rid], cached[rid]) for rid in rids}
 
 
-@pytest.fixture(scope="module")
-def tiny_bf16(kernels_built: None, tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
-    """A tiny random Llama in bfloat16 whose products fit the packed layout (sides multiples of 32), head size 32."""
+@pytest.fixture(scope="module", params=["bfloat16", "float32"])
+def tiny(request: pytest.FixtureRequest, kernels_built: None, tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
+    """A tiny random Llama whose products fit the packed layout (sides multiples of 32), head size 32: in bfloat16
+    (the default precision) and in float32, which is invariant too where its products run on that layout (AVX-512:
+    `cpu_fused.packed_f32`; its attention is the kernels' at every length there, `kernels.direct_pairs`)."""
     from tests.inference.tiny_models import build_tiny_model
 
+    if request.param == "float32" and not cpu_fused.packed_f32():
+        pytest.skip("this CPU has no AVX-512: float32 products above FUSED_ROWS rows go to oneDNN, not invariant")
     overrides = {"hidden_size": 192, "num_attention_heads": 6, "num_key_value_heads": 2, "intermediate_size": 256}
-    folder = build_tiny_model("llama", tmp_path_factory.mktemp("tiny_bf16") / "llama", overrides=overrides)
+    folder = build_tiny_model("llama", tmp_path_factory.mktemp(f"tiny_{request.param}") / "llama", overrides=overrides)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(cpu_fused.ENV_VAR, "fused")
-        return load_model(str(folder), "bfloat16", "cpu")
+        return load_model(str(folder), request.param, "cpu")
 
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, logprobs=0)
@@ -96,20 +100,20 @@ GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, logprob
 @given(seed=st.integers(0, 2**31 - 1), length=st.integers(1, 600), chunk=st.integers(1, 48))
 @example(seed=0, length=500, chunk=7)  # a second 256-token chunk over 500 keys: longer than DIRECT_PAIRS
 def test_a_prompts_greedy_tokens_do_not_depend_on_what_it_is_served_with(
-    tiny_bf16: LoadedModel, seed: int, length: int, chunk: int
+    tiny: LoadedModel, seed: int, length: int, chunk: int
 ) -> None:
     rng = random.Random(seed)
-    vocab = tiny_bf16.vocab_size
+    vocab = tiny.vocab_size
     prompt = [rng.randrange(vocab) for _ in range(length)]
-    alone = _serve(tiny_bf16, {"p": prompt}, GREEDY)["p"]
+    alone = _serve(tiny, {"p": prompt}, GREEDY)["p"]
 
     others = {f"o{i}": [rng.randrange(vocab) for _ in range(rng.randint(1, 120))] for i in range(63)}
-    batch = _serve(tiny_bf16, {**others, "p": prompt}, GREEDY, max_num_seqs=64, max_num_batched_tokens=2048)["p"]
+    batch = _serve(tiny, {**others, "p": prompt}, GREEDY, max_num_seqs=64, max_num_batched_tokens=2048)["p"]
 
-    chunked = _serve(tiny_bf16, {"p": prompt}, GREEDY, prefill_chunk_size=chunk, max_num_batched_tokens=chunk)["p"]
+    chunked = _serve(tiny, {"p": prompt}, GREEDY, prefill_chunk_size=chunk, max_num_batched_tokens=chunk)["p"]
 
     # The prefix-cache hit: a first request leaves the prompt's whole blocks cached, the second extends them.
-    engine = _engine(tiny_bf16)
+    engine = _engine(tiny)
     _one(engine, "first", [*prompt, rng.randrange(vocab)], GREEDY)
     hit = _one(engine, "again", prompt, GREEDY)
     assert length < 9 or hit[2] > 0, "the second request did not hit the prefix cache"

@@ -467,12 +467,11 @@ def test_the_kernels_pool_gives_openmps_tokens_and_logprobs_bit_for_bit(
     assert outputs[0] == outputs[1] == outputs[2]
 
 
-def test_float32_steps_on_the_packed_layout_run_on_the_pool_with_torchs_team_of_one(
+def test_float32_steps_on_the_packed_layout_run_on_the_pool_with_torchs_team_of_one_at_any_length(
     fused: ModuleType, tiny_model_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # With AVX-512 every float32 product runs on the kernels' pool, so a step whose attention the kernels take too
-    # leaves torch's own team (whose threads spin after each operator on the cores the pool needs) one thread; a
-    # prefill chunk long enough for SDPA keeps the team it was given.
+    # With AVX-512 every float32 product and attention at any length run on the kernels' pool, so every step leaves
+    # torch's own team (whose threads spin after each operator on the cores the pool needs) one thread.
     if not cpu_fused.packed_f32():
         pytest.skip("this CPU has no AVX-512: float32 weights stay plain")
     path = tiny_model_dirs["llama"]
@@ -487,13 +486,12 @@ def test_float32_steps_on_the_packed_layout_run_on_the_pool_with_torchs_team_of_
         return forward(batch, kv_caches)  # type: ignore[no-any-return]
 
     monkeypatch.setattr(loaded.model, "forward", recording)
-    # 520 tokens in chunks of 256: the second, 256 rows over 512 keys, is past kernels.direct_pairs (SDPA's).
+    # 520 tokens in chunks of 256: the second, 256 rows over 512 keys, is past DIRECT_PAIRS (SDPA's elsewhere).
     for request_id, prompt in (("short", "Hello there"), ("long", [10 + i % 300 for i in range(520)])):
         engine.add_request(request_id, prompt, SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True))
         while engine.has_unfinished():
             engine.step()
-    assert 256 * 256 <= kernels.direct_pairs(torch.float32) < 256 * 512
-    assert teams.pop((256, 512)) == 2
-    assert (256, 256) in teams  # the first chunk: the kernels attend it
+    assert 256 * 256 <= kernels.DIRECT_PAIRS < 256 * 512 <= kernels.direct_pairs(torch.float32)
+    assert (256, 512) in teams and (256, 256) in teams  # both chunks
     assert any(rows == 1 for rows, _ in teams)  # decode steps
     assert set(teams.values()) == {1}

@@ -146,7 +146,8 @@ class Work:
 
     def gflop(self, loaded: LoadedModel) -> float:
         model: Any = loaded.model
-        weights = [p for name, p in model.named_parameters() if name.startswith("layers.") and p.dim() == 2]
+        # The layers' matrices (packed ones are 5-D, their numel the matrix's); not the 1-D norms.
+        weights = [p for name, p in model.named_parameters() if name.startswith("layers.") and p.dim() >= 2]
         layer_params = sum(p.numel() for p in weights)
         head_params = _head_params(loaded)
         q_size = loaded.num_heads * loaded.head_dim

@@ -25,10 +25,11 @@ else shares the step, how many threads split it, and whether the row is decoded,
 chunks, or extended after a prefix-cache hit. In bfloat16 where they multiply it on the packed layout
 (:func:`packed_bf16`: AMX or AVX512-BF16; the builtin models' default there) they run every part of a
 step once long prefills' attention stays in them too (`kernels.direct_pairs`), so greedy decoding gives
-the same tokens for a prompt whatever the batch. float32 keeps SDPA for long prefills (its contract is
-equality with Hugging Face's output, to float32's rounding); its products are the packed layout's at every
-row count where the CPU has AVX-512 (:func:`packed_f32`), else MKL's (or oneDNN's where it is much the
-faster, `_onednn_beats_mkl`) above `FUSED_ROWS` rows, where the dot product on every row cost 1.4-2x
+the same tokens for a prompt whatever the batch. float32 (whose contract is equality with Hugging Face's
+output, to float32's rounding) is invariant too where the CPU has AVX-512 (:func:`packed_f32`): its products
+are the packed layout's at every row count and its attention the kernels' at every length, the faster
+there; elsewhere its products above `FUSED_ROWS` rows are MKL's (or oneDNN's where it is much the faster,
+`_onednn_beats_mkl`), where the dot product on every row cost 1.4-2x, and long prefills take SDPA
 (docs/perf.md). The torch kernels round differently, so a model that runs these kernels waits for their
 first build before its first step (`ModelRunner`) instead of answering with the torch kernels
 meanwhile: its answers never change when the build completes. With ``0``, steps run the torch kernels

@@ -185,8 +185,10 @@ inline vf exp_approx(vf x) {
 int64_t padded(int64_t len) { return (len + kLanes - 1) / kLanes * kLanes; }
 
 // p[0:len] = exp(p - max(p)) / sum, with the exponentials above, sixteen at a time: p holds padded(len)
-// floats, the padding set to -inf here (out of the max) and to 0 after it.
-inline void softmax(float* p, int64_t len) {
+// floats, the padding set to -inf here (out of the max) and to 0 after it. Never inlined: inlined into
+// attention (fp-contract=fast, below) its exponential's products and sums could fuse or not with how each
+// caller was inlined, and a row would round differently in a prefill than alone.
+__attribute__((noinline)) void softmax(float* p, int64_t len) {
   const int64_t end = padded(len);
   std::fill(p + len, p + end, -std::numeric_limits<float>::infinity());
   vf tops = vf{} - std::numeric_limits<float>::infinity();
@@ -297,7 +299,9 @@ void rotary_rows(const int64_t* pos, torch::Tensor& t, const float* cos_sin, int
 }
 
 // Attention may contract a * b + c into one fused multiply-add (its sums are in another order than the
-// reference's anyway); the kernels above keep the reference's separate roundings.
+// reference's anyway); the kernels above keep the reference's separate roundings. Its dot products start
+// from zero: a * b + c * d could be contracted either way, and which one the compiler picks may differ
+// between two loops, so a row attended in a group would not round as it does alone (batch invariance).
 #pragma GCC push_options
 #pragma GCC optimize("fp-contract=fast")
 
@@ -370,9 +374,8 @@ void attend_item(const float* qf, int64_t group, const T* kc, const T* vc, const
       }
       for (int64_t g = 0; g < heads; ++g) {
         const float* qg = qf + g * dim;
-        vf acc[4];
-        for (int u = 0; u < 4; ++u) acc[u] = load(qg) * k[u][0];
-        for (int c = 1; c < NV; ++c) {
+        vf acc[4] = {};  // from zero: see the pragma above
+        for (int c = 0; c < NV; ++c) {
           const vf qc = load(qg + c * kLanes);
           for (int u = 0; u < 4; ++u) acc[u] += qc * k[u][c];
         }
@@ -390,8 +393,8 @@ void attend_item(const float* qf, int64_t group, const T* kc, const T* vc, const
     for (int c = 0; c < NV; ++c) k[c] = load(kc + at[j] + c * kLanes);
     for (int64_t g = 0; g < heads; ++g) {
       const float* qg = qf + g * dim;
-      vf acc = load(qg) * k[0];
-      for (int c = 1; c < NV; ++c) acc += load(qg + c * kLanes) * k[c];
+      vf acc = {};
+      for (int c = 0; c < NV; ++c) acc += load(qg + c * kLanes) * k[c];
       scores[g * ld + j] = sum(acc);
     }
   }
@@ -412,6 +415,110 @@ void attend_item(const float* qf, int64_t group, const T* kc, const T* vc, const
     for (int h = 0; h < kHeld; ++h) {
       T* o = out + (g0 + h) * out_head_stride;
       for (int c = 0; c < NV; ++c) store(o + c * kLanes, acc[h][c]);
+    }
+  }
+}
+
+// One value row v into G heads' weighted sums, each head's weight `ld` floats after the one before (a plain
+// function, not a lambda: #pragma GCC optimize skips lambdas, whose sums would round apart from their products).
+template <int G, int NV>
+inline void add_value(vf (&acc)[G][NV], const float* weights, int64_t ld, const vf* v) {
+  for (int h = 0; h < G; ++h) {
+    const vf weight = splat(weights[h * ld]);
+    for (int c = 0; c < NV; ++c) acc[h][c] += weight * v[c];
+  }
+}
+
+// Query rows of a prefill attended together, at most this many.
+constexpr int64_t kGroupRows = 4;
+
+// `rows` (2 .. kGroupRows) query rows of one sequence at consecutive positions, one KV head, G query heads of
+// head_dim = 16 * NV each: row r attends the first len - rows + 1 + r keys. Each key row is loaded once for all
+// of them, each value row once for every pair (or more, as registers allow) of rows; in a long prefill the
+// context comes from L3, and reading it once per row was what its attention waited on (docs/perf.md). Every
+// row's arithmetic is attend_item's, in its order: its keys four at a time while four fit, the rest one at
+// a time, its softmax, its weighted sum in key order; so a row's result does not depend on the rows beside
+// it (batch invariance). qf: rows * G * dim floats, scaled; scores: rows * G * padded(len); out[r]: row
+// r's first head of this group. The prefetches are attend_item's.
+template <typename T, int NV, int G>
+void attend_group(const float* qf, int64_t rows, const T* kc, const T* vc, const int64_t* at, int64_t len,
+                  float* scores, T* const* out, int64_t out_head_stride, const T* rows_k, const T* rows_v,
+                  int64_t row_bytes, const NextKeys& ahead) {
+  static_assert(NV <= 4 && G > 0, "four keys' rows and a group's queries must fit in registers");
+  constexpr int64_t dim = NV * kLanes;
+  constexpr int kPair = std::max(1, std::min<int>(kGroupRows, 24 / (G * NV)));  // rows whose sums share a value
+  const int64_t ld = padded(len), shortest = len - rows + 1;
+  auto keys = [&](int64_t r) { return shortest + r; };
+  const bool fetch = rows_k != nullptr;
+  if (fetch) {
+    for (int64_t j = 0; j < std::min(len, kPrefetchKeys); ++j) prefetch_row(rows_k + at[j], row_bytes);
+  }
+  int64_t fetched = 0;
+  for (int64_t j = 0; j + 4 <= len; j += 4) {
+    const int64_t due = (j / 4 + 1) * ahead.count / (len / 4);
+    ahead.fetch(fetched, due);
+    fetched = due;
+    if (fetch) {
+      for (int64_t a = j + kPrefetchKeys; a < std::min(len, j + kPrefetchKeys + 4); ++a) {
+        prefetch_row(rows_k + at[a], row_bytes);
+      }
+      for (int64_t a = j; a < j + 4; ++a) prefetch_row(rows_v + at[a], row_bytes);
+    }
+    vf k[4][NV];
+    for (int u = 0; u < 4; ++u) {
+      for (int c = 0; c < NV; ++c) k[u][c] = load(kc + at[j + u] + c * kLanes);
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      if (j + 4 > keys(r)) continue;  // this row's last keys go one at a time, below
+      for (int g = 0; g < G; ++g) {
+        const float* qg = qf + (r * G + g) * dim;
+        vf acc[4] = {};  // from zero: see the pragma above
+        for (int c = 0; c < NV; ++c) {
+          const vf qc = load(qg + c * kLanes);
+          for (int u = 0; u < 4; ++u) acc[u] += qc * k[u][c];
+        }
+        const vf4 sums = sum4(acc[0], acc[1], acc[2], acc[3]);
+        std::memcpy(scores + (r * G + g) * ld + j, &sums, sizeof(sums));
+      }
+    }
+  }
+  ahead.fetch(fetched, ahead.count);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t j = keys(r) / 4 * 4; j < keys(r); ++j) {
+      vf k[NV];
+      for (int c = 0; c < NV; ++c) k[c] = load(kc + at[j] + c * kLanes);
+      for (int g = 0; g < G; ++g) {
+        const float* qg = qf + (r * G + g) * dim;
+        vf acc = {};
+        for (int c = 0; c < NV; ++c) acc += load(qg + c * kLanes) * k[c];
+        scores[(r * G + g) * ld + j] = sum(acc);
+      }
+    }
+    for (int g = 0; g < G; ++g) softmax(scores + (r * G + g) * ld, keys(r));
+  }
+  for (int64_t r0 = 0; r0 < rows; r0 += kPair) {
+    const int64_t pair = std::min<int64_t>(kPair, rows - r0);
+    vf acc[kPair][G][NV] = {};
+    int64_t j = 0;
+    for (; j < keys(r0); ++j) {  // keys every row of the pair attends
+      vf v[NV];
+      for (int c = 0; c < NV; ++c) v[c] = load(vc + at[j] + c * kLanes);
+      for (int p = 0; p < kPair; ++p) {
+        if (p < pair) add_value<G, NV>(acc[p], scores + (r0 + p) * G * ld + j, ld, v);
+      }
+    }
+    for (int p = 1; p < pair; ++p) {  // the later rows' last keys
+      for (int64_t i = j; i < keys(r0 + p); ++i) {
+        vf v[NV];
+        for (int c = 0; c < NV; ++c) v[c] = load(vc + at[i] + c * kLanes);
+        add_value<G, NV>(acc[p], scores + (r0 + p) * G * ld + i, ld, v);
+      }
+    }
+    for (int p = 0; p < pair; ++p) {
+      for (int h = 0; h < G; ++h) {
+        T* o = out[r0 + p] + h * out_head_stride;
+        for (int c = 0; c < NV; ++c) store(o + c * kLanes, acc[p][h][c]);
+      }
     }
   }
 }
@@ -439,11 +546,37 @@ AttendItem<T> for_group(int64_t group) {
 template <typename T>
 AttendItem<T> vector_attention(int64_t dim, int64_t group) {
   switch (dim) {
-    case 32: return &attend_item<T, 2, 0>;
+    case 32: return for_group<T, 2>(group);
     case 64: return for_group<T, 4>(group);
     case 80: return &attend_item<T, 5, 0>;
     case 96: return &attend_item<T, 6, 0>;
     case 128: return for_group<T, 8>(group);
+    default: return nullptr;
+  }
+}
+
+template <typename T>
+using GroupItem = void (*)(const float*, int64_t, const T*, const T*, const int64_t*, int64_t, float*, T* const*,
+                           int64_t, const T*, const T*, int64_t, const NextKeys&);
+
+template <typename T, int NV>
+GroupItem<T> group_for(int64_t group) {
+  switch (group) {
+    case 1: return &attend_group<T, NV, 1>;
+    case 2: return &attend_group<T, NV, 2>;
+    case 3: return &attend_group<T, NV, 3>;
+    case 4: return &attend_group<T, NV, 4>;
+    default: return nullptr;
+  }
+}
+
+// The kernel attending a prefill's rows kGroupRows at a time for a head size and group, or nullptr (one at a
+// time, as decode rows are).
+template <typename T>
+GroupItem<T> group_attention(int64_t dim, int64_t group) {
+  switch (dim) {
+    case 32: return group_for<T, 2>(group);
+    case 64: return group_for<T, 4>(group);
     default: return nullptr;
   }
 }
@@ -526,18 +659,36 @@ void silu_mul_rows(const torch::Tensor& gate_up, torch::Tensor& out) {
   });
 }
 
-// A query row of q and the context it attends: the first len keys of sequence seq.
+// A query row of q and the context it attends: the first len keys of sequence seq. With count > 1, the rows
+// row .. row + count - 1 of one prefill, the last of which attends len keys (each the one before it and one more).
 struct QueryRow {
-  int64_t row, seq, len;
+  int64_t row, seq, len, count = 1;
 };
 
-// Attention of each query row over its paged context, one (row, KV head) at a time; see paged_attention_. A
-// thread takes consecutive items, so a row's KV heads mostly run on one thread, one after another: the
-// first streams the row's context from memory (its whole cache rows, prefetched), the others read it from
-// cache; meanwhile each fetches its share of the next row's context into L2 (`NextKeys`).
+// Rows of one sequence at consecutive positions merged, up to kGroupRows at a time.
+std::vector<QueryRow> grouped(const std::vector<QueryRow>& rows) {
+  std::vector<QueryRow> groups;
+  for (const QueryRow& r : rows) {
+    QueryRow* last = groups.empty() ? nullptr : &groups.back();
+    if (last != nullptr && last->count < kGroupRows && last->seq == r.seq && last->row + last->count == r.row &&
+        last->len + 1 == r.len) {
+      ++last->count;
+      last->len = r.len;
+    } else {
+      groups.push_back(r);
+    }
+  }
+  return groups;
+}
+
+// Attention of each query row over its paged context, one (row, KV head) at a time, or a prefill's rows a few
+// at a time where `group_attention` has a kernel for them; see paged_attention_. A thread takes consecutive
+// items, so a row's KV heads mostly run on one thread, one after another: the first streams the row's context
+// from memory (its whole cache rows, prefetched), the others read it from cache; meanwhile each fetches its
+// share of the next row's context into L2 (`NextKeys`).
 template <typename T>
 void attend_rows(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-                 const torch::Tensor& block_tables, const std::vector<QueryRow>& rows, float scale,
+                 const torch::Tensor& block_tables, const std::vector<QueryRow>& each_row, float scale,
                  torch::Tensor& out) {
   const int64_t heads = q.size(1), dim = q.size(2);
   const int64_t block = k_cache.size(1), kv_heads = k_cache.size(2), group = heads / kv_heads;
@@ -549,11 +700,13 @@ void attend_rows(const torch::Tensor& q, const torch::Tensor& k_cache, const tor
   const T* qp = q.data_ptr<T>();
   T* op = out.data_ptr<T>();
   const int64_t qs0 = q.stride(0), qs1 = q.stride(1), os0 = out.stride(0), os1 = out.stride(1);
-  const int64_t items = static_cast<int64_t>(rows.size()) * kv_heads;
   const bool heads_packed = q.stride(1) == dim && out.stride(1) == dim;
   const AttendItem<T> vector_item = heads_packed ? vector_attention<T>(dim, group) : nullptr;
+  const GroupItem<T> group_item = heads_packed ? group_attention<T>(dim, group) : nullptr;
+  const std::vector<QueryRow> rows = group_item != nullptr ? grouped(each_row) : each_row;
+  const int64_t items = static_cast<int64_t>(rows.size()) * kv_heads;
   pool::parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores, qf(group * dim), acc(group * dim), kv_row(dim);
+    std::vector<float> scores, qf(kGroupRows * group * dim), acc(group * dim), kv_row(dim);
     std::vector<int64_t> at;  // where each key's row starts in the caches, for the current query row
     int64_t current = -1;
     for (int64_t item = begin; item < end; ++item) {
@@ -569,11 +722,15 @@ void attend_rows(const torch::Tensor& q, const torch::Tensor& k_cache, const tor
           for (int64_t t = 0; t < block && j < len; ++t, ++j) at[j] = start + t * row;
         }
       }
-      for (int64_t g = 0; g < group; ++g) to_float(qp + qrow * qs0 + (kvh * group + g) * qs1, qf.data() + g * dim, dim);
-      const int64_t ld = padded(len);
-      scores.resize(group * ld);
+      const int64_t count = query.count, ld = padded(len);
+      for (int64_t r = 0; r < count; ++r) {
+        for (int64_t g = 0; g < group; ++g) {
+          to_float(qp + (qrow + r) * qs0 + (kvh * group + g) * qs1, qf.data() + (r * group + g) * dim, dim);
+        }
+      }
+      scores.resize(count * group * ld);
       if (vector_item != nullptr) {
-        for (float& v : qf) v *= scale;
+        for (int64_t i = 0; i < count * group * dim; ++i) qf[i] *= scale;
         NextKeys ahead;
         if ((item / kv_heads + 1) * kv_heads < end) {
           const QueryRow& next = rows[item / kv_heads + 1];
@@ -581,9 +738,16 @@ void attend_rows(const torch::Tensor& q, const torch::Tensor& k_cache, const tor
           ahead = NextKeys{reinterpret_cast<const char*>(kc), reinterpret_cast<const char*>(vc),
                            tables + next.seq * max_blocks, block, row_bytes, first, after - first};
         }
-        vector_item(qf.data(), group, kc + kvh * dim, vc + kvh * dim, at.data(), len, scores.data(),
-                    op + qrow * os0 + kvh * group * os1, os1, first ? kc : nullptr, first ? vc : nullptr,
-                    row_bytes, ahead);
+        if (count > 1) {
+          T* outs[kGroupRows];
+          for (int64_t r = 0; r < count; ++r) outs[r] = op + (qrow + r) * os0 + kvh * group * os1;
+          group_item(qf.data(), count, kc + kvh * dim, vc + kvh * dim, at.data(), len, scores.data(), outs, os1,
+                     first ? kc : nullptr, first ? vc : nullptr, row_bytes, ahead);
+        } else {
+          vector_item(qf.data(), group, kc + kvh * dim, vc + kvh * dim, at.data(), len, scores.data(),
+                      op + qrow * os0 + kvh * group * os1, os1, first ? kc : nullptr, first ? vc : nullptr,
+                      row_bytes, ahead);
+        }
         continue;
       }
       // Row j of a cache for this sequence and KV head, as floats (bfloat16 rows converted into kv_row).

@@ -2,8 +2,8 @@
 prefix-cache hit, prefilled in small chunks, and before or after the fused CPU kernels are built (the default
 precision, bfloat16 on AMX and AVX512-BF16 CPUs; `cpu_fused.batch_invariant`). Real kernels built with gcc, real
 models: a tiny random one under a property test (random prompts, companions and chunk sizes; its logits are near
-ties, so any difference in arithmetic shows in its tokens and log-probabilities) and SmolLM2-135M-Instruct as a
-user runs it."""
+ties, so any difference in arithmetic shows in its tokens and log-probabilities), in bfloat16 and in float32 (which
+is invariant too on AVX-512 CPUs), and SmolLM2-135M-Instruct as a user runs it."""
 
 from __future__ import annotations
 

@@ -16,7 +16,11 @@ with the other (docs/perf.md); alternating inside one process, two builds of the
 `--prefill` times prefill steps instead: each step admits `--seqs` fresh requests of `--prompt-len` tokens
 and runs the engine's first step on them (a full `max_num_batched_tokens` budget of prompts, the shape of
 `engine.py`'s offline workload when everything arrives at once: 32 prompts of ~39 tokens fill 512 tokens
-with 13 whole prompts and part of a 14th), then aborts them.
+with 13 whole prompts and part of a 14th), then aborts them; with `--whole`, every step until the prompts
+are prefilled (a long prompt's later chunks attend all the keys before them):
+
+    .venv/bin/python benchmarks/kernels_ab.py ../base --prefill --whole --seqs 1 --prompt-len 4000 \
+        --dtype float32 --threads 2 --rounds 2 --steps 4
 
 Only the C++ sources come from the other tree (its `cpu_pool_source`, `cpu_amx_source` and
 `cpu_fused_source`); the model, its packed weights and the engine are this tree's, so the two
@@ -76,6 +80,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30, help="timed decode steps a round, the sides alternating")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--prefill", action="store_true", help="time first (prefill) steps instead of decode steps")
+    ap.add_argument("--whole", action="store_true", help="with --prefill: time every step of the prompts' prefill")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     clock = time.thread_time if args.threads == 1 else time.perf_counter
@@ -108,6 +113,10 @@ def main() -> None:
                     engine.add_request(f"r{r}-{s}-{i}", prompt, params)
                 start = clock()
                 engine.step()
+                while args.whole and (engine.scheduler.waiting or any(
+                    seq.num_computed_tokens < seq.num_prompt_tokens for seq in engine.scheduler.running
+                )):  # fmt: skip
+                    engine.step()
                 if s >= 2 * len(names):
                     times[name].append(clock() - start)
                 engine.abort_all()
@@ -132,7 +141,7 @@ def main() -> None:
     what = "CPU time of one thread" if args.threads == 1 else f"wall clock, {args.threads} threads"
     shape = f"{args.seqs} sequences decoding"
     if args.prefill:
-        shape = f"prefill steps of {args.seqs} {args.prompt_len}-token prompts"
+        shape = f"{'whole prefills' if args.whole else 'prefill steps'} of {args.seqs} {args.prompt_len}-token prompts"
     print(f"{args.model}, {args.dtype}, {shape}, {what}, load average "
           f"{load_before:.1f} -> {os.getloadavg()[0]:.1f}")  # fmt: skip
     base = statistics.mean(times[names[1]])

@@ -14,8 +14,10 @@ from the same polynomial, their running sum in float64).
 
 Decode attention reads each context through its block table once per query row: a row's KV heads run
 one after another on one thread, the first prefetching the whole cache rows (every KV head) of the keys
-ahead of it, so the others find them in cache. bfloat16 vectors are widened with AVX-512 instructions
-where the compiler targets them (GCC's generic conversion splits them into 256-bit halves).
+ahead of it, so the others find them in cache. A prefill's rows go four at a time (`attend_group`), each
+key row loaded once for the four, each row's arithmetic still its own alone. bfloat16 vectors are widened
+with AVX-512 instructions where the compiler targets them (GCC's generic conversion splits them into
+256-bit halves).
 
 Loops are split with `pool::parallel_for` (`cpu_pool_source`): chunks taken by the threads of a pool with
 no barrier, or with `MCPMUX_CPU_POOL=0` torch's own OpenMP threads through `at::parallel_for` (compiled

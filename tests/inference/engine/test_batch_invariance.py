@@ -85,7 +85,7 @@ def tiny(request: pytest.FixtureRequest, kernels_built: None, tmp_path_factory: 
     from tests.inference.tiny_models import build_tiny_model
 
     if request.param == "float32" and not cpu_fused.packed_f32():
-        pytest.skip("this CPU has no AVX-512: float32 products above FUSED_ROWS rows go to oneDNN, not invariant")
+        pytest.skip("no AVX-512 here: float32 products above FUSED_ROWS rows go to MKL or oneDNN, not invariant")
     overrides = {"hidden_size": 192, "num_attention_heads": 6, "num_key_value_heads": 2, "intermediate_size": 256}
     folder = build_tiny_model("llama", tmp_path_factory.mktemp(f"tiny_{request.param}") / "llama", overrides=overrides)
     with pytest.MonkeyPatch.context() as patch:

@@ -230,7 +230,8 @@ def test_a_step_of_decode_and_prefill_rows_attends_each_like_the_reference(
     fused: ModuleType, dtype: torch.dtype
 ) -> None:
     # Decode rows around a prefill from scratch and extends after cached tokens, short ones (the kernel
-    # attends them) and a long one (SDPA does): one ragged step.
+    # attends them) and a long one (SDPA does, unless `kernels.direct_pairs` gives the kernel every row): one
+    # ragged step.
     heads, kv_heads, head_dim, block = 9, 3, 64, 16
     q_lens, seq_lens = [1, 7, 1, 5, 1, 290], [20, 7, 1, 37, 64, 300]
     assert 290 * 300 > kernels.DIRECT_PAIRS >= 5 * 37

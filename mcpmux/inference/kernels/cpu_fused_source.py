@@ -341,93 +341,126 @@ struct NextKeys {
   }
 };
 
+// The prefetches of one pass over a row's keys (attend_item, attend_group): with `rows_k`/`rows_v` (the caches
+// at this head's row starts; null where another head's pass streams them) each key's whole row, `row_bytes`
+// long, `kPrefetchKeys` ahead of its scores and its value row with them, so the first head's pass streams the
+// context from memory for them all; and the next row's share (`ahead`) spread over the four-key steps.
+template <typename T>
+struct KeyStream {
+  const int64_t* at;
+  int64_t len;
+  const T* rows_k;
+  const T* rows_v;
+  int64_t row_bytes;
+  const NextKeys& ahead;
+  int64_t fetched = 0;
+
+  void start() const {
+    if (rows_k == nullptr) return;
+    for (int64_t j = 0; j < std::min(len, kPrefetchKeys); ++j) prefetch_row(rows_k + at[j], row_bytes);
+  }
+  // Before the four keys from j.
+  void four(int64_t j) {
+    const int64_t due = (j / 4 + 1) * ahead.count / (len / 4);
+    ahead.fetch(fetched, due);
+    fetched = due;
+    if (rows_k == nullptr) return;
+    for (int64_t a = j + kPrefetchKeys; a < std::min(len, j + kPrefetchKeys + 4); ++a) {
+      prefetch_row(rows_k + at[a], row_bytes);
+    }
+    for (int64_t a = j; a < j + 4; ++a) prefetch_row(rows_v + at[a], row_bytes);
+  }
+  // Before key j alone.
+  void one(int64_t j) const {
+    if (rows_k == nullptr) return;
+    if (j + kPrefetchKeys < len) prefetch_row(rows_k + at[j + kPrefetchKeys], row_bytes);
+    prefetch_row(rows_v + at[j], row_bytes);
+  }
+  void finish() { ahead.fetch(fetched, ahead.count); }
+};
+
+// A key's or value's row of one KV head: NV vectors.
+template <typename T, int NV>
+inline void load_row(const T* p, vf (&row)[NV]) {
+  for (int c = 0; c < NV; ++c) row[c] = load(p + c * kLanes);
+}
+
+// Query head qg's scores against four keys' rows, each a dot product from zero (see the pragma above) folded
+// across its lanes, the four folded together. A row's scores come from here and `score_one` whichever kernel
+// attends it, so they are the same.
+template <int NV>
+inline vf4 score_four(const float* qg, const vf (&k)[4][NV]) {
+  vf acc[4] = {};
+  for (int c = 0; c < NV; ++c) {
+    const vf qc = load(qg + c * kLanes);
+    for (int u = 0; u < 4; ++u) acc[u] += qc * k[u][c];
+  }
+  return sum4(acc[0], acc[1], acc[2], acc[3]);
+}
+
+// Query head qg's score against one key's row.
+template <int NV>
+inline float score_one(const float* qg, const vf (&k)[NV]) {
+  vf acc = {};
+  for (int c = 0; c < NV; ++c) acc += load(qg + c * kLanes) * k[c];
+  return sum(acc);
+}
+
+// One value row v into G heads' weighted sums, each head's weight `ld` floats after the one before (a plain
+// function, not a lambda: #pragma GCC optimize skips lambdas, whose sums would round apart from their products).
+template <int G, int NV>
+inline void add_value(vf (&acc)[G][NV], const float* weights, int64_t ld, const vf (&v)[NV]) {
+  for (int h = 0; h < G; ++h) {
+    const vf weight = splat(weights[h * ld]);
+    for (int c = 0; c < NV; ++c) acc[h][c] += weight * v[c];
+  }
+}
+
 // One (query row, KV head) of attention for head_dim = 16 * NV and a group of G query heads (G = 0: any
 // group, read at run time): every key row is loaded once for the whole group (its scores), then every
 // value row once (the group's weighted sums, in G * NV vector registers where they fit). Key j's row is at
 // `at[j]` elements from kc and vc (its KV head's offset included in them). `scores` holds group *
-// padded(len) floats. With `rows_k`/`rows_v` (the caches at this head's row starts) each key's whole row,
-// `row_bytes` long, is prefetched `kPrefetchKeys` ahead: the first head's pass streams the context from
-// memory for them all. `ahead` is fetched as the keys go by.
+// padded(len) floats. `rows_k`, `rows_v`, `row_bytes` and `ahead`: the prefetches, `KeyStream`.
 template <typename T, int NV, int G>
 void attend_item(const float* qf, int64_t group, const T* kc, const T* vc, const int64_t* at, int64_t len,
                  float* scores, T* out, int64_t out_head_stride, const T* rows_k, const T* rows_v,
                  int64_t row_bytes, const NextKeys& ahead) {
   constexpr int64_t dim = NV * kLanes;
   const int64_t heads = G > 0 ? G : group, ld = padded(len);
-  const bool fetch = rows_k != nullptr;
-  if (fetch) {
-    for (int64_t j = 0; j < std::min(len, kPrefetchKeys); ++j) prefetch_row(rows_k + at[j], row_bytes);
-  }
-  int64_t j = 0, fetched = 0;
+  KeyStream<T> stream{at, len, rows_k, rows_v, row_bytes, ahead};
+  stream.start();
+  int64_t j = 0;
   if constexpr (NV <= 4) {  // four keys at a time, their sums folded together
     for (; j + 4 <= len; j += 4) {
-      const int64_t due = (j / 4 + 1) * ahead.count / (len / 4);
-      ahead.fetch(fetched, due);
-      fetched = due;
-      if (fetch) {
-        for (int64_t a = j + kPrefetchKeys; a < std::min(len, j + kPrefetchKeys + 4); ++a) {
-          prefetch_row(rows_k + at[a], row_bytes);
-        }
-        for (int64_t a = j; a < j + 4; ++a) prefetch_row(rows_v + at[a], row_bytes);
-      }
+      stream.four(j);
       vf k[4][NV];
-      for (int u = 0; u < 4; ++u) {
-        for (int c = 0; c < NV; ++c) k[u][c] = load(kc + at[j + u] + c * kLanes);
-      }
+      for (int u = 0; u < 4; ++u) load_row(kc + at[j + u], k[u]);
       for (int64_t g = 0; g < heads; ++g) {
-        const float* qg = qf + g * dim;
-        vf acc[4] = {};  // from zero: see the pragma above
-        for (int c = 0; c < NV; ++c) {
-          const vf qc = load(qg + c * kLanes);
-          for (int u = 0; u < 4; ++u) acc[u] += qc * k[u][c];
-        }
-        const vf4 sums = sum4(acc[0], acc[1], acc[2], acc[3]);
+        const vf4 sums = score_four<NV>(qf + g * dim, k);
         std::memcpy(scores + g * ld + j, &sums, sizeof(sums));
       }
     }
   }
   for (; j < len; ++j) {
-    if (fetch) {
-      if (j + kPrefetchKeys < len) prefetch_row(rows_k + at[j + kPrefetchKeys], row_bytes);
-      prefetch_row(rows_v + at[j], row_bytes);
-    }
+    stream.one(j);
     vf k[NV];
-    for (int c = 0; c < NV; ++c) k[c] = load(kc + at[j] + c * kLanes);
-    for (int64_t g = 0; g < heads; ++g) {
-      const float* qg = qf + g * dim;
-      vf acc = {};
-      for (int c = 0; c < NV; ++c) acc += load(qg + c * kLanes) * k[c];
-      scores[g * ld + j] = sum(acc);
-    }
+    load_row(kc + at[j], k);
+    for (int64_t g = 0; g < heads; ++g) scores[g * ld + j] = score_one<NV>(qf + g * dim, k);
   }
-  ahead.fetch(fetched, ahead.count);
+  stream.finish();
   for (int64_t g = 0; g < heads; ++g) softmax(scores + g * ld, len);
   constexpr int kHeld = G > 0 ? G : 1;  // heads summed at once
   for (int64_t g0 = 0; g0 < heads; g0 += kHeld) {
     vf acc[kHeld][NV] = {};
     for (int64_t j = 0; j < len; ++j) {
-      const T* vp = vc + at[j];
       vf v[NV];
-      for (int c = 0; c < NV; ++c) v[c] = load(vp + c * kLanes);
-      for (int h = 0; h < kHeld; ++h) {
-        const vf weight = splat(scores[(g0 + h) * ld + j]);
-        for (int c = 0; c < NV; ++c) acc[h][c] += weight * v[c];
-      }
+      load_row(vc + at[j], v);
+      add_value<kHeld, NV>(acc, scores + g0 * ld + j, ld, v);
     }
     for (int h = 0; h < kHeld; ++h) {
       T* o = out + (g0 + h) * out_head_stride;
       for (int c = 0; c < NV; ++c) store(o + c * kLanes, acc[h][c]);
     }
-  }
-}
-
-// One value row v into G heads' weighted sums, each head's weight `ld` floats after the one before (a plain
-// function, not a lambda: #pragma GCC optimize skips lambdas, whose sums would round apart from their products).
-template <int G, int NV>
-inline void add_value(vf (&acc)[G][NV], const float* weights, int64_t ld, const vf* v) {
-  for (int h = 0; h < G; ++h) {
-    const vf weight = splat(weights[h * ld]);
-    for (int c = 0; c < NV; ++c) acc[h][c] += weight * v[c];
   }
 }
 
@@ -440,8 +473,9 @@ constexpr int64_t kGroupRows = 4;
 // context comes from L3, and reading it once per row was what its attention waited on (docs/perf.md). Every
 // row's arithmetic is attend_item's, in its order: its keys four at a time while four fit, the rest one at
 // a time, its softmax, its weighted sum in key order; so a row's result does not depend on the rows beside
-// it (batch invariance). qf: rows * G * dim floats, scaled; scores: rows * G * padded(len); out[r]: row
-// r's first head of this group. The prefetches are attend_item's.
+// it (batch invariance): both kernels take their scores, weighted sums and prefetches from the same
+// functions (score_four, score_one, add_value, KeyStream). qf: rows * G * dim floats, scaled; scores:
+// rows * G * padded(len); out[r]: row r's first head of this group.
 template <typename T, int NV, int G>
 void attend_group(const float* qf, int64_t rows, const T* kc, const T* vc, const int64_t* at, int64_t len,
                   float* scores, T* const* out, int64_t out_head_stride, const T* rows_k, const T* rows_v,
@@ -451,50 +485,26 @@ void attend_group(const float* qf, int64_t rows, const T* kc, const T* vc, const
   constexpr int kPair = std::max(1, std::min<int>(kGroupRows, 24 / (G * NV)));  // rows whose sums share a value
   const int64_t ld = padded(len), shortest = len - rows + 1;
   auto keys = [&](int64_t r) { return shortest + r; };
-  const bool fetch = rows_k != nullptr;
-  if (fetch) {
-    for (int64_t j = 0; j < std::min(len, kPrefetchKeys); ++j) prefetch_row(rows_k + at[j], row_bytes);
-  }
-  int64_t fetched = 0;
+  KeyStream<T> stream{at, len, rows_k, rows_v, row_bytes, ahead};
+  stream.start();
   for (int64_t j = 0; j + 4 <= len; j += 4) {
-    const int64_t due = (j / 4 + 1) * ahead.count / (len / 4);
-    ahead.fetch(fetched, due);
-    fetched = due;
-    if (fetch) {
-      for (int64_t a = j + kPrefetchKeys; a < std::min(len, j + kPrefetchKeys + 4); ++a) {
-        prefetch_row(rows_k + at[a], row_bytes);
-      }
-      for (int64_t a = j; a < j + 4; ++a) prefetch_row(rows_v + at[a], row_bytes);
-    }
+    stream.four(j);
     vf k[4][NV];
-    for (int u = 0; u < 4; ++u) {
-      for (int c = 0; c < NV; ++c) k[u][c] = load(kc + at[j + u] + c * kLanes);
-    }
+    for (int u = 0; u < 4; ++u) load_row(kc + at[j + u], k[u]);
     for (int64_t r = 0; r < rows; ++r) {
       if (j + 4 > keys(r)) continue;  // this row's last keys go one at a time, below
       for (int g = 0; g < G; ++g) {
-        const float* qg = qf + (r * G + g) * dim;
-        vf acc[4] = {};  // from zero: see the pragma above
-        for (int c = 0; c < NV; ++c) {
-          const vf qc = load(qg + c * kLanes);
-          for (int u = 0; u < 4; ++u) acc[u] += qc * k[u][c];
-        }
-        const vf4 sums = sum4(acc[0], acc[1], acc[2], acc[3]);
+        const vf4 sums = score_four<NV>(qf + (r * G + g) * dim, k);
         std::memcpy(scores + (r * G + g) * ld + j, &sums, sizeof(sums));
       }
     }
   }
-  ahead.fetch(fetched, ahead.count);
+  stream.finish();
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t j = keys(r) / 4 * 4; j < keys(r); ++j) {
       vf k[NV];
-      for (int c = 0; c < NV; ++c) k[c] = load(kc + at[j] + c * kLanes);
-      for (int g = 0; g < G; ++g) {
-        const float* qg = qf + (r * G + g) * dim;
-        vf acc = {};
-        for (int c = 0; c < NV; ++c) acc += load(qg + c * kLanes) * k[c];
-        scores[(r * G + g) * ld + j] = sum(acc);
-      }
+      load_row(kc + at[j], k);
+      for (int g = 0; g < G; ++g) scores[(r * G + g) * ld + j] = score_one<NV>(qf + (r * G + g) * dim, k);
     }
     for (int g = 0; g < G; ++g) softmax(scores + (r * G + g) * ld, keys(r));
   }
@@ -504,7 +514,7 @@ void attend_group(const float* qf, int64_t rows, const T* kc, const T* vc, const
     int64_t j = 0;
     for (; j < keys(r0); ++j) {  // keys every row of the pair attends
       vf v[NV];
-      for (int c = 0; c < NV; ++c) v[c] = load(vc + at[j] + c * kLanes);
+      load_row(vc + at[j], v);
       for (int p = 0; p < kPair; ++p) {
         if (p < pair) add_value<G, NV>(acc[p], scores + (r0 + p) * G * ld + j, ld, v);
       }
@@ -512,7 +522,7 @@ void attend_group(const float* qf, int64_t rows, const T* kc, const T* vc, const
     for (int p = 1; p < pair; ++p) {  // the later rows' last keys
       for (int64_t i = j; i < keys(r0 + p); ++i) {
         vf v[NV];
-        for (int c = 0; c < NV; ++c) v[c] = load(vc + at[i] + c * kLanes);
+        load_row(vc + at[i], v);
         add_value<G, NV>(acc[p], scores + (r0 + p) * G * ld + i, ld, v);
       }
     }

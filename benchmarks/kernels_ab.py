@@ -11,7 +11,10 @@ CPU clock (one thread) or the wall clock (more). On a shared host a decode step 
 one process to the next (memory placement, what the other jobs do), more than most kernel changes: in
 two processes run one after the other, the same change read 0.85-0.94x with one order and 1.00-1.08x
 with the other (docs/perf.md); alternating inside one process, two builds of the same kernels read
-0.999x and 1.004x at one thread and 0.985x at two threads by the wall clock.
+0.999x and 1.004x at one thread and 0.985x at two threads by the wall clock. Both pools wait as the
+engine's governor set this tree's (`cpu_fused.set_pool_quiet`): with the other pool left as on a busy host
+(its threads sleeping after 5 us instead of 50), two builds of the same kernels read 0.867x at 4 float32
+sequences and two threads (a short decode step's loops found its worker asleep), 0.989x on prefill steps.
 
 `--prefill` times prefill steps instead: each step admits `--seqs` fresh requests of `--prompt-len` tokens
 and runs the engine's first step on them (a full `max_num_batched_tokens` budget of prompts, the shape of
@@ -96,6 +99,8 @@ def main() -> None:
     capability = torch.backends.cpu.get_cpu_capability().lower() + cpu_fused._bf16_suffix()
     theirs = build_and_load(f"mcpmux_cpu_fused_{capability}", other_sources(args.other), cpu_fused._CFLAGS)
     theirs.set_pool(args.threads)
+    if hasattr(theirs, "set_pool_quiet"):  # as the engine's governor set ours: both pools wait alike
+        theirs.set_pool_quiet(cpu_fused.pool_quiet())
     sides = {"this tree": ours, str(args.other): theirs}
     names = list(sides)
     times: dict[str, list[float]] = {name: [] for name in names}

@@ -138,7 +138,9 @@ __attribute__((always_inline)) inline void prefetch_step(const char* p) {
 // `part` of `parts` fetches the part-th of the next block's lines, a few with each K step. Only a block's first
 // pass reads it from memory, at the pace of 12 rows' dot products (faster than memory feeds two cores), and
 // the passes after it read nothing; spread over all of them, the next block streams in at an even, lower rate
-// (32-row products from memory 3% faster, docs/perf.md).
+// (32-row products from memory 3% faster, docs/perf.md). A product of one pass (12 rows or fewer) has nothing to
+// spread it over, and its own prefetches run on into the next block: a share there only fetched it twice (a
+// decode step of 1-4 float32 sequences 2-3% slower, docs/perf.md).
 struct Share {
   const char* block;  // the next block (as long as this one), or nullptr
   int64_t part, parts;
@@ -204,14 +206,15 @@ constexpr DotRows kDotPasses[kDotRows] = {&dot_rows<1, Dot>, &dot_rows<2, Dot>, 
 
 // block_product's contract (below) with dot products: rows m0 .. m0 + 31 in passes of up to kDotRows, the
 // first streaming the block's weights from memory (and prefetching ahead), the others reading them from cache
-// (taking K a few steps at a time through all the passes measured no faster).
+// (taking K a few steps at a time through all the passes measured no faster); where there are several, each
+// fetches its share of the next block.
 template <typename Dot>
 void dot_block_product(const Rows& x, int64_t m0, const char* wb, int64_t steps, bool fetch, const char* next,
                        float (*c)[32]) {
   const int64_t rows = std::min<int64_t>(32, x.M - m0);
   const int64_t passes = (rows + kDotRows - 1) / kDotRows;
   for (int64_t r = 0; r < rows; r += kDotRows) {
-    const Share share{fetch ? next : nullptr, r / kDotRows, passes};
+    const Share share{fetch && passes > 1 ? next : nullptr, r / kDotRows, passes};
     kDotPasses<Dot>[std::min<int64_t>(kDotRows, rows - r) - 1](x, m0 + r, wb, steps, fetch && r == 0, next, share,
                                                                &c[r][0]);
   }

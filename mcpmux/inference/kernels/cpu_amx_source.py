@@ -136,11 +136,11 @@ __attribute__((always_inline)) inline void prefetch_step(const char* p) {
 
 // A dot-product pass's share of the next block's weights, fetched into L2 as it multiplies this block: pass
 // `part` of `parts` fetches the part-th of the next block's lines, a few with each K step. Only a block's first
-// pass reads it from memory, at the pace of 12 rows' dot products (faster than memory feeds two cores), and
-// the passes after it read nothing; spread over all of them, the next block streams in at an even, lower rate
-// (32-row products from memory 3% faster, docs/perf.md). A product of one pass (12 rows or fewer) has nothing to
-// spread it over, and its own prefetches run on into the next block: a share there only fetched it twice (a
-// decode step of 1-4 float32 sequences 2-3% slower, docs/perf.md).
+// pass reads it from memory, at the pace of its rows' dot products (up to 12: faster than memory feeds two
+// cores), and the passes after it read nothing; spread over all of them, the next block streams in at an even,
+// lower rate (32-row products from memory 3% faster, docs/perf.md). A product of one pass (12 rows or fewer) has
+// nothing to spread it over, and its own prefetches run on into the next block: a share there only fetched it
+// twice (decode steps of 1-12 float32 sequences 2-6% slower, docs/perf.md).
 struct Share {
   const char* block;  // the next block (as long as this one), or nullptr
   int64_t part, parts;
